@@ -1,0 +1,1 @@
+"""`servelab bench`: measuring an OpenAI-compatible inference server honestly and cheaply."""

@@ -1,0 +1,462 @@
+"""A lean streaming HTTP/1.1 client for OpenAI-compatible servers.
+
+Why not aiohttp or httpx: a benchmark client must cost far less CPU per streamed token than the
+server it measures, or it measures itself. This client is an asyncio Protocol: one callback per TCP
+read, chunked framing and SSE split with bytes.find, one orjson parse per event, and keep-alive
+connections reused across requests. See benchmarks/client_overhead.py for the measurements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+_perf = time.perf_counter
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """The client-side view of one request: timings (perf_counter seconds) and what came back."""
+
+    ok: bool = False
+    status: int = 0
+    first_token_t: float | None = None
+    end_t: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    chunks: int = 0
+    text_parts: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error_kind: str | None = None
+    error_message: str | None = None
+    body: bytes = b""
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}")
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    base_path: str
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"URL {url!r} must look like http://HOST:PORT")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; parses one response at a time."""
+
+    __slots__ = (
+        "_body_left",
+        "_body_parts",
+        "_buf",
+        "_chunk_left",
+        "_chunked",
+        "_done",
+        "_done_event",
+        "_events",
+        "_fut",
+        "_got_bytes",
+        "_headers_done",
+        "_keep_alive",
+        "_last_t",
+        "_mode",
+        "_res",
+        "_stream",
+        "_timer",
+        "closed",
+        "transport",
+    )
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._fut: asyncio.Future[None] | None = None
+        self._res: StreamResult | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # asyncio.Protocol ---------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._fut is not None and not self._fut.done():
+            res = self._res
+            assert res is not None
+            if not self._headers_done:
+                self._finish("disconnected" if self._got_bytes else "connection_closed",
+                             f"connection closed before a response{': ' + str(exc) if exc else ''}")
+            elif self._chunked is False and self._body_left is None:
+                self._end_of_body()  # close-delimited body ends here
+            else:
+                self._finish("disconnected", f"connection dropped mid-stream after {res.chunks} chunks")
+
+    def data_received(self, data: bytes) -> None:
+        t = _perf()
+        self._got_bytes = True
+        if self._fut is None or self._fut.done():
+            return
+        if not self._headers_done:
+            self._buf += data
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buf) > 65536:
+                    self._finish("bad_response", "response headers too large")
+                return
+            head, data = bytes(self._buf[:end]), bytes(self._buf[end + 4 :])
+            self._buf = bytearray()
+            if not self._parse_head(head):
+                return
+            if not data:
+                return
+        if self._chunked:
+            self._feed_chunked(data, t)
+        else:
+            if self._body_left is not None:
+                data = data[: self._body_left]
+                self._body_left -= len(data)
+            self._feed_body(data, t)
+            if self._body_left == 0 and not self._done:
+                self._end_of_body()
+
+    # parsing --------------------------------------------------------------------------------------
+    def _parse_head(self, head: bytes) -> bool:
+        res = self._res
+        assert res is not None
+        lines = head.split(b"\r\n")
+        try:
+            res.status = int(lines[0].split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            self._finish("bad_response", f"bad status line {lines[0][:100]!r}")
+            return False
+        self._headers_done = True
+        self._chunked = False
+        self._body_left = None
+        self._keep_alive = lines[0].startswith(b"HTTP/1.1")
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                self._chunked = True
+            elif name == b"content-length":
+                self._body_left = int(value.strip())
+            elif name == b"connection":
+                self._keep_alive = value.strip().lower() == b"keep-alive" or (
+                    self._keep_alive and value.strip().lower() != b"close"
+                )
+        if res.status != 200:
+            self._stream = False  # collect the error body
+        if self._body_left == 0 and not self._chunked:
+            self._end_of_body()
+            return False
+        return True
+
+    def _feed_chunked(self, data: bytes, t: float) -> None:
+        buf = self._buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while not self._done:
+            if self._chunk_left > 0:
+                take = min(self._chunk_left, n - pos)
+                if take <= 0:
+                    break
+                self._feed_body(bytes(buf[pos : pos + take]), t)
+                pos += take
+                self._chunk_left -= take
+                if self._chunk_left == 0:
+                    self._chunk_left = -2  # expect the CRLF after the chunk
+                continue
+            if self._chunk_left == -2:
+                if n - pos < 2:
+                    break
+                pos += 2
+                self._chunk_left = 0
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+            pos = eol + 2
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                self._finish("bad_response", f"bad chunk size {size_text[:40]!r}")
+                return
+            if size == 0:
+                self._end_of_body()
+                break
+            self._chunk_left = size
+        del buf[:pos]
+
+    def _feed_body(self, data: bytes, t: float) -> None:
+        if not self._stream:
+            self._body_parts.append(data)
+            return
+        ev = self._events
+        ev += data
+        start = 0
+        while True:
+            end = ev.find(b"\n\n", start)
+            if end < 0:
+                break
+            self._event(bytes(ev[start:end]), t)
+            start = end + 2
+            if self._done:
+                return
+        if start:
+            del ev[:start]
+
+    def _event(self, raw: bytes, t: float) -> None:
+        res = self._res
+        assert res is not None
+        if b"\r" in raw:
+            raw = raw.replace(b"\r", b"")
+        payload = b""
+        for line in raw.split(b"\n"):
+            if line.startswith(b"data:"):
+                payload += line[5:].lstrip()
+        if not payload:
+            return  # comments, keep-alives, event names
+        if payload == b"[DONE]":
+            self._done_event = True
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self._finish("malformed_sse", f"undecodable SSE data: {payload[:200]!r}")
+            return
+        if not isinstance(obj, dict):
+            self._finish("malformed_sse", f"SSE data is not an object: {payload[:200]!r}")
+            return
+        if "error" in obj:
+            self._finish("server_error_event", str(obj["error"])[:300])
+            return
+        choices = obj.get("choices")
+        if choices:
+            c = choices[0]
+            text = c.get("text")
+            if text is None:
+                delta = c.get("delta")
+                if delta:
+                    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            if text:
+                if res.first_token_t is None:
+                    res.first_token_t = t
+                else:
+                    res.itl_s.append(t - self._last_t)
+                self._last_t = t
+                res.chunks += 1
+                res.text_parts.append(text)
+            fr = c.get("finish_reason")
+            if fr:
+                res.finish_reason = fr
+        usage = obj.get("usage")
+        if usage:
+            res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+            res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
+
+    def _end_of_body(self) -> None:
+        res = self._res
+        assert res is not None
+        if self._body_parts:
+            res.body = b"".join(self._body_parts)
+        if res.status != 200:
+            self._finish(f"http_{res.status}", res.body[:300].decode("utf-8", "replace"))
+            return
+        if self._mode == "raw":
+            self._finish(None, None)
+            return
+        if self._mode == "json":
+            self._parse_full_body()
+            return
+        if self._events.strip():
+            self._event(bytes(self._events), _perf())
+            if self._done:
+                return
+        if not (self._done_event or res.finish_reason):
+            self._finish("incomplete", f"stream ended without [DONE] or finish_reason after {res.chunks} chunks")
+            return
+        self._finish(None, None)
+
+    def _parse_full_body(self) -> None:
+        res = self._res
+        assert res is not None
+        t = _perf()
+        try:
+            obj = orjson.loads(res.body)
+        except orjson.JSONDecodeError:
+            self._finish("bad_response", f"undecodable JSON body: {res.body[:200]!r}")
+            return
+        choices = obj.get("choices") or [{}]
+        c = choices[0]
+        text = c.get("text")
+        if text is None:
+            text = (c.get("message") or {}).get("content") or ""
+        res.text_parts.append(text)
+        res.first_token_t = t
+        res.chunks = 1 if text else 0
+        res.finish_reason = c.get("finish_reason")
+        usage = obj.get("usage") or {}
+        res.prompt_tokens = usage.get("prompt_tokens")
+        res.completion_tokens = usage.get("completion_tokens")
+        self._finish(None, None)
+
+    def _finish(self, kind: str | None, message: str | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        res = self._res
+        assert res is not None
+        res.end_t = _perf()
+        res.ok = kind is None
+        res.error_kind = kind
+        res.error_message = message
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if kind is not None or not self._keep_alive:
+            self.close()
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _on_timeout(self) -> None:
+        res = self._res
+        self._finish("timeout", f"no complete response within the timeout ({res.chunks if res else 0} chunks received)")
+
+    # driving --------------------------------------------------------------------------------------
+    def start(self, request: bytes, mode: str, timeout_s: float | None) -> asyncio.Future[None]:
+        """Send `request`; `mode` is "stream" (SSE), "json" (one JSON body) or "raw" (keep the bytes)."""
+        loop = asyncio.get_running_loop()
+        self._fut = loop.create_future()
+        self._res = StreamResult()
+        self._buf = bytearray()
+        self._events = bytearray()
+        self._chunk_left = 0
+        self._headers_done = False
+        self._chunked = False
+        self._body_left = None
+        self._keep_alive = True
+        self._done = False
+        self._done_event = False
+        self._got_bytes = False
+        self._mode = mode
+        self._stream = mode == "stream"
+        self._body_parts: list[bytes] = []
+        self._last_t = 0.0
+        if timeout_s:
+            self._timer = loop.call_later(timeout_s, self._on_timeout)
+        assert self.transport is not None
+        self.transport.write(request)
+        return self._fut
+
+    @property
+    def result(self) -> StreamResult:
+        assert self._res is not None
+        return self._res
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Client:
+    """Keep-alive connection pool plus request building for one server."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float | None = 600.0,
+                 connect_timeout_s: float = 30.0) -> None:
+        self.endpoint = Endpoint.parse(url)
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: list[_Conn] = []
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.endpoint.scheme == "https" else None
+
+    def build_request(self, path: str, body: dict[str, Any] | bytes | None, method: str = "POST") -> bytes:
+        """Serialize an HTTP/1.1 request once, so sending it later costs only a write."""
+        payload = body if isinstance(body, bytes) else (orjson.dumps(body) if body is not None else b"")
+        head = [
+            f"{method} {self.endpoint.base_path}{path} HTTP/1.1",
+            f"Host: {self.endpoint.host_header}",
+            "User-Agent: servelab",
+            "Accept: */*",
+        ]
+        if method == "POST":
+            head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+        if self.api_key:
+            head.append(f"Authorization: Bearer {self.api_key}")
+        return ("\r\n".join(head) + "\r\n\r\n").encode() + payload
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(_Conn, self.endpoint.host, self.endpoint.port, ssl=self._ssl),
+            self.connect_timeout_s,
+        )
+        return proto
+
+    async def send(self, request: bytes, mode: str = "stream", timeout_s: float | None = None) -> StreamResult:
+        """Send a prebuilt request and wait for the whole response; never raises for server faults."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        for attempt in range(2):
+            reused = bool(self._idle)
+            conn = self._idle.pop() if reused else None
+            if conn is None or conn.closed:
+                try:
+                    conn = await self._connect()
+                except (OSError, TimeoutError) as exc:
+                    res = StreamResult(end_t=_perf(), error_kind="connect_error",
+                                       error_message=f"{type(exc).__name__}: {exc}")
+                    return res
+                reused = False
+            await conn.start(request, mode, timeout)
+            res = conn.result
+            # A pooled connection the server had already closed: retry once on a fresh one.
+            if res.error_kind == "connection_closed" and reused and attempt == 0:
+                continue
+            if res.error_kind == "connection_closed":
+                res.error_kind = "disconnected"
+            if not conn.closed:
+                self._idle.append(conn)
+            return res
+        raise AssertionError("unreachable")
+
+    async def get(self, path: str, timeout_s: float = 10.0) -> StreamResult:
+        """A plain GET (models, metrics, health): status and raw `.body`; status 0 when unreachable."""
+        return await self.send(self.build_request(path, None, method="GET"), mode="raw", timeout_s=timeout_s)
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+

@@ -1,0 +1,70 @@
+"""The configuration of one `servelab bench` invocation, validated in one place."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servelab.bench.load import ARRIVALS, LevelSpec
+
+
+class BenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    model: str
+    api: Literal["completions", "chat"] = "completions"
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    levels: list[float] = Field(min_length=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    num_requests: int | None = Field(default=None, ge=1)
+    duration_s: float | None = Field(default=None, gt=0)
+    workload: Literal["synthetic", "sharegpt", "shared-prefix"] = "synthetic"
+    input_len: int = Field(default=256, ge=1)
+    output_len: int = Field(default=128, ge=1)
+    range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
+    dataset: str | None = None
+    num_prefixes: int = Field(default=4, ge=1)
+    prefix_len: int = Field(default=512, ge=1)
+    tokenizer: str | None = None
+    seed: int = 0
+    slo: str | None = None
+    arrival: str = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    warmup: int = Field(default=-1, ge=-1)  # -1: one per concurrent stream, up to 16
+    timeout_s: float = Field(default=600.0, gt=0)
+    exact_output_len: bool = True
+    api_key: str | None = None
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    temperature: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> BenchConfig:
+        if (self.num_requests is None) == (self.duration_s is None):
+            raise ValueError("give exactly one of --num-requests or --duration")
+        if self.mode == "concurrency":
+            bad = [v for v in self.levels if v < 1 or v != int(v)]
+            if bad:
+                raise ValueError(f"concurrency levels must be whole numbers ≥ 1, got {bad}")
+        elif any(v <= 0 for v in self.levels):
+            raise ValueError("request rates must be positive")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}")
+        if self.workload == "sharegpt" and not self.dataset:
+            raise ValueError("the sharegpt workload needs --dataset FILE")
+        if self.max_concurrency is not None and self.mode != "rate":
+            raise ValueError("--max-concurrency caps an open-loop --rate run; with --concurrency it is the level itself")
+        return self
+
+    def level_specs(self) -> list[LevelSpec]:
+        return [
+            LevelSpec(self.mode, v, self.num_requests, self.duration_s, self.max_concurrency, self.arrival, self.burstiness)
+            for v in self.levels
+        ]
+
+    def warmup_count(self, spec: LevelSpec) -> int:
+        if self.warmup >= 0:
+            return self.warmup
+        streams = int(spec.value) if spec.mode == "concurrency" else int(spec.max_concurrency or 4)
+        return min(16, max(1, streams))

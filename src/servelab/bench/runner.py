@@ -1,0 +1,310 @@
+"""`servelab bench` as a service: probe the server, build the workload, drive every level, store.
+
+The CLI calls `run_bench`; tests call it too. Progress goes to an observer callback so the same
+code serves a progress bar, a study loop, or nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from servelab.bench import metrics as M
+from servelab.bench import workload as W
+from servelab.bench.client import Client, StreamResult
+from servelab.bench.config import BenchConfig
+from servelab.bench.load import LevelSpec, PreparedRequest, run_level, warmup
+from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
+from servelab.errors import ConfigError, ServerError
+from servelab.store.bench import BenchRepo
+from servelab.store.db import Store
+
+Observer = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class Capabilities:
+    """What the server accepted when probed; decides how requests are built."""
+
+    exact_length: bool = True  # ignore_eos + min_tokens accepted
+    stream_usage: bool = True  # stream_options.include_usage accepted
+    usage_returned: bool = True
+    served_models: list[str] = field(default_factory=list)
+    engine: str | None = None
+
+
+def _body(cfg: BenchConfig, caps: Capabilities, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": cfg.model, "max_tokens": max_tokens, "stream": True}
+    if cfg.api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if caps.stream_usage:
+        body["stream_options"] = {"include_usage": True}
+    if caps.exact_length and cfg.exact_output_len:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    if cfg.temperature is not None:
+        body["temperature"] = cfg.temperature
+    return body
+
+
+def _path(cfg: BenchConfig) -> str:
+    return "/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"
+
+
+async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
+    res = await client.get("/v1/models", timeout_s=15)
+    if res.error_kind == "connect_error" or res.status == 0:
+        raise ServerError(f"cannot reach {cfg.url}: {res.error_message}")
+    if res.status != 200:
+        raise ServerError(f"{cfg.url}/v1/models answered HTTP {res.status}: {res.body[:200].decode('utf-8', 'replace')}")
+    try:
+        data = orjson.loads(res.body)
+        models = [m["id"] for m in data.get("data", [])]
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+        raise ServerError(f"{cfg.url}/v1/models did not return an OpenAI model list") from exc
+    return models
+
+
+async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabilities:
+    """Find out what the server accepts: exact output lengths, streamed usage."""
+    caps = Capabilities()
+    caps.served_models = await _probe_models(client, cfg)
+    if caps.served_models and cfg.model not in caps.served_models:
+        raise ServerError(
+            f"the server does not serve model {cfg.model!r}; it serves {', '.join(caps.served_models)}",
+            hint="Pass one of the served names to --model.",
+        )
+    status, body = await _get(client, "/metrics")
+    if status == 200:
+        caps.engine = detect_engine(parse_prometheus(body.decode("utf-8", "replace")))
+    for attempt in ("full", "no_exact", "no_usage"):
+        if attempt == "no_exact":
+            caps.exact_length = False
+        if attempt == "no_usage":
+            caps.stream_usage = False
+        req = client.build_request(_path(cfg), _body(cfg, caps, "Hello there, how are you", 4))
+        res = await client.send(req, timeout_s=min(cfg.timeout_s, 120))
+        if res.ok:
+            break
+        if res.error_kind in ("http_400", "http_422") and attempt != "no_usage":
+            continue
+        raise ServerError(f"a probe request failed ({res.error_kind}): {res.error_message}")
+    else:  # pragma: no cover - loop always breaks or raises
+        pass
+    if not caps.exact_length and cfg.exact_output_len:
+        warnings.append("the server rejected ignore_eos/min_tokens: output lengths cannot be forced; requests that "
+                        "stop early are reported as length mismatches")
+    if not caps.stream_usage:
+        warnings.append("the server rejected stream_options.include_usage: token counts come from the tokenizer "
+                        "(if given) or the number of streamed chunks")
+    caps.usage_returned = res.completion_tokens is not None
+    if caps.stream_usage and not caps.usage_returned:
+        warnings.append("the server ignores stream_options.include_usage: token counts come from the tokenizer "
+                        "(if given) or the number of streamed chunks")
+    return caps
+
+
+async def _get(client: Client, path: str) -> tuple[int, bytes]:
+    res = await client.get(path)
+    return res.status, res.body
+
+
+async def calibrate_tokens_per_word(client: Client, cfg: BenchConfig, caps: Capabilities) -> tuple[float, float] | None:
+    """Fit prompt_tokens = overhead + slope·words from the server's own usage on two probe prompts."""
+    if not caps.usage_returned:
+        return None
+    samples = []
+    for n_words in (32, 256):
+        text = " ".join(W._WORDS[(i * 7) % len(W._WORDS)] for i in range(n_words))
+        res = await client.send(client.build_request(_path(cfg), _body(cfg, caps, text, 1)), timeout_s=120)
+        if not res.ok or res.prompt_tokens is None:
+            return None
+        samples.append((n_words, res.prompt_tokens))
+    return W.fit_tokens_per_word(samples)
+
+
+def build_workload(cfg: BenchConfig, counter: W.TokenCounter | None, fit: tuple[float, float] | None,
+                   count: int, seed: int) -> W.Workload:
+    overhead, per_word = fit if fit else (0.0, 1.0)
+    in_len = W.LengthSpec(max(1, cfg.input_len - round(overhead) if not counter else cfg.input_len), cfg.range_ratio)
+    out_len = W.LengthSpec(cfg.output_len, cfg.range_ratio)
+    if cfg.workload == "sharegpt":
+        assert cfg.dataset
+        return W.sharegpt(cfg.dataset, count, seed, counter, per_word)
+    if cfg.workload == "shared-prefix":
+        return W.shared_prefix(count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word)
+    return W.synthetic(count, in_len, out_len, seed, counter, per_word)
+
+
+class _RecordMaker:
+    def __init__(self, counter: W.TokenCounter | None) -> None:
+        self.counter = counter
+
+    def __call__(self, idx: int, req: PreparedRequest, start_s: float, scheduled: float | None,
+                 res: StreamResult) -> M.RequestRecord:
+        rec = M.RequestRecord(idx=idx, prompt_idx=req.prompt_idx, start_s=start_s, ok=res.ok, scheduled_s=scheduled,
+                              itl_s=res.itl_s, requested_output_tokens=req.requested_output_tokens,
+                              error_kind=res.error_kind, error_message=res.error_message)
+        rec.input_tokens = res.prompt_tokens if res.prompt_tokens is not None else req.target_input_tokens
+        if res.completion_tokens is not None:
+            rec.output_tokens, rec.token_source = res.completion_tokens, "usage"
+            if self.counter is not None and res.ok:
+                rec.tokenizer_output_tokens = self.counter.count(res.text)
+        elif self.counter is not None:
+            rec.output_tokens, rec.token_source = self.counter.count(res.text), "tokenizer"
+        else:
+            rec.output_tokens, rec.token_source = res.chunks, "chunks"
+        if res.ok and res.chunks == 0 and res.completion_tokens == 0:
+            rec.ok, rec.error_kind, rec.error_message = False, "empty_response", "the server streamed no tokens"
+        return rec
+
+
+async def _sampler(client: Client, scrape: LevelScrape, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        status, body = await _get(client, "/metrics")
+        if status == 200:
+            scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
+        else:
+            scrape.errors += 1
+
+
+async def _snapshot(client: Client) -> dict[str, float] | None:
+    status, body = await _get(client, "/metrics")
+    return pick(parse_prometheus(body.decode("utf-8", "replace"))) if status == 200 else None
+
+
+@dataclass
+class BenchResult:
+    run_id: int
+    uid: str
+    status: str
+    levels: list[dict[str, Any]]
+    warnings: list[str]
+    workload: dict[str, Any]
+    capabilities: dict[str, Any]
+
+
+async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = None) -> BenchResult:
+    """Run every level of `cfg` against the server and store each request as it finishes."""
+    notify = observe or (lambda _e, _d: None)
+    try:
+        slo = M.parse_slo(cfg.slo)
+    except ValueError as exc:
+        raise ConfigError(f"--slo: {exc}") from exc
+    counter = W.TokenCounter(cfg.tokenizer) if cfg.tokenizer else None
+    try:
+        client = Client(cfg.url, api_key=cfg.api_key, timeout_s=cfg.timeout_s)
+    except ValueError as exc:
+        raise ConfigError(str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000") from exc
+    metrics_client = Client(cfg.url, api_key=cfg.api_key, timeout_s=10)
+    warnings: list[str] = []
+    repo = BenchRepo(store)
+    try:
+        caps = await probe(client, cfg, warnings)
+        fit = None
+        if counter is None:
+            fit = await calibrate_tokens_per_word(client, cfg, caps)
+            if fit is None and counter is None:
+                warnings.append("no tokenizer and no usage from the server: input lengths are counted in words")
+        specs = cfg.level_specs()
+        count = cfg.num_requests or max(256, int(max(cfg.levels) * 4))
+        wl = build_workload(cfg, counter, fit, count, cfg.seed)
+        warm_wl = build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
+        if cfg.workload == "sharegpt":
+            warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
+        path = _path(cfg)
+        prepared = [
+            PreparedRequest(i, client.build_request(path, _body(cfg, caps, p.text, p.output_len)), p.output_len,
+                            p.input_len, p.text)
+            for i, p in enumerate(wl.prompts)
+        ]
+        warm = [PreparedRequest(i, client.build_request(path, _body(cfg, caps, p.text, p.output_len)), p.output_len,
+                                p.input_len, p.text) for i, p in enumerate(warm_wl.prompts)]
+        config = cfg.model_dump() | {"workload_info": wl.describe(), "capabilities": caps.__dict__,
+                                     "tokens_per_word_fit": fit}
+        run_id, uid = repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash)
+        repo.set_run_info(run_id, engine=caps.engine, warnings=warnings)
+        notify("run_started", {"uid": uid, "levels": len(specs), "workload": wl.describe(), "warnings": warnings})
+        make = _RecordMaker(counter)
+        levels_out: list[dict[str, Any]] = []
+        status = "completed"
+        try:
+            for li, spec in enumerate(specs):
+                levels_out.append(await _run_one_level(client, metrics_client, repo, run_id, li, spec, cfg, prepared,
+                                                       warm, make, slo, notify))
+        except asyncio.CancelledError:
+            repo.set_run_info(run_id, warnings=warnings)
+            repo.finish_run(run_id, "interrupted", {"levels": [lv["summary"] for lv in levels_out]})
+            raise
+        repo.set_run_info(run_id, warnings=warnings)
+        repo.finish_run(run_id, status, {"levels": [lv["summary"] for lv in levels_out]})
+        notify("run_finished", {"uid": uid, "status": status})
+        return BenchResult(run_id, uid, status, levels_out, warnings, wl.describe(), caps.__dict__)
+    finally:
+        client.close()
+        metrics_client.close()
+
+
+async def _run_one_level(client: Client, metrics_client: Client, repo: BenchRepo, run_id: int, li: int,
+                         spec: LevelSpec, cfg: BenchConfig, prepared: list[PreparedRequest],
+                         warm: list[PreparedRequest], make: _RecordMaker, slo: M.SLO | None,
+                         notify: Observer) -> dict[str, Any]:
+    level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
+    n_warm = cfg.warmup_count(spec)
+    notify("level_started", {"index": li, "label": spec.label, "num_requests": spec.num_requests,
+                             "duration_s": spec.duration_s, "warmup": n_warm})
+    await warmup(client, warm, n_warm, int(spec.value) if spec.mode == "concurrency" else n_warm)
+    scrape = LevelScrape()
+    before = await _snapshot(metrics_client)
+    scrape.available = before is not None
+    scrape.before = before or {}
+    sampler = (asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s))
+               if scrape.available else None)
+    done: list[M.RequestRecord] = []
+
+    def on_record(rec: M.RequestRecord) -> None:
+        repo.add_request(level_id, rec)
+        done.append(rec)
+        notify("request_done", {"index": li, "done": len(done), "ok": rec.ok})
+
+    status = "completed"
+    t_start = time.perf_counter()
+    try:
+        records, wall, monitor = await run_level(client, prepared, spec, make, on_record, seed=cfg.seed + li)
+    except asyncio.CancelledError:
+        status = "interrupted"
+        records, wall, monitor = done, time.perf_counter() - t_start, None
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+    if scrape.available:
+        after = await _snapshot(metrics_client) if status == "completed" else None
+        scrape.after = after or {}
+    summary = M.summarize(records, slo, duration_s=None)
+    summary |= {"mode": spec.mode, "value": spec.value, "label": spec.label, "wall_s": wall}
+    out_tokens = summary["total_output_tokens"]
+    client_stats = monitor.summary(out_tokens, summary["itl_ms"]["p50"]) if monitor else {}
+    server = scrape.summary()
+    summary["vllm_compatible"] = M.vllm_compatible(summary, {
+        "max_concurrency": int(spec.value) if spec.mode == "concurrency" else spec.max_concurrency,
+        "request_rate": spec.value if spec.mode == "rate" else "inf",
+        "burstiness": spec.burstiness,
+    })
+    repo.finish_level(level_id, status, summary, server, client_stats)
+    level = {"index": li, "status": status, "label": spec.label, "summary": summary, "server_metrics": server,
+             "client": client_stats}
+    notify("level_finished", level)
+    if status != "completed":
+        raise asyncio.CancelledError
+    return level

@@ -1,0 +1,100 @@
+"""Server-side metrics: scrape Prometheus `/metrics` before, during and after a load level.
+
+Each engine names its metrics differently; `ENGINE_METRICS` maps servelab's names to theirs
+(vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc; both are read).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# servelab name -> (kind, candidate metric names in order of preference)
+ENGINE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "requests_running": ("gauge", ("vllm:num_requests_running", "sglang:num_running_reqs")),
+    "requests_waiting": ("gauge", ("vllm:num_requests_waiting", "sglang:num_queue_reqs")),
+    "kv_cache_usage": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")),
+    "gen_throughput": ("gauge", ("sglang:gen_throughput",)),
+    "generation_tokens": ("counter", ("vllm:generation_tokens_total", "sglang:generation_tokens_total")),
+    "prompt_tokens": ("counter", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total")),
+    "preemptions": ("counter", ("vllm:num_preemptions_total", "vllm:num_preemptions")),
+    "requests_finished": ("counter", ("vllm:request_success_total", "sglang:num_requests_total")),
+}
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum every sample of each metric name over its labels (we serve one model per server)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        name = m.group(1)
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def pick(raw: dict[str, float]) -> dict[str, float]:
+    """servelab-named values from one scrape (only the metrics this server exposes)."""
+    out: dict[str, float] = {}
+    for ours, (_, names) in ENGINE_METRICS.items():
+        for name in names:
+            if name in raw:
+                out[ours] = raw[name]
+                break
+    return out
+
+
+def detect_engine(raw: dict[str, float]) -> str | None:
+    if any(k.startswith("vllm:") for k in raw):
+        return "vllm"
+    if any(k.startswith("sglang:") for k in raw):
+        return "sglang"
+    return None
+
+
+@dataclass
+class LevelScrape:
+    """Scrapes taken over one level: the before/after snapshots and gauge samples in between."""
+
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, float]] = field(default_factory=list)
+    errors: int = 0
+    available: bool = True
+
+    def summary(self) -> dict[str, Any]:
+        if not self.available:
+            return {"available": False}
+        deltas = {}
+        for ours, (kind, _) in ENGINE_METRICS.items():
+            if kind == "counter" and ours in self.before and ours in self.after:
+                deltas[ours] = self.after[ours] - self.before[ours]
+        gauges: dict[str, dict[str, float]] = {}
+        for ours, (kind, _) in ENGINE_METRICS.items():
+            if kind != "gauge":
+                continue
+            vals = [s[ours] for s in self.samples if ours in s]
+            if vals:
+                gauges[ours] = {"mean": sum(vals) / len(vals), "max": max(vals), "last": vals[-1]}
+        return {
+            "available": True,
+            "before": self.before,
+            "after": self.after,
+            "deltas": deltas,
+            "gauges": gauges,
+            "num_samples": len(self.samples),
+            "scrape_errors": self.errors,
+        }

@@ -1,0 +1,68 @@
+"""The `servelab` command group and the one place where errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from servelab import __version__
+from servelab.cli.output import dumps_json, stderr
+from servelab.errors import ServelabError
+from servelab.redact import redact_text
+
+# Command modules register themselves here: (module path, attribute). Adding a command group is one line.
+COMMANDS: list[tuple[str, str]] = [
+    ("servelab.cli.bench", "bench"),
+]
+
+
+def _wants_json(args: list[str]) -> bool:
+    return "--json" in args
+
+
+class ServelabGroup(click.Group):
+    """Maps every ServelabError to a message plus hint (no traceback unless --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ServelabError as exc:
+            debug = bool(ctx.obj and ctx.obj.get("debug"))
+            _report(exc, debug, _wants_json(sys.argv[1:]))
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            stderr.print("interrupted; everything finished so far is in the store.")
+            ctx.exit(130)
+
+
+def _report(exc: ServelabError, debug: bool, as_json: bool) -> None:
+    if debug:
+        stderr.print(escape("".join(traceback.format_exception(exc))))
+    if as_json:
+        sys.stdout.write(dumps_json(exc.to_dict()) + "\n")
+    stderr.print(f"[red]error:[/red] {escape(redact_text(exc.message))}")
+    if exc.hint:
+        stderr.print(f"[cyan]hint:[/cyan] {escape(exc.hint)}")
+
+
+@click.group(cls=ServelabGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="servelab")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """servelab: observe, plan, launch, verify, benchmark, predict, tune, report and deploy LLM servers."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+for _module, _attr in COMMANDS:
+    cli.add_command(getattr(importlib.import_module(_module), _attr))
+
+
+def main() -> None:
+    cli(prog_name="servelab")

@@ -1,0 +1,71 @@
+"""The servelab error hierarchy.
+
+Errors are raised deep inside the tool and mapped once, at the CLI boundary, into a message plus a
+hint (exit code 2 for user errors, 1 for failures of the world around us). Every error carries a
+hint that tells the user what to do next.
+"""
+
+from __future__ import annotations
+
+
+class ServelabError(Exception):
+    """Root of every error servelab raises on purpose."""
+
+    exit_code: int = 1
+    default_hint: str = ""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def to_dict(self) -> dict[str, str]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+class UserError(ServelabError):
+    """Bad input from the user: wrong flag, bad file, unknown name. Exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A configuration (flags, study file, dataset) is invalid."""
+
+    default_hint = "Check the value named in the message; `servelab COMMAND --help` lists the options."
+
+
+class NotFoundError(UserError):
+    """A named thing (run, study, model, GPU) does not exist."""
+
+
+class StoreError(ServelabError):
+    """The SQLite store could not be opened, migrated or written."""
+
+    default_hint = "Check that $SERVELAB_HOME is writable, or point it elsewhere."
+
+
+class EngineError(ServelabError):
+    """An inference engine misbehaved: failed to launch, never became ready, did not apply a setting."""
+
+
+class LaunchFailed(EngineError):
+    pass
+
+
+class NotReady(EngineError):
+    pass
+
+
+class ConfigNotApplied(EngineError):
+    pass
+
+
+class ServerError(ServelabError):
+    """The server under test cannot be used at all (unreachable, wrong model)."""
+
+    default_hint = "Check that the server is running and that --url and --model are right (`curl URL/v1/models`)."
+
+
+class HostError(ServelabError):
+    """The host (GPUs, drivers, /dev/shm, systemd) is not in a usable state."""
