@@ -69,3 +69,9 @@ class ServerError(ServelabError):
 
 class HostError(ServelabError):
     """The host (GPUs, drivers, /dev/shm, systemd) is not in a usable state."""
+
+
+class Interrupted(ServelabError):
+    """The user (SIGINT) or a supervisor (SIGTERM) stopped the command; what finished is stored."""
+
+    exit_code = 130

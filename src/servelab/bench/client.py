@@ -223,6 +223,11 @@ class _Conn(asyncio.Protocol):
             return
         ev = self._events
         ev += data
+        if b"\r" in ev:  # SSE allows CRLF line ends; normalise (a lone CR at the end waits for its LF)
+            tail_cr = ev.endswith(b"\r")
+            ev[:] = ev.replace(b"\r\n", b"\n")
+            if not tail_cr:
+                ev[:] = ev.replace(b"\r", b"\n")
         start = 0
         while True:
             end = ev.find(b"\n\n", start)
@@ -238,8 +243,6 @@ class _Conn(asyncio.Protocol):
     def _event(self, raw: bytes, t: float) -> None:
         res = self._res
         assert res is not None
-        if b"\r" in raw:
-            raw = raw.replace(b"\r", b"")
         payload = b""
         for line in raw.split(b"\n"):
             if line.startswith(b"data:"):

@@ -21,7 +21,7 @@ from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
 from servelab.bench.load import LevelSpec, PreparedRequest, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
-from servelab.errors import ConfigError, ServerError
+from servelab.errors import ConfigError, Interrupted, ServerError
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 
@@ -91,7 +91,7 @@ async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabi
         if attempt == "no_usage":
             caps.stream_usage = False
         req = client.build_request(_path(cfg), _body(cfg, caps, "Hello there, how are you", 4))
-        res = await client.send(req, timeout_s=min(cfg.timeout_s, 120))
+        res = await _send_retrying(client, req, min(cfg.timeout_s, 120))
         if res.ok:
             break
         if res.error_kind in ("http_400", "http_422") and attempt != "no_usage":
@@ -112,6 +112,21 @@ async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabi
     return caps
 
 
+TRANSIENT = ("http_500", "http_502", "http_503", "http_429", "timeout", "disconnected", "malformed_sse",
+             "incomplete", "server_error_event")
+
+
+async def _send_retrying(client: Client, req: bytes, timeout_s: float, tries: int = 4) -> StreamResult:
+    """Probe requests retry transient faults: one unlucky answer must not decide the capabilities."""
+    res = await client.send(req, timeout_s=timeout_s)
+    for _ in range(tries - 1):
+        if res.ok or res.error_kind not in TRANSIENT:
+            break
+        await asyncio.sleep(0.2)
+        res = await client.send(req, timeout_s=timeout_s)
+    return res
+
+
 async def _get(client: Client, path: str) -> tuple[int, bytes]:
     res = await client.get(path)
     return res.status, res.body
@@ -124,7 +139,7 @@ async def calibrate_tokens_per_word(client: Client, cfg: BenchConfig, caps: Capa
     samples = []
     for n_words in (32, 256):
         text = " ".join(W._WORDS[(i * 7) % len(W._WORDS)] for i in range(n_words))
-        res = await client.send(client.build_request(_path(cfg), _body(cfg, caps, text, 1)), timeout_s=120)
+        res = await _send_retrying(client, client.build_request(_path(cfg), _body(cfg, caps, text, 1)), 120)
         if not res.ok or res.prompt_tokens is None:
             return None
         samples.append((n_words, res.prompt_tokens))
@@ -244,7 +259,8 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         except asyncio.CancelledError:
             repo.set_run_info(run_id, warnings=warnings)
             repo.finish_run(run_id, "interrupted", {"levels": [lv["summary"] for lv in levels_out]})
-            raise
+            raise Interrupted(f"benchmark interrupted; run {uid} keeps every request that had finished",
+                              hint=f"`servelab runs show {uid}` shows what was measured.") from None
         repo.set_run_info(run_id, warnings=warnings)
         repo.finish_run(run_id, status, {"levels": [lv["summary"] for lv in levels_out]})
         notify("run_finished", {"uid": uid, "status": status})

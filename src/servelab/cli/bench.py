@@ -17,7 +17,7 @@ from rich.table import Table
 from servelab.bench.config import BenchConfig
 from servelab.bench.runner import BenchResult, run_bench
 from servelab.cli.output import emit, progress_enabled, stderr, stdout, warn
-from servelab.errors import ConfigError
+from servelab.errors import ConfigError, Interrupted
 from servelab.store import open_store
 
 
@@ -139,7 +139,10 @@ async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
     with open_store() as store:
-        return await run_bench(cfg, store, observer)
+        try:
+            return await run_bench(cfg, store, observer)
+        except asyncio.CancelledError:
+            raise Interrupted("benchmark interrupted before its first level started; nothing was measured") from None
 
 
 def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
@@ -214,5 +217,3 @@ def bench(**opts: Any) -> None:
             compat = lv["summary"]["vllm_compatible"] | {"model_id": cfg.model, "servelab_run": res.uid}
             (out / f"{res.uid}-level{lv['index']}.json").write_bytes(orjson.dumps(compat, option=orjson.OPT_INDENT_2))
     emit(data, as_json, render)
-    if res.status != "completed":
-        raise SystemExit(130)

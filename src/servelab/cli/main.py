@@ -18,6 +18,10 @@ from servelab.redact import redact_text
 # Command modules register themselves here: (module path, attribute). Adding a command group is one line.
 COMMANDS: list[tuple[str, str]] = [
     ("servelab.cli.bench", "bench"),
+    ("servelab.cli.runs", "runs"),
+    ("servelab.cli.predict", "predict"),
+    ("servelab.cli.predict", "explain"),
+    ("servelab.cli.calibrate", "calibrate"),
 ]
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns; give them room instead.
 stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _default(obj: Any) -> Any:

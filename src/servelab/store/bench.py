@@ -79,7 +79,7 @@ class BenchRepo:
         else:
             row = self.db.execute("SELECT * FROM bench_runs WHERE uid = ?", (ref,)).fetchone()
         if row is None:
-            raise NotFoundError(f"no benchmark run {ref!r}", hint="`servelab bench list` shows the stored runs.")
+            raise NotFoundError(f"no benchmark run {ref!r}", hint="`servelab runs list` shows the stored runs.")
         return _run_dict(row)
 
     def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:

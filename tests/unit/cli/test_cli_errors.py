@@ -1,0 +1,73 @@
+"""User errors exit 2 with a message and a hint, never a traceback; --json keeps stdout pure JSON."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servelab", *args], capture_output=True, text=True, timeout=60)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+BASE = ["bench", "--url", "http://127.0.0.1:9", "--model", "m"]
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--num-requests", "5"], "exactly one of --concurrency or --rate"),
+    (["--concurrency", "1", "--rate", "2", "--num-requests", "5"], "exactly one of --concurrency or --rate"),
+    (["--concurrency", "1,x", "--num-requests", "5"], "comma-separated list of numbers"),
+    (["--concurrency", "1"], "exactly one of --num-requests or --duration"),
+    (["--concurrency", "0", "--num-requests", "5"], "whole numbers"),
+    (["--concurrency", "2", "--num-requests", "5", "--slo", "ttft<=3"], "unknown SLO metric"),
+    (["--concurrency", "2", "--num-requests", "5", "--dataset", "/nonexistent.json"], "does not exist"),
+    (["--concurrency", "2", "--num-requests", "5", "--max-concurrency", "4"], "caps an open-loop"),
+    (["--concurrency", "2", "--num-requests", "5", "--workload", "sharegpt"], "needs --dataset"),
+])
+def test_bad_bench_options(extra: list[str], msg: str) -> None:
+    p = run(*BASE, *extra)
+    assert p.returncode == 2, p.stderr
+    assert msg in p.stderr
+    assert "Traceback" not in p.stderr
+    assert "hint:" in p.stderr or "Usage:" in p.stderr
+
+
+def test_unreachable_server_is_reported_with_hint() -> None:
+    p = run("bench", "--url", f"http://127.0.0.1:{free_port()}", "--model", "m", "--concurrency", "1",
+            "--num-requests", "1")
+    assert p.returncode == 1
+    assert "cannot reach" in p.stderr and "hint:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_json_mode_prints_only_json_even_for_errors() -> None:
+    p = run("runs", "show", "b-missing", "--json")
+    assert p.returncode == 2
+    data = json.loads(p.stdout)
+    assert data["error"] == "NotFoundError" and "runs list" in data["hint"]
+
+
+def test_debug_shows_traceback() -> None:
+    p = run("--debug", "runs", "show", "b-missing")
+    assert p.returncode == 2 and "Traceback" in p.stderr
+
+
+def test_runs_list_empty_json() -> None:
+    p = run("runs", "list", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout) == []
+
+
+def test_version_and_module_entry() -> None:
+    p = run("--version")
+    assert p.returncode == 0 and "servelab" in p.stdout
