@@ -12,12 +12,25 @@ import asyncio
 import ssl
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
 _perf = time.perf_counter
+def _text_of(obj: dict[str, Any]) -> str | None:
+    """The text of one chunk: `choices[0].text` (completions) or the delta's content (chat)."""
+    choices = obj.get("choices")
+    if not choices:
+        return None
+    c = choices[0]
+    text = c.get("text")
+    if text is None:
+        delta = c.get("delta")
+        if delta:
+            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+    return text
 
 
 @dataclass(slots=True)
@@ -92,6 +105,7 @@ class _Conn(asyncio.Protocol):
         "_stream",
         "_timer",
         "closed",
+        "keep_text",
         "transport",
     )
 
@@ -180,42 +194,80 @@ class _Conn(asyncio.Protocol):
         return True
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
+        """Strip chunked framing from everything this read brought, then parse the payload once."""
         buf = self._buf
         buf += data
-        pos = 0
-        n = len(buf)
-        while not self._done:
-            if self._chunk_left > 0:
-                take = min(self._chunk_left, n - pos)
+        if self._chunk_left == 0 and self._fast_dechunk(t):
+            return
+        pieces: list[bytes] = []
+        pos, n, left, ended = 0, len(buf), self._chunk_left, False
+        while True:
+            if left > 0:
+                take = min(left, n - pos)
                 if take <= 0:
                     break
-                self._feed_body(bytes(buf[pos : pos + take]), t)
+                pieces.append(bytes(buf[pos : pos + take]))
                 pos += take
-                self._chunk_left -= take
-                if self._chunk_left == 0:
-                    self._chunk_left = -2  # expect the CRLF after the chunk
+                left -= take
+                if left == 0:
+                    left = -2  # the CRLF that closes the chunk
                 continue
-            if self._chunk_left == -2:
+            if left == -2:
                 if n - pos < 2:
                     break
                 pos += 2
-                self._chunk_left = 0
+                left = 0
                 continue
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+            size_text = buf[pos:eol].split(b";", 1)[0].strip()
             pos = eol + 2
             try:
                 size = int(size_text, 16)
             except ValueError:
-                self._finish("bad_response", f"bad chunk size {size_text[:40]!r}")
+                self._finish("bad_response", f"bad chunk size {bytes(size_text[:40])!r}")
                 return
             if size == 0:
-                self._end_of_body()
+                ended = True
                 break
-            self._chunk_left = size
+            left = size
+        self._chunk_left = left
         del buf[:pos]
+        if pieces:
+            self._feed_body(pieces[0] if len(pieces) == 1 else b"".join(pieces), t)
+        if ended and not self._done:
+            self._end_of_body()
+
+    def _fast_dechunk(self, t: float) -> bool:
+        """The common case, in C-level passes: whole `size CRLF payload CRLF` chunks, no CRLF inside.
+
+        Returns False (touching nothing) when the buffer does not have that shape, and the general
+        parser takes over.
+        """
+        segs = bytes(self._buf).split(b"\r\n")
+        pairs = (len(segs) - 1) // 2  # the last segment is an incomplete chunk, or b""
+        if pairs < 1:
+            return False
+        sizes = segs[0 : 2 * pairs : 2]
+        payloads = segs[1 : 2 * pairs : 2]
+        try:
+            nums = list(map(int, sizes, repeat(16)))
+        except ValueError:
+            return False
+        ended = 0 in nums
+        if ended:
+            k = nums.index(0)
+            del sizes[k + 1 :], payloads[k:], nums[k:]
+        if list(map(len, payloads)) != nums:
+            return False
+        consumed = sum(map(len, sizes)) + sum(nums) + 4 * len(nums) + (2 if ended else 0)
+        del self._buf[:consumed]
+        if payloads:
+            self._feed_body(b"".join(payloads), t)
+        if ended and not self._done:
+            self._end_of_body()
+        return True
 
     def _feed_body(self, data: bytes, t: float) -> None:
         if not self._stream:
@@ -228,27 +280,84 @@ class _Conn(asyncio.Protocol):
             ev[:] = ev.replace(b"\r\n", b"\n")
             if not tail_cr:
                 ev[:] = ev.replace(b"\r", b"\n")
-        start = 0
-        while True:
-            end = ev.find(b"\n\n", start)
-            if end < 0:
-                break
-            self._event(bytes(ev[start:end]), t)
-            start = end + 2
+        end = ev.rfind(b"\n\n")
+        if end < 0:
+            return
+        block = bytes(ev[:end])
+        del ev[: end + 2]
+        if self._batch(block, t):
+            return
+        event = self._event
+        for raw in block.split(b"\n\n"):
+            event(raw, t)
             if self._done:
                 return
-        if start:
-            del ev[:start]
+
+    def _batch(self, block: bytes, t: float) -> bool:
+        """Every complete event of one read at once: a single orjson call validates them all, and
+        C-level scans count the token events. Returns False, having changed nothing, for anything
+        unusual (errors, comments, multi-line data, non-object data), which `_event` then handles
+        one event at a time.
+        """
+        done = block.endswith(b"data: [DONE]")
+        if done:
+            block = block[: -len(b"data: [DONE]")].rstrip(b"\n")
+            if not block:
+                self._done_event = True
+                return True
+        if not block.startswith(b"data: {") or b'"error"' in block:
+            return False
+        body = block[6:]
+        if b"\n\n\n" in body:
+            return False
+        try:
+            objs = orjson.loads(b"[" + body.replace(b"\n\ndata: ", b",") + b"]")
+        except orjson.JSONDecodeError:
+            return False
+        if any(type(o) is not dict for o in objs):
+            return False
+        res = self._res
+        assert res is not None
+        try:  # completions: every event has choices[0].text
+            texts = [x for x in [o["choices"][0]["text"] for o in objs if o["choices"]] if x]
+        except (KeyError, IndexError, TypeError):
+            texts = [x for x in map(_text_of, objs) if x]
+        if texts:
+            # Events that arrived in one read share its timestamp: one real gap, then zeros.
+            if res.first_token_t is None:
+                res.first_token_t = t
+            else:
+                res.itl_s.append(t - self._last_t)
+            if len(texts) > 1:
+                res.itl_s.extend([0.0] * (len(texts) - 1))
+            self._last_t = t
+            res.chunks += len(texts)
+            if self.keep_text:
+                res.text_parts.extend(texts)
+        for o in objs[-2:]:  # a finish_reason only comes with the last token; usage after it
+            choices = o.get("choices")
+            if choices and choices[0].get("finish_reason"):
+                res.finish_reason = choices[0]["finish_reason"]
+            usage = o.get("usage")
+            if usage:
+                res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+                res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
+        if done:
+            self._done_event = True
+        return True
 
     def _event(self, raw: bytes, t: float) -> None:
         res = self._res
         assert res is not None
-        payload = b""
-        for line in raw.split(b"\n"):
-            if line.startswith(b"data:"):
-                payload += line[5:].lstrip()
-        if not payload:
-            return  # comments, keep-alives, event names
+        if raw.startswith(b"data: ") and b"\n" not in raw:
+            payload = raw[6:]  # the common case: one data line
+        else:
+            payload = b""
+            for line in raw.split(b"\n"):
+                if line.startswith(b"data:"):
+                    payload += line[5:].lstrip()
+            if not payload:
+                return  # comments, keep-alives, event names
         if payload == b"[DONE]":
             self._done_event = True
             return
@@ -257,20 +366,12 @@ class _Conn(asyncio.Protocol):
         except orjson.JSONDecodeError:
             self._finish("malformed_sse", f"undecodable SSE data: {payload[:200]!r}")
             return
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             self._finish("malformed_sse", f"SSE data is not an object: {payload[:200]!r}")
-            return
-        if "error" in obj:
-            self._finish("server_error_event", str(obj["error"])[:300])
             return
         choices = obj.get("choices")
         if choices:
-            c = choices[0]
-            text = c.get("text")
-            if text is None:
-                delta = c.get("delta")
-                if delta:
-                    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            text = _text_of(obj)
             if text:
                 if res.first_token_t is None:
                     res.first_token_t = t
@@ -278,10 +379,14 @@ class _Conn(asyncio.Protocol):
                     res.itl_s.append(t - self._last_t)
                 self._last_t = t
                 res.chunks += 1
-                res.text_parts.append(text)
-            fr = c.get("finish_reason")
+                if self.keep_text:
+                    res.text_parts.append(text)
+            fr = choices[0].get("finish_reason")
             if fr:
                 res.finish_reason = fr
+        elif "error" in obj:
+            self._finish("server_error_event", str(obj["error"])[:300])
+            return
         usage = obj.get("usage")
         if usage:
             res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
@@ -357,7 +462,7 @@ class _Conn(asyncio.Protocol):
         self._finish("timeout", f"no complete response within the timeout ({res.chunks if res else 0} chunks received)")
 
     # driving --------------------------------------------------------------------------------------
-    def start(self, request: bytes, mode: str, timeout_s: float | None) -> asyncio.Future[None]:
+    def start(self, request: bytes, mode: str, timeout_s: float | None, keep_text: bool = True) -> asyncio.Future[None]:
         """Send `request`; `mode` is "stream" (SSE), "json" (one JSON body) or "raw" (keep the bytes)."""
         loop = asyncio.get_running_loop()
         self._fut = loop.create_future()
@@ -373,6 +478,7 @@ class _Conn(asyncio.Protocol):
         self._done_event = False
         self._got_bytes = False
         self._mode = mode
+        self.keep_text = keep_text
         self._stream = mode == "stream"
         self._body_parts: list[bytes] = []
         self._last_t = 0.0
@@ -397,7 +503,8 @@ class Client:
     """Keep-alive connection pool plus request building for one server."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float | None = 600.0,
-                 connect_timeout_s: float = 30.0) -> None:
+                 connect_timeout_s: float = 30.0, keep_text: bool = True) -> None:
+        self.keep_text = keep_text  # the streamed text is only needed to count tokens with a tokenizer
         self.endpoint = Endpoint.parse(url)
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -442,7 +549,7 @@ class Client:
                                        error_message=f"{type(exc).__name__}: {exc}")
                     return res
                 reused = False
-            await conn.start(request, mode, timeout)
+            await conn.start(request, mode, timeout, self.keep_text)
             res = conn.result
             # A pooled connection the server had already closed: retry once on a fresh one.
             if res.error_kind == "connection_closed" and reused and attempt == 0:

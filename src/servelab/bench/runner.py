@@ -217,7 +217,7 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         raise ConfigError(f"--slo: {exc}") from exc
     counter = W.TokenCounter(cfg.tokenizer) if cfg.tokenizer else None
     try:
-        client = Client(cfg.url, api_key=cfg.api_key, timeout_s=cfg.timeout_s)
+        client = Client(cfg.url, api_key=cfg.api_key, timeout_s=cfg.timeout_s, keep_text=counter is not None)
     except ValueError as exc:
         raise ConfigError(str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000") from exc
     metrics_client = Client(cfg.url, api_key=cfg.api_key, timeout_s=10)

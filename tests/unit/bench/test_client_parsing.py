@@ -156,3 +156,28 @@ def test_connect_error_is_reported_not_raised() -> None:
 
     res = asyncio.run(go())
     assert not res.ok and res.error_kind == "connect_error"
+
+
+def test_batch_and_per_event_paths_agree() -> None:
+    """Many events per read take the batch path; one byte per read takes the per-event path."""
+    evs = _events(50)
+    evs.insert(3, _sse({"choices": [{"index": 0, "text": "", "finish_reason": None}]}))  # empty: not a token
+    evs.insert(5, _sse({"choices": [{"index": 0, "text": "say \"text\":\"x\"", "finish_reason": None}]}))
+    raw = _chunked(evs)
+    whole = feed(raw, [len(raw)])
+    bytewise = feed(raw, [1] * len(raw))
+    for res in (whole, bytewise):
+        assert res.ok and res.chunks == 51 and res.completion_tokens == 50 and res.finish_reason == "length"
+    assert whole.text == bytewise.text
+    assert len(whole.itl_s) == len(bytewise.itl_s) == 50
+
+
+def test_error_and_comment_events_fall_back_to_the_careful_path() -> None:
+    evs = [_sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}), b": keep-alive\n\n",
+           _sse({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]}), b"data: [DONE]\n\n"]
+    res = feed(_chunked(evs), [10_000])
+    assert res.ok and res.text == "ab"
+    bad = feed(_chunked([_sse({"choices": [{"index": 0, "text": "a"}]}), _sse({"error": "x"})]), [10_000])
+    assert bad.error_kind == "server_error_event"
+    scalar = feed(_chunked([b"data: 5\n\n"]), [10_000])
+    assert scalar.error_kind == "malformed_sse"

@@ -65,7 +65,7 @@ def test_bad_sharegpt_is_a_clear_error(tmp_path: Path, content: str, msg: str) -
 
 
 def test_missing_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
         W.TokenCounter(tmp_path)
 
 
