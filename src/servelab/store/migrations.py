@@ -61,4 +61,19 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX bench_requests_level ON bench_requests(level_id);
         """,
     ),
+    (
+        "0002_calibrations",
+        """
+        CREATE TABLE calibrations (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            created_at TEXT NOT NULL,
+            kind TEXT NOT NULL,                -- fit | host
+            source TEXT NOT NULL,              -- CSV path, run uids, or the host probed
+            gpu TEXT,                          -- the GPU kind a host calibration measured
+            factors_json TEXT NOT NULL,        -- Factors fields that override the defaults
+            report_json TEXT NOT NULL DEFAULT '{}'
+        );
+        """,
+    ),
 ]

@@ -1,0 +1,211 @@
+"""`servelab calibrate`: fit efficiency factors from measurements, or measure this host."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.table import Table
+
+from servelab.cli.output import emit, stderr, stdout
+from servelab.errors import ConfigError, HostError
+from servelab.model.calibrate import (
+    evaluate_split,
+    factors_from_probe,
+    fit_observations,
+    observations_from_csv,
+    observations_from_runs,
+)
+from servelab.model.factors import default_factors
+from servelab.store import calibrations as repo
+from servelab.store import open_store
+
+
+@click.group()
+def calibrate() -> None:
+    """Fit or measure the performance model's efficiency factors, stored as named calibrations."""
+
+
+def _render_fit(d: dict[str, Any]) -> None:
+    stdout.print(f"calibration [bold]{d['name']}[/bold] saved ({d['report'].get('rows', 0)} measurements)")
+    for split, rows in d["report"].get("tables", {}).items():
+        t = Table(title=f"{split}: MAPE per GPU and engine")
+        for c in ("gpu", "engine", "rows", "TPOT %", "TTFT %"):
+            t.add_column(c)
+        for r in rows:
+            t.add_row(r["system"], r["engine"], str(r["n"]), f"{r['tpot_mape']:.1f}", f"{r['ttft_mape']:.1f}")
+        stdout.print(t)
+
+
+@calibrate.command("fit")
+@click.option("--name", required=True, help="Name to store the calibration under.")
+@click.option(
+    "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="A serving_measurements.csv."
+)
+@click.option(
+    "--run",
+    "runs",
+    multiple=True,
+    help="Bench run uid(s) from the store (their config names host and layout).",
+)
+@click.option("--engine", default=None, help="Keep only rows of this engine.")
+@click.option(
+    "--holdout", type=float, default=0.3, show_default=True, help="Share of rows held out for the report."
+)
+@click.option("--json", "as_json", is_flag=True)
+def fit_cmd(
+    name: str, csv_path: str | None, runs: tuple[str, ...], engine: str | None, holdout: float, as_json: bool
+) -> None:
+    """Fit factors from a CSV of measurements or from bench runs, and save them as NAME."""
+    from servelab.cli.predict import load_run
+
+    if not csv_path and not runs:
+        raise ConfigError(
+            "give --csv PATH or --run UID", hint="e.g. --csv ../shared/data/serving_measurements.csv"
+        )
+    obs = observations_from_csv(csv_path) if csv_path else []
+    if runs:
+        obs += observations_from_runs([load_run(r) for r in runs])
+    if engine:
+        obs = [o for o in obs if o.engine == engine]
+    if not obs:
+        raise ConfigError(
+            "no usable measurements", hint="runs need config keys host.gpu and layout to be fitted"
+        )
+    start = default_factors(engine)
+    glob, engines, report = fit_observations(obs, start, holdout=holdout if len(obs) >= 20 else 0.0)
+    tables = evaluate_split(obs, glob, engines, holdout if len(obs) >= 20 else 0.0)
+    factors = {k: v for k, v in asdict(glob).items() if isinstance(v, float)}
+    if engine and engine in engines:
+        factors.update(engines[engine])
+    report["tables"] = {k: [asdict(r) for r in v] for k, v in tables.items()}
+    report["engines"] = engines
+    with open_store() as store:
+        cal = repo.save(store, name, "fit", csv_path or ",".join(runs), factors, report)
+    emit({"name": cal.name, "kind": cal.kind, "factors": cal.factors, "report": report}, as_json, _render_fit)
+
+
+def _probe_script() -> Path:
+    return Path(str(resources.files("servelab.host").joinpath("commprobe.py")))
+
+
+def _has_torch(python: str) -> bool:
+    try:
+        r = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+@calibrate.command("host")
+@click.option("--name", required=True, help="Name to store the calibration under.")
+@click.option("--gpu", default=None, help="The GPU kind these numbers belong to (catalog name).")
+@click.option("--python", "python", default=None, help="Interpreter with torch (default: this one).")
+@click.option(
+    "--ranks", type=int, default=0, help="Processes/GPUs in the allreduce (default: all GPUs; 2 on CPU)."
+)
+@click.option(
+    "--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="Default: nccl with GPUs, else gloo."
+)
+@click.option("--iters", type=int, default=50, show_default=True)
+@click.option("--timeout", type=float, default=600, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def host_cmd(
+    name: str,
+    gpu: str | None,
+    python: str | None,
+    ranks: int,
+    backend: str | None,
+    iters: int,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Measure allreduce latency/bandwidth and memory bandwidth here; save them as NAME."""
+    candidates = [python] if python else [sys.executable]
+    interp = next((p for p in candidates if p and _has_torch(p)), None)
+    if interp is None:
+        raise HostError(
+            f"torch is not importable by {candidates[0]}",
+            hint="install torch in this environment, or pass --python /path/to/python of an environment that has it",
+        )
+    cmd = [interp, str(_probe_script()), "--iters", str(iters)]
+    if ranks:
+        cmd += ["--ranks", str(ranks)]
+    if backend:
+        cmd += ["--backend", backend]
+    stderr.print(f"measuring with {interp} ...")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise HostError(f"the host probe did not finish within {timeout:.0f} s") from exc
+    try:
+        probe = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise HostError(f"the host probe failed (exit {r.returncode}): {r.stderr.strip()[-400:]}") from exc
+    if "error" in probe:
+        raise HostError(probe["error"])
+    factors = factors_from_probe(probe)
+    nccl_tests = shutil.which("all_reduce_perf")
+    report = {"probe": probe, "all_reduce_perf": nccl_tests}
+    with open_store() as store:
+        cal = repo.save(
+            store, name, "host", f"{probe.get('backend')}:{probe.get('device')}", factors, report, gpu
+        )
+    emit(
+        {"name": cal.name, "kind": cal.kind, "gpu": cal.gpu, "factors": cal.factors, "report": report},
+        as_json,
+        _render_host,
+    )
+
+
+def _render_host(d: dict[str, Any]) -> None:
+    p = d["report"]["probe"]
+    stdout.print(
+        f"calibration [bold]{d['name']}[/bold]: {p['backend']} over {p['ranks']} ranks on {p['device']}"
+    )
+    t = Table(title="allreduce")
+    t.add_column("bytes", justify="right")
+    t.add_column("µs", justify="right")
+    for pt in p["allreduce"]:
+        t.add_row(f"{pt['bytes']:,}", f"{pt['us']:.1f}")
+    stdout.print(t)
+    f = d["factors"]
+    stdout.print(
+        f"memory bandwidth {f.get('mem_bw_gbs', 0):.1f} GB/s, bus bandwidth {f.get('bus_gbs', 0):.2f} GB/s"
+    )
+
+
+@calibrate.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(as_json: bool) -> None:
+    """List stored calibrations."""
+    with open_store() as store:
+        cals = [asdict(c) for c in repo.list_all(store)]
+
+    def render(rows: list[dict[str, Any]]) -> None:
+        t = Table(title="calibrations")
+        for c in ("name", "kind", "gpu", "source", "created"):
+            t.add_column(c)
+        for c in rows:
+            t.add_row(c["name"], c["kind"], c["gpu"] or "", c["source"], c["created_at"])
+        stdout.print(t)
+
+    emit(cals, as_json, render)
+
+
+@calibrate.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def show_cmd(name: str, as_json: bool) -> None:
+    """Show one calibration's factors."""
+    with open_store() as store:
+        cal = asdict(repo.get(store, name))
+    emit(cal, as_json, lambda d: stdout.print_json(orjson.dumps(d["factors"]).decode()))

@@ -1,0 +1,399 @@
+"""`servelab predict` and `servelab explain`: the performance model on the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import orjson
+from rich.table import Table
+
+from servelab.cli.output import emit, stdout
+from servelab.errors import ConfigError, NotFoundError
+from servelab.model.factors import Factors, default_factors
+from servelab.model.predict import Setup, Workload, compare_layouts, evaluate, make_setup, sweep
+
+
+def resolve_factors(engine: str | None, calibration: str | None) -> Factors:
+    """Defaults for the engine, overridden by a named calibration from the store."""
+    f = default_factors(engine)
+    if calibration:
+        from servelab.store import open_store
+        from servelab.store.calibrations import get
+
+        with open_store() as store:
+            f = f.merged(get(store, calibration).factors)
+    return f
+
+
+def setup_options(fn: Any) -> Any:
+    opts = [
+        click.option(
+            "--model",
+            "-m",
+            "model",
+            required=True,
+            help="Catalog name (GLM-5-NVFP4, ...) or path to config.json.",
+        ),
+        click.option("--gpu", required=True, help="GPU kind from the catalog (rtx-pro-6000, h200-sxm, ...)."),
+        click.option("--num-gpus", "-n", type=int, required=True, help="GPUs used."),
+        click.option(
+            "--tp", type=int, default=None, help="Tensor parallel size (default: all GPUs / (pp × dp))."
+        ),
+        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages."),
+        click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel size (MoE)."),
+        click.option(
+            "--dp-attention",
+            "dp",
+            type=int,
+            default=1,
+            show_default=True,
+            help="Attention data parallel size.",
+        ),
+        click.option(
+            "--quant", default=None, help="Weight format override: bf16, fp8, nvfp4, mxfp4, int4, q4_k_m, ..."
+        ),
+        click.option(
+            "--kv-dtype", default=None, help="KV-cache dtype: bf16 or fp8 (default: the checkpoint's)."
+        ),
+        click.option(
+            "--interconnect",
+            default=None,
+            help="nvlink3/4/5, pcie4-/pcie5-switch|cpu|xsocket (default: the GPU's usual).",
+        ),
+        click.option(
+            "--engine", default=None, help="vllm, sglang or trtllm: engine-specific overhead factors."
+        ),
+        click.option(
+            "--calibration", default=None, help="Apply a named calibration from `servelab calibrate`."
+        ),
+        click.option(
+            "--mem-fraction",
+            type=float,
+            default=0.90,
+            show_default=True,
+            help="Share of GPU memory the engine may use.",
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def build_setup(kw: dict[str, Any]) -> Setup:
+    if not 0.1 <= kw["mem_fraction"] <= 1.0:
+        raise ConfigError("--mem-fraction must be between 0.1 and 1.0")
+    return make_setup(
+        kw["model"],
+        kw["gpu"],
+        kw["num_gpus"],
+        tp=kw["tp"],
+        pp=kw["pp"],
+        ep=kw["ep"],
+        dp=kw["dp"],
+        quant=kw["quant"],
+        kv_dtype=kw["kv_dtype"],
+        interconnect=kw["interconnect"],
+        factors=resolve_factors(kw["engine"], kw["calibration"]),
+        mem_fraction=kw["mem_fraction"],
+    )
+
+
+def _render_prediction(d: dict[str, Any]) -> None:
+    lay = d["layout"]
+    title = f"{d['model']} on {d['num_gpus']}× {d['gpu']} ({d['interconnect']}), TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} DP{lay['dp_attention']}"
+    stdout.print(f"[bold]{title}[/bold]")
+    mem = d["memory_gb_per_gpu"]
+    stdout.print(
+        f"memory per GPU: weights {mem['weights']:.1f} GB, KV cache {mem['kv_cache']:.1f} GB, "
+        f"activations {mem['activations']:.1f} GB, reserved {mem['reserved']:.1f} GB of {mem['total']:.0f} GB"
+    )
+    if not d["feasible"]:
+        stdout.print(f"[red]does not fit:[/red] {d['reason']}")
+        return
+    w = d["workload"]
+    stdout.print(
+        f"isl {w['isl']} osl {w['osl']} concurrency {w['concurrency']}: "
+        f"TPOT [bold]{d['tpot_ms']:.2f} ms[/bold] ({d['per_user_tok_s']:.1f} tok/s per stream), "
+        f"TTFT [bold]{d['ttft_ms']:.0f} ms[/bold], output [bold]{d['output_throughput']:.0f} tok/s[/bold]"
+    )
+    t = Table(title=f"decode step {d['decode_step_ms']:.2f} ms")
+    t.add_column("component")
+    t.add_column("ms", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in d["decode_breakdown_ms"].items():
+        t.add_row(k, f"{v:.3f}", f"{v / d['decode_step_ms']:.0%}" if d["decode_step_ms"] else "")
+    stdout.print(t)
+    if d["allreduces_per_step"]:
+        stdout.print(
+            f"{d['allreduces_per_step']} allreduces per step at {d['allreduce_us_each']:.0f} µs each: "
+            f"{d['allreduce_share']:.0%} of the step"
+        )
+    stdout.print(
+        f"KV cache {d['kv_cache_tokens']:,} tokens; max concurrency at this context {d['max_concurrency']}; "
+        f"single-stream {d['single_stream_tok_s']:.1f} tok/s, ceiling without communication "
+        f"{d['single_stream_ceiling_tok_s']:.1f} tok/s"
+    )
+    for warning in d.get("warnings") or []:
+        stdout.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _parse_levels(text: str | None) -> list[int]:
+    if not text:
+        return [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--sweep takes comma-separated integers, got {text!r}") from exc
+    if not out or min(out) < 1:
+        raise ConfigError("--sweep concurrencies must be positive integers")
+    return out
+
+
+@click.command()
+@setup_options
+@click.option("--isl", type=int, default=1024, show_default=True, help="Input tokens per request.")
+@click.option("--osl", type=int, default=1024, show_default=True, help="Output tokens per request.")
+@click.option("--concurrency", "-c", type=int, default=1, show_default=True, help="Requests in flight.")
+@click.option(
+    "--mtp",
+    "mtp_tokens",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Speculative (MTP) draft tokens per step.",
+)
+@click.option(
+    "--accept-len",
+    type=float,
+    default=None,
+    help="Mean tokens accepted per step with --mtp (default 1 + 0.7×mtp).",
+)
+@click.option("--compare-layouts", is_flag=True, help="Rank every TP/PP/EP/DP layout for this host.")
+@click.option("--tpot-limit", type=float, default=None, help="With --compare-layouts: TPOT limit, ms.")
+@click.option("--ttft-limit", type=float, default=None, help="With --compare-layouts: TTFT limit, ms.")
+@click.option(
+    "--sweep",
+    "sweep_levels",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    help="Concurrency curve, e.g. --sweep 1,4,16,64.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def predict(**kw: Any) -> None:
+    """Predict TTFT, TPOT, throughput and memory, and show where the decode step goes."""
+    setup = build_setup(kw)
+    mtp = kw["mtp_tokens"]
+    accept = kw["accept_len"] if kw["accept_len"] is not None else 1.0 + 0.7 * mtp
+    wl = Workload(kw["isl"], kw["osl"], kw["concurrency"], mtp, accept)
+    if kw["compare_layouts"]:
+        results = compare_layouts(setup, wl, kw["tpot_limit"], kw["ttft_limit"])
+        data = {
+            "model": setup.arch.name,
+            "gpu": setup.host.gpu.name,
+            "num_gpus": setup.host.num_gpus,
+            "workload": {"isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency},
+            "layouts": [
+                {
+                    "label": r.label,
+                    "rank": r.rank,
+                    "layout": r.layout,
+                    "verdict": r.verdict,
+                    "prediction": r.prediction.to_dict(),
+                }
+                for r in results
+            ],
+        }
+        emit(data, kw["as_json"], _render_compare)
+        return
+    if kw["sweep_levels"] is not None:
+        preds = sweep(setup, wl, _parse_levels(kw["sweep_levels"]))
+        data = {
+            "model": setup.arch.name,
+            "layout": preds[0].layout,
+            "points": [
+                {
+                    "concurrency": p.workload["concurrency"],
+                    "feasible": p.feasible,
+                    "reason": p.reason,
+                    "tpot_ms": p.tpot_ms,
+                    "ttft_ms": p.ttft_ms,
+                    "output_throughput": p.output_throughput,
+                    "per_user_tok_s": p.per_user_tok_s,
+                }
+                for p in preds
+            ],
+        }
+        emit(data, kw["as_json"], _render_sweep)
+        return
+    emit(evaluate(setup, wl).to_dict(), kw["as_json"], _render_prediction)
+
+
+def _render_compare(d: dict[str, Any]) -> None:
+    t = Table(title=f"{d['model']} on {d['num_gpus']}× {d['gpu']}: layouts by output throughput")
+    for col in ("rank", "layout", "tok/s", "TPOT ms", "TTFT ms", "why"):
+        t.add_column(col)
+    for r in d["layouts"]:
+        p = r["prediction"]
+        t.add_row(
+            str(r["rank"] or "-"),
+            r["label"],
+            f"{p['output_throughput']:.0f}" if p["feasible"] else "-",
+            f"{p['tpot_ms']:.2f}" if p["feasible"] else "-",
+            f"{p['ttft_ms']:.0f}" if p["feasible"] else "-",
+            r["verdict"],
+        )
+    stdout.print(t)
+
+
+def _render_sweep(d: dict[str, Any]) -> None:
+    t = Table(title=f"{d['model']}: throughput and TPOT against concurrency")
+    for col in ("concurrency", "tok/s", "TPOT ms", "TTFT ms", "tok/s per user"):
+        t.add_column(col, justify="right")
+    for p in d["points"]:
+        if not p["feasible"]:
+            t.add_row(str(p["concurrency"]), "-", "-", "-", p["reason"] or "")
+            continue
+        t.add_row(
+            str(p["concurrency"]),
+            f"{p['output_throughput']:.0f}",
+            f"{p['tpot_ms']:.2f}",
+            f"{p['ttft_ms']:.0f}",
+            f"{p['per_user_tok_s']:.1f}",
+        )
+    stdout.print(t)
+
+
+def load_run(uid: str) -> dict[str, Any]:
+    """A bench run and its levels from the store (uid or unique uid prefix)."""
+    from servelab.store import open_store
+
+    with open_store() as store:
+        rows = store.conn.execute(
+            "SELECT * FROM bench_runs WHERE uid = ? OR uid LIKE ?", (uid, uid + "%")
+        ).fetchall()
+        if not rows:
+            raise NotFoundError(f"no bench run {uid!r} in the store", hint="`servelab bench` records runs")
+        if len(rows) > 1:
+            raise ConfigError(f"run id {uid!r} is ambiguous: " + ", ".join(r["uid"] for r in rows))
+        run = rows[0]
+        levels = store.conn.execute(
+            "SELECT * FROM bench_levels WHERE run_id = ? ORDER BY idx", (run["id"],)
+        ).fetchall()
+        return {
+            "uid": run["uid"],
+            "model": run["model"],
+            "engine": run["engine"],
+            "config": orjson.loads(run["config_json"] or "{}"),
+            "levels": [
+                {
+                    "concurrency": int(lv["value"]),
+                    "mode": lv["mode"],
+                    "summary": orjson.loads(lv["summary_json"] or "{}"),
+                }
+                for lv in levels
+            ],
+        }
+
+
+@click.command()
+@click.argument("run")
+@click.option(
+    "--model", "-m", "model", default=None, help="Catalog name or config.json (default: the run's)."
+)
+@click.option("--gpu", default=None, help="GPU kind (default: the run's config `host.gpu`).")
+@click.option("--num-gpus", "-n", type=int, default=None)
+@click.option("--tp", type=int, default=None)
+@click.option("--pp", type=int, default=None)
+@click.option("--ep", type=int, default=None)
+@click.option("--dp-attention", "dp", type=int, default=None)
+@click.option("--quant", default=None)
+@click.option("--kv-dtype", default=None)
+@click.option("--interconnect", default=None)
+@click.option("--engine", default=None)
+@click.option("--calibration", default=None)
+@click.option(
+    "--isl", type=int, default=1024, show_default=True, help="Used when the run does not record lengths."
+)
+@click.option("--osl", type=int, default=1024, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def explain(run: str, **kw: Any) -> None:
+    """Set a measured bench RUN beside the prediction, level by level, and name the largest gap."""
+    from servelab.model.explain import explain_levels
+
+    data = load_run(run)
+    cfg = data["config"]
+    host, layout = cfg.get("host") or {}, cfg.get("layout") or {}
+    gpu = kw["gpu"] or host.get("gpu")
+    model = kw["model"] or cfg.get("model_config") or data["model"]
+    if not gpu:
+        raise ConfigError(
+            f"run {data['uid']} does not record its GPU",
+            hint="pass --gpu, --num-gpus and the layout (--tp/--pp/--ep) it ran with",
+        )
+    tp = kw["tp"] or layout.get("tp")
+    num = kw["num_gpus"] or host.get("num_gpus") or (tp or 1)
+    setup = make_setup(
+        model,
+        gpu,
+        int(num),
+        tp=tp,
+        pp=kw["pp"] or layout.get("pp", 1),
+        ep=kw["ep"] or layout.get("ep", 1),
+        dp=kw["dp"] or layout.get("dp_attention", 1),
+        quant=kw["quant"] or cfg.get("quant"),
+        kv_dtype=kw["kv_dtype"] or cfg.get("kv_dtype"),
+        interconnect=kw["interconnect"] or host.get("interconnect"),
+        factors=resolve_factors(kw["engine"] or data["engine"], kw["calibration"]),
+    )
+    result = explain_levels(setup, data["levels"], kw["isl"], kw["osl"])
+    out = {
+        "run": data["uid"],
+        "model": setup.arch.name,
+        "gpu": setup.host.gpu.name,
+        "num_gpus": setup.host.num_gpus,
+        "layout": {
+            "tp": setup.layout.tp,
+            "pp": setup.layout.pp,
+            "ep": setup.layout.ep,
+            "dp_attention": setup.layout.dp,
+        },
+        "levels": [lv.__dict__ for lv in result.levels],
+        "largest_gap": result.largest_gap,
+    }
+    emit(out, kw["as_json"], _render_explain)
+
+
+def _render_explain(d: dict[str, Any]) -> None:
+    t = Table(title=f"run {d['run']}: measured vs predicted ({d['model']} on {d['num_gpus']}× {d['gpu']})")
+    for col in (
+        "conc.",
+        "TPOT meas",
+        "TPOT pred",
+        "TTFT meas",
+        "TTFT pred",
+        "tok/s meas",
+        "tok/s pred",
+        "gap",
+    ):
+        t.add_column(col)
+
+    def fmt(v: Any, nd: int = 1) -> str:
+        return "-" if v is None else f"{v:.{nd}f}"
+
+    for lv in d["levels"]:
+        m, p = lv["measured"], lv["predicted"]
+        t.add_row(
+            str(lv["concurrency"]),
+            fmt(m["tpot_ms"], 2),
+            fmt(p["tpot_ms"], 2),
+            fmt(m["ttft_ms"], 0),
+            fmt(p["ttft_ms"], 0),
+            fmt(m["output_throughput"], 0),
+            fmt(p["output_throughput"], 0),
+            lv["largest_gap"],
+        )
+    stdout.print(t)
+    if d["largest_gap"]:
+        stdout.print(f"largest gap {d['largest_gap']}")

@@ -1,0 +1,1 @@
+"""Host I/O: probes and checks of the machine servelab runs on."""

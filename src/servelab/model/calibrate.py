@@ -1,0 +1,474 @@
+"""Fitting efficiency factors to measured runs (the published CSV, or the user's own bench runs).
+
+Each observation is turned once into factor-independent `Terms`; a fit then only re-runs the cheap
+`latencies()` over numpy arrays, so a few thousand rows fit in seconds. The loss is the mean absolute
+percentage error of TPOT plus that of TTFT: the figure the accuracy benchmark reports.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelab.errors import ConfigError, ServelabError
+from servelab.model.factors import FIT_BOUNDS, Factors
+from servelab.model.memory import plan_memory
+from servelab.model.predict import Setup, Terms, Workload, latencies, make_setup, make_terms
+from servelab.model.step import StepRaw, build_perf
+
+SYSTEMS = {
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200-sxm",
+    "b200_sxm": "b200",
+    "b300_sxm": "b300",
+    "gb200": "gb200",
+    "gb300": "gb300",
+}
+MODELS = {
+    "deepseek-ai/DeepSeek-R1": "DeepSeek-R1",
+    "deepseek-ai/DeepSeek-V3": "DeepSeek-V3",
+    "nvidia/DeepSeek-R1-NVFP4": "DeepSeek-R1",
+    "nvidia/DeepSeek-V3.1-NVFP4": "DeepSeek-V3",
+    "MiniMaxAI/MiniMax-M2.5": "MiniMax-M2.5",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "meta-llama/Llama-3.1-70B": "Llama-3.1-70B",
+    "meta-llama/Llama-3.1-8B-Instruct": "Llama-3.1-8B",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "Llama-3.1-8B",
+    "Qwen/Qwen3-32B": "Qwen3-32B",
+    "nvidia/Qwen3-32B-NVFP4": "Qwen3-32B",
+    "Qwen/Qwen3.5-397B-A17B": "Qwen3.5-397B-A17B",
+    "Qwen/Qwen3-235B-A22B-FP8": "Qwen3-235B-A22B",
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured configuration: what ran, and its median TTFT/TPOT."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    quant: str | None
+    kv_dtype: str | None
+    isl: int
+    osl: int
+    concurrency: int
+    engine: str
+    ttft_ms: float
+    tpot_ms: float
+    key: str = ""
+
+    @property
+    def system(self) -> str:
+        return self.gpu
+
+
+def _int(v: str, default: int = 1) -> int:
+    try:
+        return int(float(v)) if v not in ("", None) else default
+    except ValueError:
+        return default
+
+
+def _layout(row: dict[str, str]) -> tuple[int, int, int]:
+    """(tp, attention-dp, ep) of a CSV row, undoing the squared GPU count some rows carry.
+
+    Rows of 8-GPU boxes such as `tp 64, moe_tp 8, moe_ep 8` (or `attention_dp 64`) record the product
+    of the MoE split as the attention split: the engines ran `--tp 8 --ep 8` on 8 GPUs (moe_tp = 1);
+    64 GPUs cannot run an aggregated server on one HGX box, and the measured TPOT/TTFT scale like 8.
+    When moe_tp == moe_ep > 1 and tp × dp equals their product, the real stage is moe_ep GPUs.
+    """
+    tp, dp = max(_int(row.get("tp_size", "")), 1), max(_int(row.get("attention_dp_size", "")), 1)
+    ep = max(_int(row.get("moe_ep_size", "")), 1)
+    moe_tp = max(_int(row.get("moe_tp_size", "")), 1)
+    if moe_tp == ep > 1 and tp * dp == moe_tp * ep:
+        if dp == 1:
+            tp = ep
+        elif tp == 1:
+            dp = ep
+    return tp, dp, ep
+
+
+def _quant(row: dict[str, str], model: str) -> str | None:
+    modes = {row.get("gemm_quant_mode", ""), row.get("moe_quant_mode", ""), row.get("precision", "")}
+    if model == "gpt-oss-120b":
+        return None  # MXFP4 experts as shipped
+    if "nvfp4" in modes:
+        return "nvfp4"
+    if modes & {"fp8", "fp8_block"}:
+        return "fp8"
+    return "bf16"
+
+
+def observations_from_csv(path: Path | str) -> list[Observation]:
+    """Aggregated (`mode == agg`) rows of a serving_measurements.csv, for models in the catalog."""
+    out: list[Observation] = []
+    try:
+        fh = open(path, newline="")  # noqa: SIM115
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    with fh:
+        for row in csv.DictReader(fh):
+            if row.get("mode") != "agg" or row.get("system") not in SYSTEMS:
+                continue
+            model = MODELS.get(row.get("model_path", ""))
+            if not model:
+                continue
+            try:
+                ttft, tpot = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
+            except (KeyError, ValueError):
+                continue
+            tp, dp, ep = _layout(row)
+            q = _quant(row, model)
+            out.append(
+                Observation(
+                    model=model,
+                    gpu=SYSTEMS[row["system"]],
+                    num_gpus=tp * dp,
+                    tp=tp,
+                    pp=max(_int(row.get("pp_size", "")), 1),
+                    ep=ep,
+                    dp=dp,
+                    quant=q,
+                    kv_dtype="fp8" if q in ("fp8", "nvfp4") or model == "gpt-oss-120b" else None,
+                    isl=_int(row["isl"]),
+                    osl=_int(row["osl"]),
+                    concurrency=max(_int(row["batch_size"]), 1),
+                    engine=row.get("backend", ""),
+                    ttft_ms=ttft,
+                    tpot_ms=tpot,
+                    key=row.get("id", ""),
+                )
+            )
+    return out
+
+
+def is_holdout(obs: Observation, fraction: float = 0.3) -> bool:
+    """A stable split by the row's key: the same rows are always held out."""
+    h = int(hashlib.sha256(obs.key.encode()).hexdigest()[:8], 16)
+    return (h % 1000) < fraction * 1000
+
+
+@dataclass
+class Prepared:
+    """Observations turned into stacked terms (rows the model cannot place are dropped with a reason)."""
+
+    obs: list[Observation]
+    terms: Terms
+    setups: list[Setup]
+    dropped: list[tuple[Observation, str]]
+
+    def subset(self, mask: np.ndarray) -> Prepared:
+        idx = np.nonzero(mask)[0]
+        return Prepared(
+            [self.obs[i] for i in idx],
+            _take(self.terms, idx),
+            [self.setups[i] for i in idx],
+            self.dropped,
+        )
+
+
+def _take(t: Terms, idx: np.ndarray) -> Terms:
+    def raw(r: StepRaw) -> StepRaw:
+        return StepRaw(**{f.name: getattr(r, f.name)[idx] for f in fields(StepRaw)})
+
+    return Terms(
+        raw(t.dec), raw(t.pre), t.per_group[idx], t.running[idx], t.osl[idx], t.spec[idx], t.isl[idx]
+    )
+
+
+def prepare(observations: Iterable[Observation], factors: Factors | None = None) -> Prepared:
+    """Resolve each observation to a setup and its terms (memory uses the given factors)."""
+    obs_ok: list[Observation] = []
+    setups: list[Setup] = []
+    terms: list[Terms] = []
+    dropped: list[tuple[Observation, str]] = []
+    base = factors or Factors()
+    for o in observations:
+        try:
+            s = make_setup(
+                o.model,
+                o.gpu,
+                o.num_gpus,
+                tp=o.tp,
+                pp=o.pp,
+                ep=o.ep,
+                dp=o.dp,
+                quant=o.quant,
+                kv_dtype=o.kv_dtype,
+                factors=base,
+            )
+        except ServelabError as exc:
+            dropped.append((o, exc.message))
+            continue
+        perf = build_perf(s.arch, s.quant, s.host, s.layout, s.factors)
+        mem = plan_memory(s.arch, s.quant, s.host, s.layout, s.mem_fraction)
+        wl = Workload(o.isl, o.osl, o.concurrency)
+        if mem.max_concurrency(o.isl + o.osl) < 1:
+            mem = plan_memory(s.arch, s.quant, s.host, s.layout, 0.97)  # engines run tighter than our default
+        obs_ok.append(o)
+        setups.append(s)
+        terms.append(make_terms(perf, mem, wl))
+    if not obs_ok:
+        raise ConfigError("no usable measurements to fit", hint="check the models and GPUs named in the data")
+    stacked = Terms(
+        dec=StepRaw.stack([t.dec for t in terms]),
+        pre=StepRaw.stack([t.pre for t in terms]),
+        per_group=np.array([float(t.per_group) for t in terms]),
+        running=np.array([float(t.running) for t in terms]),
+        osl=np.array([float(t.osl) for t in terms]),
+        spec=np.array([float(t.spec) for t in terms]),
+        isl=np.array([float(t.isl) for t in terms]),
+    )
+    return Prepared(obs_ok, stacked, setups, dropped)
+
+
+def predicted_ms(p: Prepared, f: Factors) -> tuple[np.ndarray, np.ndarray]:
+    _, tpot, ttft = latencies(p.terms, f)
+    return np.asarray(tpot) * 1e3, np.asarray(ttft) * 1e3
+
+
+def measured_ms(p: Prepared) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([o.tpot_ms for o in p.obs]), np.array([o.ttft_ms for o in p.obs])
+
+
+def mape(pred: np.ndarray, meas: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - meas) / meas) * 100) if len(meas) else float("nan")
+
+
+def _loss(p: Prepared, f: Factors, ttft_weight: float) -> float:
+    tpot, ttft = predicted_ms(p, f)
+    mt, mf = measured_ms(p)
+    lt = np.abs(tpot / mt - 1.0)
+    lf = np.abs(ttft / mf - 1.0)
+    return float(np.mean(lt) + ttft_weight * np.mean(lf))
+
+
+def nelder_mead(fun: Any, x0: np.ndarray, iters: int = 600, step: float = 0.25) -> np.ndarray:
+    """A plain Nelder-Mead minimiser (numpy only; the fit has ~10 parameters)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    vals = [fun(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        simplex = [simplex[i] for i in order]
+        vals = [vals[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        xr = centroid + (centroid - simplex[-1])
+        fr = fun(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - simplex[-1])
+            fe = fun(xe)
+            simplex[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            simplex[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = fun(xc)
+            if fc < vals[-1]:
+                simplex[-1], vals[-1] = xc, fc
+            else:
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (s - simplex[0]) for s in simplex[1:]]
+                vals = [vals[0]] + [fun(s) for s in simplex[1:]]
+        if np.std(vals) < 1e-7:
+            break
+    return simplex[int(np.argmin(vals))]
+
+
+def fit(
+    p: Prepared,
+    start: Factors | None = None,
+    names: Sequence[str] | None = None,
+    ttft_weight: float = 1.0,
+    iters: int = 800,
+) -> Factors:
+    """Fit the named scalar factors (log space, clipped to FIT_BOUNDS); the others stay as in `start`."""
+    start = start or Factors()
+    names = list(names or FIT_BOUNDS)
+
+    def to_factors(x: np.ndarray) -> Factors:
+        vals = {}
+        for n, v in zip(names, x, strict=True):
+            lo, hi = FIT_BOUNDS[n]
+            vals[n] = float(min(max(math.exp(v), max(lo, 1e-6)), hi))
+        return start.merged(vals)
+
+    x0 = np.array([math.log(max(getattr(start, n), 1e-3)) for n in names])
+    best = nelder_mead(lambda x: _loss(p, to_factors(x), ttft_weight), x0, iters=iters)
+    for step in (0.5, 0.2, 0.1):  # restarts: Nelder-Mead stalls on the flat directions of ~12 factors
+        best = nelder_mead(lambda x: _loss(p, to_factors(x), ttft_weight), best, iters=iters, step=step)
+    return to_factors(best)
+
+
+@dataclass
+class GroupError:
+    system: str
+    engine: str
+    n: int
+    tpot_mape: float
+    ttft_mape: float
+
+
+def error_table(p: Prepared, f: Factors, by: Sequence[str] = ("gpu", "engine")) -> list[GroupError]:
+    """MAPE of TPOT and TTFT per group (default: per GPU system and engine), plus an `all` row."""
+    tpot, ttft = predicted_ms(p, f)
+    mt, mf = measured_ms(p)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, o in enumerate(p.obs):
+        key = tuple(str(getattr(o, b)) for b in by)
+        groups.setdefault((key[0], key[1] if len(key) > 1 else ""), []).append(i)
+    rows = [
+        GroupError(k[0], k[1], len(ix), mape(tpot[ix], mt[ix]), mape(ttft[ix], mf[ix]))
+        for k, ix in sorted(groups.items())
+    ]
+    rows.append(GroupError("all", "all", len(mt), mape(tpot, mt), mape(ttft, mf)))
+    return rows
+
+
+def fit_observations(
+    observations: list[Observation],
+    start: Factors | None = None,
+    holdout: float = 0.3,
+    per_engine: bool = True,
+) -> tuple[Factors, dict[str, dict[str, float]], dict[str, Any]]:
+    """Fit global factors (and per-engine overhead/queue factors) on a split; report on the held-out rows."""
+    start = start or Factors()
+    prepared = prepare(observations, start)
+    test_mask = (
+        np.array([is_holdout(o, holdout) for o in prepared.obs])
+        if holdout > 0
+        else np.zeros(len(prepared.obs), bool)
+    )
+    train = prepared.subset(~test_mask) if test_mask.any() else prepared
+    # Collective latency stays at the catalog's physical figure: the published rows are all NVLink, and
+    # a scale fitted there would leak into PCIe predictions. `calibrate host` measures it instead.
+    glob = fit(train, start, [n for n in FIT_BOUNDS if n not in ("lat_scale", "queue_exp")])
+    engines: dict[str, dict[str, float]] = {}
+    engine_names = (
+        "step_overhead_ms",
+        "layer_overhead_us",
+        "prefill_queue",
+        "prefill_interference",
+        "ttft_overhead_ms",
+        "prefill_eff",
+        "bw_eff",
+    )
+    if per_engine:
+        for eng in sorted({o.engine for o in train.obs if o.engine}):
+            mask = np.array([o.engine == eng for o in train.obs])
+            if mask.sum() < 30:
+                continue
+            f_e = fit(train.subset(mask), glob, engine_names, iters=400)
+            engines[eng] = {n: getattr(f_e, n) for n in engine_names}
+    report: dict[str, Any] = {
+        "rows": len(prepared.obs),
+        "train_rows": int((~test_mask).sum()),
+        "test_rows": int(test_mask.sum()),
+        "dropped": len(prepared.dropped),
+    }
+    return glob, engines, report
+
+
+def apply_engine(f: Factors, engines: dict[str, dict[str, float]], engine: str) -> Factors:
+    return f.merged(engines.get(engine, {}))
+
+
+def evaluate_split(
+    observations: list[Observation], glob: Factors, engines: dict[str, dict[str, float]], holdout: float = 0.3
+) -> dict[str, list[GroupError]]:
+    """Error tables on the train and test split with the per-engine factors applied row by row."""
+    prepared = prepare(observations, glob)
+    out: dict[str, list[GroupError]] = {}
+    test_mask = np.array([is_holdout(o, holdout) for o in prepared.obs])
+    for name, mask in (("train", ~test_mask), ("test", test_mask)):
+        sub = prepared.subset(mask)
+        if not sub.obs:
+            continue
+        out[name] = _engine_table(sub, glob, engines)
+    return out
+
+
+def _engine_table(p: Prepared, glob: Factors, engines: dict[str, dict[str, float]]) -> list[GroupError]:
+    tpot = np.zeros(len(p.obs))
+    ttft = np.zeros(len(p.obs))
+    for eng in {o.engine for o in p.obs}:
+        mask = np.array([o.engine == eng for o in p.obs])
+        t, f = predicted_ms(p.subset(mask), apply_engine(glob, engines, eng))
+        tpot[mask], ttft[mask] = t, f
+    mt, mf = measured_ms(p)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, o in enumerate(p.obs):
+        groups.setdefault((o.gpu, o.engine), []).append(i)
+    rows = [
+        GroupError(k[0], k[1], len(ix), mape(tpot[ix], mt[ix]), mape(ttft[ix], mf[ix]))
+        for k, ix in sorted(groups.items())
+    ]
+    rows.append(GroupError("all", "all", len(mt), mape(tpot, mt), mape(ttft, mf)))
+    return rows
+
+
+def factors_from_probe(probe: dict[str, Any]) -> dict[str, Any]:
+    """Turn `host/commprobe.py` output into factor overrides: per-rank-count allreduce latency (the
+    smallest decode-sized message), bus bandwidth (largest message), and memory bandwidth."""
+    ranks = int(probe["ranks"])
+    points = sorted(probe.get("allreduce") or [], key=lambda p: p["bytes"])
+    if not points:
+        raise ConfigError("the host probe returned no allreduce timings")
+    small = [p["us"] for p in points if p["bytes"] <= 32 * 1024] or [points[0]["us"]]
+    big = points[-1]
+    bus = 2.0 * (ranks - 1) / ranks * big["bytes"] / (big["us"] * 1e-6) / 1e9 if ranks > 1 else None
+    out: dict[str, Any] = {"allreduce_us": {str(ranks): round(min(small), 3)}}
+    if bus:
+        out["bus_gbs"] = round(bus, 3)
+    if probe.get("mem_bw_gbs"):
+        out["mem_bw_gbs"] = round(float(probe["mem_bw_gbs"]), 3)
+    return out
+
+
+def observations_from_runs(runs: list[dict[str, Any]]) -> list[Observation]:
+    """Bench runs from the store (each with `config` and `levels`) whose config names host and layout."""
+    out: list[Observation] = []
+    for run in runs:
+        cfg = run.get("config") or {}
+        host, layout = cfg.get("host") or {}, cfg.get("layout") or {}
+        if not host.get("gpu"):
+            continue
+        for lv in run.get("levels") or []:
+            s = lv.get("summary") or {}
+            if not s.get("median_tpot_ms") or not s.get("median_ttft_ms"):
+                continue
+            tp = int(layout.get("tp", host.get("num_gpus", 1)))
+            dp = int(layout.get("dp_attention", layout.get("dp", 1)))
+            pp = int(layout.get("pp", 1))
+            out.append(
+                Observation(
+                    model=cfg.get("model_config") or run.get("model", ""),
+                    gpu=host["gpu"],
+                    num_gpus=int(host.get("num_gpus", tp * dp * pp)),
+                    tp=tp,
+                    pp=pp,
+                    ep=int(layout.get("ep", 1)),
+                    dp=dp,
+                    quant=cfg.get("quant"),
+                    kv_dtype=cfg.get("kv_dtype"),
+                    isl=round(s.get("mean_input_tokens") or cfg.get("isl") or 1024),
+                    osl=round(s.get("mean_output_tokens") or cfg.get("osl") or 1024),
+                    concurrency=int(lv.get("value") or 1),
+                    engine=str(run.get("engine") or ""),
+                    ttft_ms=float(s["median_ttft_ms"]),
+                    tpot_ms=float(s["median_tpot_ms"]),
+                    key=f"{run.get('uid')}:{lv.get('value')}",
+                )
+            )
+    return out

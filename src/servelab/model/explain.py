@@ -1,0 +1,75 @@
+"""A measured run beside the prediction, level by level, with the gap attributed to a component."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab.model.predict import Setup, Workload, evaluate
+
+
+@dataclass
+class LevelComparison:
+    concurrency: int
+    measured: dict[str, float | None]
+    predicted: dict[str, float | None]
+    error_pct: dict[str, float | None]
+    attribution: dict[str, float]
+    largest_gap: str
+
+
+@dataclass
+class Explanation:
+    levels: list[LevelComparison] = field(default_factory=list)
+    largest_gap: str = ""
+
+
+def _err(p: float | None, m: float | None) -> float | None:
+    if p is None or not m:
+        return None
+    return (p - m) / m * 100.0
+
+
+def explain_levels(setup: Setup, levels: list[dict[str, Any]], isl: int, osl: int) -> Explanation:
+    """Compare each measured level (`concurrency`, `summary`) to the prediction at that concurrency.
+
+    The measured TPOT is split the way the model splits it: the predicted weights + KV + compute time is
+    taken as given (memory and FLOPs are physics), and the remainder is the measured cost of
+    communication, overhead and prefill stalls, set beside the predicted remainder."""
+    out = Explanation()
+    worst = (0.0, "")
+    for lv in levels:
+        s = lv.get("summary") or {}
+        c = int(lv.get("concurrency") or 1)
+        wl = Workload(round(s.get("mean_input_tokens") or isl), round(s.get("mean_output_tokens") or osl), c)
+        p = evaluate(setup, wl)
+        measured = {
+            "tpot_ms": s.get("median_tpot_ms"),
+            "ttft_ms": s.get("median_ttft_ms"),
+            "output_throughput": s.get("output_throughput"),
+        }
+        predicted = {"tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "output_throughput": p.output_throughput}
+        errors = {k: _err(predicted[k], measured[k]) for k in measured}
+        b = p.decode_breakdown_ms
+        physics = b.get("weights", 0) + b.get("kv_cache", 0) + b.get("compute", 0)
+        pred_rest = (p.tpot_ms or 0) - physics
+        attribution: dict[str, float] = {
+            "predicted_weights_kv_compute_ms": physics,
+            "predicted_comm_overhead_ms": pred_rest,
+        }
+        if measured["tpot_ms"]:
+            attribution["measured_comm_overhead_ms"] = float(measured["tpot_ms"]) - physics
+        gaps = {k: abs(v) for k, v in errors.items() if v is not None}
+        name = max(gaps, key=lambda k: gaps[k]) if gaps else ""
+        if name == "tpot_ms" and "measured_comm_overhead_ms" in attribution:
+            delta = attribution["measured_comm_overhead_ms"] - pred_rest
+            label = f"TPOT off by {errors['tpot_ms']:+.0f}%: communication + overhead {delta:+.2f} ms per token vs predicted"
+        elif name:
+            label = f"{name} off by {errors[name]:+.0f}%"
+        else:
+            label = "no measured numbers to compare"
+        if name and gaps[name] > worst[0]:
+            worst = (gaps[name], f"at concurrency {c}: {label}")
+        out.levels.append(LevelComparison(c, measured, predicted, errors, attribution, label))
+    out.largest_gap = worst[1]
+    return out

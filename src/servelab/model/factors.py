@@ -1,0 +1,82 @@
+"""Efficiency factors: how far real engines fall short of the data-sheet roofline.
+
+The defaults are fitted against published measurements (see docs/model.md) and live in
+`servelab/data/model_factors.json`; a named calibration (fitted from the user's own runs, or measured
+by `servelab calibrate host`) overrides them field by field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cache
+from importlib import resources
+from typing import Any
+
+# The scalar factors a fit may move, with the bounds that keep them physical.
+FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "bw_eff": (0.3, 1.0),
+    "gemm_eff": (0.1, 1.0),
+    "prefill_eff": (0.1, 1.0),
+    "attn_eff": (0.05, 1.0),
+    "lat_scale": (0.3, 4.0),
+    "step_overhead_ms": (0.0, 20.0),
+    "layer_overhead_us": (0.0, 200.0),
+    "prefill_queue": (0.0, 2.0),
+    "prefill_interference": (0.0, 3.0),
+    "queue_exp": (0.3, 1.2),
+    "ttft_overhead_ms": (0.0, 300.0),
+    "prefill_budget": (2048.0, 65536.0),
+    "a2a_scale": (1.0, 20.0),
+}
+
+
+@dataclass(frozen=True)
+class Factors:
+    """Multipliers on the roofline, plus optional numbers measured on a host."""
+
+    bw_eff: float = 0.80  # achieved / peak memory bandwidth
+    gemm_eff: float = 0.55  # decode GEMM FLOP efficiency
+    prefill_eff: float = 0.55  # prefill GEMM + attention FLOP efficiency
+    attn_eff: float = 0.35  # decode attention FLOP efficiency
+    lat_scale: float = 1.0  # scale on the catalog's per-collective latency
+    net_eff: float = 1.0  # scale on the catalog's bus bandwidth
+    step_overhead_ms: float = 1.0  # per engine step: scheduling, sampling, launches
+    layer_overhead_us: float = 8.0  # per layer per step: norms, router, small kernels
+    prefill_queue: float = 0.5  # TTFT: fraction of concurrent requests' prefills a request waits behind
+    prefill_interference: float = 1.0  # TPOT: share of other requests' prefill time that stalls decode
+    queue_exp: float = 1.0  # batched prefills amortize: the queue grows as (B - 1) ** queue_exp
+    ttft_overhead_ms: float = 0.0  # per request: tokenization, HTTP, scheduling before the first step
+    a2a_scale: float = 1.0  # MoE dispatch/combine (attention-DP) latency over an allreduce's: routing, sync
+    prefill_budget: float = 8192.0  # tokens batched into one prefill step (engine's max-batched-tokens)
+    # Measured on a host by `servelab calibrate host` (None: use the catalog).
+    mem_bw_gbs: float | None = None
+    bus_gbs: float | None = None
+    allreduce_us: dict[str, float] = field(default_factory=dict)  # ranks -> small-message latency
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Factors:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def merged(self, overrides: dict[str, Any]) -> Factors:
+        known = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in overrides.items() if k in known and v is not None})
+
+
+@cache
+def _factors_file() -> dict[str, Any]:
+    text = resources.files("servelab.data").joinpath("model_factors.json").read_text()
+    return json.loads(text)
+
+
+def default_factors(engine: str | None = None) -> Factors:
+    """The fitted defaults, with the per-engine adjustments for `engine` when there are any."""
+    data = _factors_file()
+    base = Factors.from_dict(data.get("default", {}))
+    if engine:
+        base = base.merged(data.get("engines", {}).get(engine.lower(), {}))
+    return base

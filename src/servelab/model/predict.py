@@ -1,0 +1,401 @@
+"""The top-level prediction: TTFT, TPOT, throughput, memory and where the decode step goes.
+
+Serving model (aggregated prefill + decode on one server, closed loop of `concurrency` requests that
+start together and, with fixed lengths, keep restarting in waves; B: requests per DP group):
+  TTFT = overhead + prefill(isl) + queue × (B - 1)^e × marginal_prefill(isl) + decode_step
+  TPOT = decode_step(batch, mean context) / accept_len + interference × (B - 1)^e × marginal_prefill / osl
+`marginal_prefill` is one more request's prefill when batched with the wave's others: its FLOPs and
+collective bytes, plus its share (isl / prefill_budget) of a step's weight reads, latencies and
+overheads. e (`queue_exp`) is held at 1 by the default fit: a wave's queue grows linearly.
+With PP the batch is split into `pp` micro-batches in flight at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servelab.errors import ConfigError
+from servelab.model.architecture import Architecture, load_model
+from servelab.model.factors import Factors, default_factors
+from servelab.model.hardware import Host, make_host
+from servelab.model.layouts import Layout, candidate_layouts, check_layout, validate
+from servelab.model.memory import GB, MemoryPlan, plan_memory
+from servelab.model.quant import QuantScheme, normalize_format, normalize_kv
+from servelab.model.step import (
+    DecodeBatch,
+    ModelPerf,
+    StepBreakdown,
+    StepRaw,
+    build_perf,
+    combine,
+    raw_step,
+    step_time,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    isl: int = 1024
+    osl: int = 1024
+    concurrency: int = 1
+    mtp_tokens: int = 0  # speculative draft tokens per step (MTP / next-n)
+    accept_len: float = 1.0  # tokens emitted per verification step
+
+    def __post_init__(self) -> None:
+        if self.isl < 1 or self.osl < 1 or self.concurrency < 1:
+            raise ConfigError("--isl, --osl and --concurrency must be at least 1")
+        if self.accept_len < 1 or self.accept_len > self.mtp_tokens + 1:
+            raise ConfigError(
+                f"acceptance length {self.accept_len} must lie between 1 and mtp_tokens + 1 = {self.mtp_tokens + 1}"
+            )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A resolved (model, quantization, host, layout, factors)."""
+
+    arch: Architecture
+    quant: QuantScheme
+    host: Host
+    layout: Layout
+    factors: Factors
+    mem_fraction: float = 0.90
+
+
+def resolve_quant(arch: Architecture, quant: str | None, kv_dtype: str | None) -> QuantScheme:
+    q = arch.native_quant
+    if quant:
+        q = q.with_weights(normalize_format(quant))
+    if kv_dtype:
+        from dataclasses import replace
+
+        q = replace(q, kv_dtype=normalize_kv(kv_dtype))
+    return q
+
+
+def make_setup(
+    model: str | Architecture,
+    gpu: str,
+    num_gpus: int,
+    tp: int | None = None,
+    pp: int = 1,
+    ep: int = 1,
+    dp: int = 1,
+    quant: str | None = None,
+    kv_dtype: str | None = None,
+    interconnect: str | None = None,
+    factors: Factors | None = None,
+    engine: str | None = None,
+    mem_fraction: float = 0.90,
+) -> Setup:
+    arch = load_model(model) if isinstance(model, str) else model
+    host = make_host(gpu, num_gpus, interconnect)
+    if tp is None:
+        tp = max(1, num_gpus // (pp * dp))
+    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp)
+    validate(arch, layout, num_gpus)
+    return Setup(
+        arch,
+        resolve_quant(arch, quant, kv_dtype),
+        host,
+        layout,
+        factors or default_factors(engine),
+        mem_fraction,
+    )
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The factor-independent inputs of `latencies()`; numpy arrays when fitting many rows at once."""
+
+    dec: StepRaw
+    pre: StepRaw
+    per_group: Any  # running requests per attention-DP group
+    running: Any
+    osl: Any
+    spec: Any  # (1 + draft cost) / accept_len
+    isl: Any = 1024.0
+
+
+def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
+    """Cost of one more request's prefill when the engine batches it with others (seconds).
+
+    Batched prefills share a step's fixed costs: weights, collective latency and per-step overhead are
+    paid once per `prefill_budget` tokens (the engine's max-batched-tokens), while FLOPs and the
+    collectives' bytes grow with every token."""
+    parts = combine(pre, f)
+    flops = (pre.gemm_pre_s + pre.attn_pre_s) / f.prefill_eff
+    comm_bw = (pre.ar_bw_s + pre.moe_bw_s) / f.net_eff
+    fixed = parts["weights"] + parts["kv_cache"] + pre.ar_n * pre.ar_lat_s * f.lat_scale
+    moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * f.lat_scale
+    fixed = fixed + moe_lat + parts["other"]
+    share = np.minimum(isl / f.prefill_budget, 1.0)
+    return np.maximum(flops + comm_bw, 0.0) + fixed * share
+
+
+def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
+    """(decode step, TPOT, TTFT) in seconds from the terms; floats or arrays.
+
+    The benchmark is a closed loop whose C requests start (and, with fixed lengths, keep restarting)
+    together, so each wave's prefills queue: a request waits on average for `prefill_queue` × (B − 1)
+    other prefills, each costing its batched (marginal) time, and the requests that finished prefill
+    first stall their decodes while the rest of the wave prefills (spread over osl tokens)."""
+    dec = sum(combine(t.dec, f).values())
+    pre = sum(combine(t.pre, f).values())
+    marg = prefill_marginal(t.pre, f, t.isl)
+    others = np.maximum(t.per_group - 1.0, 0.0) ** f.queue_exp
+    tpot = dec * t.spec + f.prefill_interference * others * marg / t.osl
+    ttft = (
+        f.ttft_overhead_ms * 1e-3 + pre + f.prefill_queue * others * marg + np.where(t.running > 1, dec, 0.0)
+    )
+    return dec, tpot, ttft
+
+
+def make_terms(perf: ModelPerf, mem: MemoryPlan, wl: Workload) -> Terms:
+    maxc = mem.max_concurrency(wl.isl + wl.osl)
+    running = max(1, min(wl.concurrency, maxc)) if maxc > 0 else wl.concurrency
+    micro = min(perf.layout.pp, running)
+    b = running / micro
+    ctx = wl.isl + wl.osl / 2.0
+    dec = raw_step(perf, DecodeBatch(b, b * ctx), tokens_per_seq=1 + wl.mtp_tokens)  # type: ignore[arg-type]
+    pre = raw_step(perf, (), prefill_tokens=wl.isl)
+    draft = wl.mtp_tokens * 2.0 / perf.arch.num_layers  # one MTP layer + lm_head per draft token
+    return Terms(
+        dec=dec,
+        pre=pre,
+        per_group=running / perf.layout.dp,
+        running=running,
+        osl=float(wl.osl),
+        spec=(1.0 + draft) / wl.accept_len,
+        isl=float(wl.isl),
+    )
+
+
+@dataclass
+class Prediction:
+    """What `servelab predict --json` returns (see docs/cli/predict.md)."""
+
+    feasible: bool
+    reason: str | None
+    model: str
+    gpu: str
+    num_gpus: int
+    interconnect: str
+    layout: dict[str, int]
+    quant: dict[str, str]
+    workload: dict[str, Any]
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    output_throughput: float | None = None
+    per_user_tok_s: float | None = None
+    decode_step_ms: float | None = None
+    decode_breakdown_ms: dict[str, float] = field(default_factory=dict)
+    prefill_ms: float | None = None
+    prefill_breakdown_ms: dict[str, float] = field(default_factory=dict)
+    prefill_stall_ms_per_token: float | None = None
+    allreduce_share: float | None = None
+    allreduces_per_step: int = 0
+    allreduce_us_each: float | None = None
+    bottleneck: str | None = None
+    memory_gb_per_gpu: dict[str, float] = field(default_factory=dict)
+    kv_cache_tokens: int = 0
+    max_concurrency: int = 0
+    running_concurrency: int = 0
+    single_stream_ceiling_tok_s: float | None = None
+    single_stream_tok_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _infeasible_reason(mem: MemoryPlan, wl: Workload, mem_fraction: float) -> str | None:
+    usable = mem.capacity * mem_fraction
+    if mem.weights + mem.activations > usable:
+        return (
+            f"weights {mem.weights / GB:.1f} GB + activations {mem.activations / GB:.1f} GB per GPU "
+            f"> {usable / GB:.1f} GB usable ({mem_fraction:.0%} of {mem.capacity / GB:.0f} GB)"
+        )
+    need = wl.isl + wl.osl
+    if mem.max_concurrency(need) < 1:
+        return (
+            f"KV cache of {mem.kv_cache / GB:.1f} GB per GPU holds {mem.kv_cache_tokens} tokens, "
+            f"less than one request of {need} tokens"
+        )
+    return None
+
+
+def evaluate(
+    setup: Setup, wl: Workload, perf: ModelPerf | None = None, mem: MemoryPlan | None = None
+) -> Prediction:
+    """Predict one configuration (perf/mem may be passed in when already built)."""
+    perf = perf or build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors)
+    mem = mem or plan_memory(
+        setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction, with_mtp=wl.mtp_tokens > 0
+    )
+    q = setup.quant
+    out = Prediction(
+        feasible=False,
+        reason=None,
+        model=setup.arch.name,
+        gpu=setup.host.gpu.name,
+        num_gpus=setup.host.num_gpus,
+        interconnect=setup.host.interconnect.name,
+        layout={
+            "tp": setup.layout.tp,
+            "pp": setup.layout.pp,
+            "ep": setup.layout.ep,
+            "dp_attention": setup.layout.dp,
+        },
+        quant={
+            "attention": q.attention,
+            "dense_mlp": q.dense_mlp,
+            "experts": q.experts,
+            "kv_cache": q.kv_dtype,
+        },
+        workload={
+            "isl": wl.isl,
+            "osl": wl.osl,
+            "concurrency": wl.concurrency,
+            "mtp_tokens": wl.mtp_tokens,
+            "accept_len": wl.accept_len,
+        },
+        memory_gb_per_gpu={k: round(v, 3) for k, v in mem.as_gb().items()},
+        kv_cache_tokens=mem.kv_cache_tokens,
+        max_concurrency=mem.max_concurrency(wl.isl + wl.osl),
+        allreduces_per_step=perf.allreduces,
+        allreduce_us_each=perf.ar_latency_s * setup.factors.lat_scale * 1e6 if perf.allreduces else None,
+    )
+    reason = _infeasible_reason(mem, wl, setup.mem_fraction)
+    if reason:
+        out.reason = reason
+        return out
+    terms = make_terms(perf, mem, wl)
+    f = setup.factors
+    dec_s, tpot, ttft = (float(x) for x in latencies(terms, f))
+    running = int(terms.running)
+    if wl.concurrency > running:
+        out.warnings.append(
+            f"concurrency {wl.concurrency} exceeds the {running} requests the KV cache holds; the rest queue"
+        )
+        ttft += (wl.concurrency / running - 1.0) * (ttft + wl.osl * tpot)
+    dec = StepBreakdown(**{k: float(v) for k, v in combine(terms.dec, f).items()})
+    pre = StepBreakdown(**{k: float(v) for k, v in combine(terms.pre, f).items()})
+    e2e = ttft + max(wl.osl - 1, 0) * tpot
+    ceiling = step_time(perf, DecodeBatch(1, wl.isl + wl.osl // 2), comm=False).total
+    single = step_time(perf, DecodeBatch(1, wl.isl + wl.osl // 2)).total
+    parts = dec.as_ms()
+    out.feasible = True
+    out.tpot_ms = tpot * 1e3
+    out.ttft_ms = ttft * 1e3
+    out.output_throughput = wl.concurrency * wl.osl / e2e if e2e > 0 else 0.0
+    out.per_user_tok_s = 1.0 / tpot if tpot > 0 else 0.0
+    out.decode_step_ms = dec_s * 1e3
+    out.decode_breakdown_ms = {k: round(v, 4) for k, v in parts.items()}
+    out.prefill_ms = pre.total * 1e3
+    out.prefill_breakdown_ms = {k: round(v, 4) for k, v in pre.as_ms().items()}
+    out.prefill_stall_ms_per_token = max(tpot - dec_s * float(terms.spec), 0.0) * 1e3
+    out.allreduce_share = dec.allreduce / dec.total if dec.total > 0 else 0.0
+    out.bottleneck = max(parts, key=lambda k: parts[k])
+    out.running_concurrency = running
+    out.single_stream_ceiling_tok_s = 1.0 / ceiling if ceiling > 0 else None
+    out.single_stream_tok_s = 1.0 / single if single > 0 else None
+    return out
+
+
+def predict(
+    model: str | Architecture,
+    gpu: str,
+    num_gpus: int,
+    workload: Workload | None = None,
+    **setup_kwargs: Any,
+) -> Prediction:
+    """One prediction from names: `predict("GLM-5-NVFP4", "rtx-pro-6000", 8, Workload(...), tp=8)`."""
+    return evaluate(make_setup(model, gpu, num_gpus, **setup_kwargs), workload or Workload())
+
+
+def sweep(setup: Setup, wl: Workload, concurrencies: list[int]) -> list[Prediction]:
+    """Throughput and TPOT against concurrency (perf and memory built once)."""
+    perf = build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors)
+    mem = plan_memory(
+        setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction, with_mtp=wl.mtp_tokens > 0
+    )
+    out = []
+    for c in concurrencies:
+        w = Workload(wl.isl, wl.osl, c, wl.mtp_tokens, wl.accept_len)
+        out.append(evaluate(setup, w, perf, mem))
+    return out
+
+
+@dataclass
+class LayoutResult:
+    label: str
+    layout: dict[str, int]
+    rank: int | None
+    prediction: Prediction
+    verdict: str  # why it wins or loses
+
+
+def _why_loses(p: Prediction, best: Prediction) -> str:
+    if not p.feasible:
+        return f"does not fit: {p.reason}"
+    ratio = (p.output_throughput or 0) / (best.output_throughput or 1)
+    diffs = {
+        k: p.decode_breakdown_ms.get(k, 0) - best.decode_breakdown_ms.get(k, 0) for k in p.decode_breakdown_ms
+    }
+    worst = max(diffs, key=lambda k: diffs[k])
+    msg = f"{ratio:.0%} of the best throughput"
+    if p.running_concurrency < best.running_concurrency:
+        msg += f"; KV cache caps it at {p.running_concurrency} running requests"
+    if diffs[worst] > 0:
+        msg += f"; {worst} costs {diffs[worst]:+.2f} ms per decode step"
+    if (p.prefill_ms or 0) > (best.prefill_ms or 0) * 1.1:
+        msg += f"; prefill {p.prefill_ms:.0f} ms vs {best.prefill_ms:.0f} ms"
+    return msg
+
+
+def compare_layouts(
+    setup: Setup,
+    wl: Workload,
+    tpot_limit_ms: float | None = None,
+    ttft_limit_ms: float | None = None,
+) -> list[LayoutResult]:
+    """Rank every valid layout on this host by output throughput under optional latency limits."""
+    results: list[tuple[Layout, Prediction, str | None]] = []
+    for layout in candidate_layouts(setup.arch, setup.host.num_gpus):
+        s = Setup(setup.arch, setup.quant, setup.host, layout, setup.factors, setup.mem_fraction)
+        p = evaluate(s, wl)
+        limit = None
+        if p.feasible and tpot_limit_ms and (p.tpot_ms or 0) > tpot_limit_ms:
+            limit = f"TPOT {p.tpot_ms:.1f} ms > limit {tpot_limit_ms:g} ms"
+        if p.feasible and ttft_limit_ms and (p.ttft_ms or 0) > ttft_limit_ms:
+            limit = f"TTFT {p.ttft_ms:.0f} ms > limit {ttft_limit_ms:g} ms"
+        results.append((layout, p, limit))
+    ok = sorted(
+        [r for r in results if r[1].feasible and r[2] is None], key=lambda r: -(r[1].output_throughput or 0)
+    )
+    rest = [r for r in results if not (r[1].feasible and r[2] is None)]
+    rest.sort(key=lambda r: (not r[1].feasible, -(r[1].output_throughput or 0)))
+    out: list[LayoutResult] = []
+    best = ok[0][1] if ok else None
+    for i, (layout, p, _) in enumerate(ok):
+        verdict = "best" if i == 0 else _why_loses(p, best)  # type: ignore[arg-type]
+        out.append(LayoutResult(layout.label, p.layout, i + 1, p, verdict))
+    for layout, p, limit in rest:
+        verdict = limit or (f"does not fit: {p.reason}" if not p.feasible else "")
+        out.append(LayoutResult(layout.label, p.layout, None, p, verdict))
+    return out
+
+
+def layout_is_valid(arch: Architecture, layout: Layout, num_gpus: int) -> bool:
+    return check_layout(arch, layout, num_gpus) is None
+
+
+def ceil_div(a: int, b: int) -> int:
+    return math.ceil(a / b)

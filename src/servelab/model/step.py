@@ -1,0 +1,312 @@
+"""Time of one engine step (a decode batch plus an optional prefill chunk), with where it goes.
+
+`build_perf()` does the per-(model, host, layout) work once; `step_time()` is then a few dozen float
+operations, cheap enough for the simulator to call every scheduler step. Times are for one token's trip
+through every pipeline stage (the TPOT of a micro-batch).
+
+The step is a roofline per part: GEMMs cost max(weight bytes / bandwidth, FLOPs / peak), attention costs
+max(KV bytes / bandwidth, FLOPs / peak); collectives cost latency × count + bytes / bus bandwidth; the
+engine adds a per-step and a per-layer overhead. `raw_step()` returns the terms at unit efficiency so a
+fit can rescale them with numpy arrays (see `combine()`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from servelab.model.architecture import Architecture
+from servelab.model.comm import Fabric, allreduce_bw_s, gather_bw_s, make_fabric
+from servelab.model.factors import Factors
+from servelab.model.hardware import Host
+from servelab.model.layouts import Layout
+from servelab.model.quant import QuantScheme
+
+ACT_BYTES = 2.0  # activations on the wire are BF16
+INDEX_KEY_BYTES = 1.0 + 4.0 / 128  # DSA indexer keys: FP8 + one FP32 scale per 128
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """A summary of the sequences in a decode step: how many, and their total context."""
+
+    n: int
+    total_context: int
+
+
+@dataclass(frozen=True)
+class ModelPerf:
+    """Per-GPU constants of one (model, quantization, host, layout, factors), built once."""
+
+    arch: Architecture
+    quant: QuantScheme
+    host: Host
+    layout: Layout
+    factors: Factors
+    fabric: Fabric
+    mem_bw: float  # bytes/s, peak or measured
+    fixed_weight_bytes: float  # read every step regardless of batch (attention, dense, shared, lm_head)
+    expert_bytes: float  # one local expert shard, one layer
+    local_experts: int
+    dense_s_per_token: float  # GEMM seconds per token at unit efficiency, parts split over tp
+    moe_s_per_token: float  # GEMM seconds per token at unit efficiency, parts split over the stage
+    kv_full_bytes: float  # per context token, all full-attention layers, this GPU
+    kv_sliding_bytes: float
+    index_bytes: float  # DSA indexer keys per context token
+    linear_state_bytes: float  # per sequence (read + written)
+    attn_s_per_ctx: float  # decode attention seconds per (query, context token) at unit efficiency
+    attn_pre_s_per_ctx: float
+    index_s_per_ctx: float
+    allreduces: int  # per token, whole pipeline
+    ar_latency_s: float
+    moe_collectives: int
+    moe_latency_s: float
+    p2p_latency_s: float
+
+
+@dataclass(frozen=True)
+class StepRaw:
+    """Step terms at unit efficiency (floats, or numpy arrays when many steps are fitted at once)."""
+
+    weights_s: Any
+    kv_s: Any
+    gemm_dec_s: Any
+    gemm_pre_s: Any
+    attn_dec_s: Any
+    attn_pre_s: Any
+    ar_n: Any
+    ar_lat_s: Any
+    ar_bw_s: Any
+    moe_n: Any
+    moe_lat_s: Any
+    moe_bw_s: Any
+    n_layers: Any
+    a2a_lat_s: Any = 0.0  # the MoE dispatch/combine share of moe_n × moe_lat_s (scaled by a2a_scale)
+
+    @staticmethod
+    def stack(items: Sequence[StepRaw]) -> StepRaw:
+        return StepRaw(**{f.name: np.array([getattr(r, f.name) for r in items]) for f in fields(StepRaw)})
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where a step's time goes, seconds; the parts sum to `total`."""
+
+    weights: float
+    kv_cache: float
+    compute: float
+    allreduce: float
+    moe_comm: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv_cache + self.compute + self.allreduce + self.moe_comm + self.other
+
+    @property
+    def comm(self) -> float:
+        return self.allreduce + self.moe_comm
+
+    def as_ms(self) -> dict[str, float]:
+        return {
+            "weights": self.weights * 1e3,
+            "kv_cache": self.kv_cache * 1e3,
+            "compute": self.compute * 1e3,
+            "allreduce": self.allreduce * 1e3,
+            "moe_comm": self.moe_comm * 1e3,
+            "other": self.other * 1e3,
+        }
+
+
+def build_perf(
+    arch: Architecture, quant: QuantScheme, host: Host, layout: Layout, factors: Factors
+) -> ModelPerf:
+    """Everything that does not depend on the batch, per GPU, summed over the pipeline."""
+    gpu = host.gpu
+    tp, dp, ep, moe_tp = layout.tp, layout.dp, layout.ep, layout.moe_tp
+    stage = tp * dp
+    p = arch.layer_params()
+    attn_b = p["attention"] * quant.bytes("attention") / tp
+    dense_b = p["dense_mlp"] * quant.bytes("dense_mlp") / tp
+    shared_b = arch.shared_params * arch.n_moe_layers * quant.bytes("shared_experts") / stage
+    router_b = arch.router_params * arch.n_moe_layers * 2.0
+    lm_b = arch.lm_head_params * quant.bytes("lm_head") / tp
+    if arch.tie_embeddings:
+        lm_b = arch.embed_params * quant.bytes("lm_head") / tp
+    fixed = attn_b + dense_b + shared_b + router_b + lm_b
+
+    def gemm_s(params: float, part: str) -> float:
+        return 2.0 * params / (gpu.tflops(quant.compute(part)) * 1e12)
+
+    lm_params = arch.embed_params if arch.tie_embeddings else arch.lm_head_params
+    dense_s = (
+        gemm_s(p["attention"], "attention")
+        + gemm_s(p["dense_mlp"], "dense_mlp")
+        + gemm_s(lm_params, "lm_head")
+    ) / tp
+    moe_s = (
+        gemm_s(arch.shared_params * arch.n_moe_layers, "shared_experts")
+        + gemm_s(arch.expert_params * arch.top_k * arch.n_moe_layers, "experts")
+    ) / stage
+
+    kv_shard = max(1.0 / tp, 1.0 / arch.num_kv_heads)
+    per_layer_kv = arch.kv_elems_per_token * quant.kv_bytes * kv_shard
+    bf16 = gpu.tflops_bf16 * 1e12
+    fabric = make_fabric(host.interconnect, factors)
+    n_layers = arch.num_layers
+    if dp == 1:
+        allreduces = 2 * n_layers if tp > 1 else 0
+        moe_coll = 0
+    else:
+        allreduces = (n_layers if tp > 1 else 0) + (2 * arch.n_dense_layers if tp > 1 else 0)
+        moe_coll = 2 * arch.n_moe_layers
+    return ModelPerf(
+        arch=arch,
+        quant=quant,
+        host=host,
+        layout=layout,
+        factors=factors,
+        fabric=fabric,
+        mem_bw=(factors.mem_bw_gbs or gpu.memory_bw_gbs) * 1e9,
+        fixed_weight_bytes=fixed,
+        expert_bytes=arch.expert_params * quant.bytes("experts") / moe_tp * arch.n_moe_layers,
+        local_experts=max(1, arch.num_experts // ep) if arch.is_moe else 0,
+        dense_s_per_token=dense_s,
+        moe_s_per_token=moe_s,
+        kv_full_bytes=arch.n_full_layers * per_layer_kv,
+        kv_sliding_bytes=arch.n_sliding_layers * per_layer_kv,
+        index_bytes=arch.n_full_layers * arch.index_elems_per_token * INDEX_KEY_BYTES,
+        linear_state_bytes=arch.n_linear_layers * arch.linear_state_bytes / tp * 2.0,
+        attn_s_per_ctx=arch.n_full_layers * arch.attn_flops_per_ctx / tp / bf16,
+        attn_pre_s_per_ctx=arch.n_full_layers * arch.attn_prefill_flops_per_ctx / tp / bf16,
+        index_s_per_ctx=arch.n_full_layers * arch.index_flops_per_ctx / tp / (gpu.tflops("fp8") * 1e12),
+        allreduces=allreduces,
+        ar_latency_s=fabric.latency_us(tp) * 1e-6,
+        moe_collectives=moe_coll,
+        moe_latency_s=fabric.latency_us(stage) * 1e-6,
+        p2p_latency_s=(fabric.base_us * 1e-6) if layout.pp > 1 else 0.0,
+    )
+
+
+def _summarize(perf: ModelPerf, decode: DecodeBatch | Sequence[int]) -> tuple[int, float, float, float]:
+    """n, total context, context the attention reads (DSA top-k), context in sliding windows."""
+    topk, window = perf.arch.index_topk, perf.arch.sliding_window
+    if isinstance(decode, DecodeBatch):
+        n, tot = decode.n, float(decode.total_context)
+        mean = tot / n if n else 0.0
+        attended = n * min(mean, topk) if topk else tot
+        windowed = n * min(mean, window) if window else 0.0
+        return n, tot, attended, windowed
+    ctx = list(decode)
+    tot = float(sum(ctx))
+    attended = float(sum(min(c, topk) for c in ctx)) if topk else tot
+    windowed = float(sum(min(c, window) for c in ctx)) if window else 0.0
+    return len(ctx), tot, attended, windowed
+
+
+def raw_step(
+    perf: ModelPerf,
+    decode: DecodeBatch | Sequence[int] = (),
+    prefill_tokens: int = 0,
+    prefill_context: int = 0,
+    tokens_per_seq: int = 1,
+) -> StepRaw:
+    """Step terms at unit efficiency for `decode` sequences (each adding `tokens_per_seq` tokens, >1 when
+    verifying speculative drafts) plus a prefill chunk of `prefill_tokens` after `prefill_context` cached ones."""
+    arch, dp = perf.arch, perf.layout.dp
+    n, tot, attended, windowed = _summarize(perf, decode)
+    dec_tokens = n * tokens_per_seq
+    tokens = dec_tokens + prefill_tokens
+    # Weights: every fixed part once; each local expert once if any token in the stage picks it.
+    moe_read = 0.0
+    if arch.is_moe and tokens > 0:
+        p_pick = 1.0 - (1.0 - arch.top_k / arch.num_experts) ** tokens
+        moe_read = perf.local_experts * p_pick * perf.expert_bytes
+    weight_bytes = perf.fixed_weight_bytes + moe_read if tokens > 0 else 0.0
+    # KV: decode sequences are spread over the dp groups; a prefill chunk lives on one group.
+    dec_kv = (
+        attended * perf.kv_full_bytes
+        + windowed * perf.kv_sliding_bytes
+        + tot * perf.index_bytes
+        + n * perf.linear_state_bytes
+    ) / dp
+    pre_ctx = prefill_context + prefill_tokens / 2.0
+    pre_att = min(pre_ctx, arch.index_topk) if arch.index_topk else pre_ctx
+    pre_kv = prefill_context * (perf.kv_full_bytes + perf.index_bytes) if prefill_tokens else 0.0
+    # GEMMs: attention/dense per dp group, experts over the whole stage.
+    gemm_dec = dec_tokens / dp * perf.dense_s_per_token + dec_tokens * perf.moe_s_per_token
+    gemm_pre = prefill_tokens * (perf.dense_s_per_token + perf.moe_s_per_token)
+    attn_dec = tokens_per_seq * (attended * perf.attn_s_per_ctx + tot * perf.index_s_per_ctx) / dp
+    window_pre = min(pre_ctx, arch.sliding_window) if arch.sliding_window else 0.0
+    attn_pre = prefill_tokens * (
+        pre_att * perf.attn_pre_s_per_ctx * (arch.n_full_layers and 1)
+        + pre_ctx * perf.index_s_per_ctx
+        + window_pre * perf.attn_pre_s_per_ctx * arch.n_sliding_layers / max(arch.n_full_layers, 1)
+    )
+    # Collectives: message = tokens on this group × hidden × 2 bytes.
+    group_tokens = dec_tokens / dp + prefill_tokens
+    msg = group_tokens * arch.hidden_size * ACT_BYTES
+    tp, stage = perf.layout.tp, perf.layout.tp * dp
+    ar_bw = perf.allreduces * allreduce_bw_s(perf.fabric, tp, msg)
+    moe_msg = tokens * arch.hidden_size * ACT_BYTES
+    moe_bw = perf.moe_collectives * gather_bw_s(perf.fabric, stage, moe_msg)
+    pp = perf.layout.pp
+    p2p_n = pp - 1
+    p2p_bw = p2p_n * msg / (perf.fabric.bus_gbs * 1e9)
+    return StepRaw(
+        weights_s=weight_bytes / perf.mem_bw,
+        kv_s=(dec_kv + pre_kv) / perf.mem_bw,
+        gemm_dec_s=gemm_dec,
+        gemm_pre_s=gemm_pre,
+        attn_dec_s=attn_dec,
+        attn_pre_s=attn_pre,
+        ar_n=perf.allreduces if tokens > 0 else 0,
+        ar_lat_s=perf.ar_latency_s,
+        ar_bw_s=ar_bw,
+        moe_n=(perf.moe_collectives + p2p_n) if tokens > 0 else 0,
+        moe_lat_s=(perf.moe_collectives * perf.moe_latency_s + p2p_n * perf.p2p_latency_s)
+        / max(perf.moe_collectives + p2p_n, 1),
+        a2a_lat_s=perf.moe_collectives * perf.moe_latency_s if tokens > 0 else 0.0,
+        moe_bw_s=moe_bw + p2p_bw,
+        n_layers=arch.num_layers,
+    )
+
+
+def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
+    """Apply efficiency factors to raw terms; works on floats and on numpy arrays alike."""
+    weights = raw.weights_s / f.bw_eff
+    kv = raw.kv_s / f.bw_eff
+    gemm = raw.gemm_dec_s / f.gemm_eff + raw.gemm_pre_s / f.prefill_eff
+    attn = raw.attn_dec_s / f.attn_eff + raw.attn_pre_s / f.prefill_eff
+    compute = np.maximum(gemm - weights, 0.0) + np.maximum(attn - kv, 0.0)
+    scale = 1.0 if comm else 0.0
+    allreduce = scale * (raw.ar_n * raw.ar_lat_s * f.lat_scale + raw.ar_bw_s / f.net_eff)
+    moe_lat = (raw.moe_n * raw.moe_lat_s + (f.a2a_scale - 1.0) * raw.a2a_lat_s) * f.lat_scale
+    moe_comm = scale * (moe_lat + raw.moe_bw_s / f.net_eff)
+    other = f.step_overhead_ms * 1e-3 + f.layer_overhead_us * 1e-6 * raw.n_layers
+    return {
+        "weights": weights,
+        "kv_cache": kv,
+        "compute": compute,
+        "allreduce": allreduce,
+        "moe_comm": moe_comm,
+        "other": other,
+    }
+
+
+def step_time(
+    perf: ModelPerf,
+    decode: DecodeBatch | Sequence[int] = (),
+    prefill_tokens: int = 0,
+    prefill_context: int = 0,
+    tokens_per_seq: int = 1,
+    comm: bool = True,
+) -> StepBreakdown:
+    """The simulator's entry point: time of one step for these decode contexts and prefill chunk."""
+    parts = combine(
+        raw_step(perf, decode, prefill_tokens, prefill_context, tokens_per_seq), perf.factors, comm
+    )
+    return StepBreakdown(**{k: float(v) for k, v in parts.items()})
