@@ -22,7 +22,7 @@ from servelab.model.predict import Workload, compare_layouts, make_setup, predic
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT.parent / "shared" / "data" / "serving_measurements.csv"
 FACTORS = ROOT / "src" / "servelab" / "data" / "model_factors.json"
-START = Factors(queue_exp=1.0, ttft_overhead_ms=30, layer_overhead_us=30, prefill_queue=0.5)
+START = Factors(queue_exp=1.0, expert_rows=64.0, ttft_overhead_ms=30, layer_overhead_us=30, prefill_queue=0.5)
 
 
 def timings() -> dict[str, float]:

@@ -151,12 +151,14 @@ def build_workload(cfg: BenchConfig, counter: W.TokenCounter | None, fit: tuple[
     overhead, per_word = fit if fit else (0.0, 1.0)
     in_len = W.LengthSpec(max(1, cfg.input_len - round(overhead) if not counter else cfg.input_len), cfg.range_ratio)
     out_len = W.LengthSpec(cfg.output_len, cfg.range_ratio)
+    cal = fit is not None
     if cfg.workload == "sharegpt":
         assert cfg.dataset
-        return W.sharegpt(cfg.dataset, count, seed, counter, per_word)
+        return W.sharegpt(cfg.dataset, count, seed, counter, per_word, calibrated=cal)
     if cfg.workload == "shared-prefix":
-        return W.shared_prefix(count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word)
-    return W.synthetic(count, in_len, out_len, seed, counter, per_word)
+        return W.shared_prefix(count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word,
+                               calibrated=cal)
+    return W.synthetic(count, in_len, out_len, seed, counter, per_word, calibrated=cal)
 
 
 class _RecordMaker:
@@ -261,6 +263,12 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             repo.finish_run(run_id, "interrupted", {"levels": [lv["summary"] for lv in levels_out]})
             raise Interrupted(f"benchmark interrupted; run {uid} keeps every request that had finished",
                               hint=f"`servelab runs show {uid}` shows what was measured.") from None
+        checked = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("checked", 0) for lv in levels_out)
+        disagree = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("disagree", 0) for lv in levels_out)
+        if disagree:
+            warnings.append(f"for {disagree} of {checked} requests the tokenizer's count of the streamed text "
+                            "disagrees with the server's usage by more than one token: the server streams text "
+                            "that is not the generated tokens, or --tokenizer is not the server's tokenizer")
         repo.set_run_info(run_id, warnings=warnings)
         repo.finish_run(run_id, status, {"levels": [lv["summary"] for lv in levels_out]})
         notify("run_finished", {"uid": uid, "status": status})

@@ -132,6 +132,7 @@ def synthetic(
     seed: int,
     counter: TokenCounter | None = None,
     tokens_per_word: float = 1.0,
+    calibrated: bool = False,
 ) -> Workload:
     """Random-word prompts; each begins with a unique tag so no two share a cacheable prefix."""
     rng = random.Random(seed)
@@ -140,8 +141,7 @@ def synthetic(
         target = input_len.sample(rng)
         text, measured = _fit_words(rng, target, counter, tokens_per_word, prefix=f"{seed}-{i}: ")
         prompts.append(Prompt(text=text, output_len=output_len.sample(rng), input_len=measured or target))
-    counting = "tokenizer" if counter else ("usage-calibrated" if tokens_per_word != 1.0 else "words")
-    return Workload("synthetic", tuple(prompts), counting)
+    return Workload("synthetic", tuple(prompts), _counting(counter, calibrated))
 
 
 def shared_prefix(
@@ -153,6 +153,7 @@ def shared_prefix(
     seed: int,
     counter: TokenCounter | None = None,
     tokens_per_word: float = 1.0,
+    calibrated: bool = False,
 ) -> Workload:
     """`num_prefixes` long shared system prompts, each followed by a unique question of `input_len`."""
     if num_prefixes < 1:
@@ -167,8 +168,7 @@ def shared_prefix(
         text = prefix + "\n" + question
         total = counter.count(text) if counter else prefix_len + target
         prompts.append(Prompt(text, output_len.sample(rng), total))
-    counting = "tokenizer" if counter else ("usage-calibrated" if tokens_per_word != 1.0 else "words")
-    return Workload("shared-prefix", tuple(prompts), counting)
+    return Workload("shared-prefix", tuple(prompts), _counting(counter, calibrated))
 
 
 def sharegpt(
@@ -179,6 +179,7 @@ def sharegpt(
     tokens_per_word: float = 1.0,
     output_len: int | None = None,
     max_input_len: int | None = None,
+    calibrated: bool = False,
 ) -> Workload:
     """ShareGPT-format JSON: a list of {"conversations": [{"from": "human"|"gpt", "value": ...}, ...]}.
 
@@ -225,8 +226,12 @@ def sharegpt(
     rng.shuffle(order)
     chosen = [pairs[order[i % len(order)]] for i in range(num_prompts)]
     prompts = tuple(Prompt(text=t, output_len=o, input_len=n) for t, n, o in chosen)
-    counting = "tokenizer" if counter else "usage-calibrated"
-    return Workload(f"sharegpt:{p.name}", prompts, counting)
+    return Workload(f"sharegpt:{p.name}", prompts, _counting(counter, calibrated))
+
+
+def _counting(counter: TokenCounter | None, calibrated: bool) -> str:
+    """How input lengths were counted: the local tokenizer, a fit to the server's usage, or words."""
+    return "tokenizer" if counter else ("usage-calibrated" if calibrated else "words")
 
 
 def fit_tokens_per_word(samples: list[tuple[int, int]]) -> tuple[float, float]:

@@ -353,7 +353,7 @@ def fit_observations(
     train = prepared.subset(~test_mask) if test_mask.any() else prepared
     # Collective latency stays at the catalog's physical figure: the published rows are all NVLink, and
     # a scale fitted there would leak into PCIe predictions. `calibrate host` measures it instead.
-    glob = fit(train, start, [n for n in FIT_BOUNDS if n not in ("lat_scale", "queue_exp")])
+    glob = fit(train, start, [n for n in FIT_BOUNDS if n != "lat_scale"])
     engines: dict[str, dict[str, float]] = {}
     engine_names = (
         "step_overhead_ms",
@@ -363,6 +363,7 @@ def fit_observations(
         "ttft_overhead_ms",
         "prefill_eff",
         "bw_eff",
+        "queue_exp",
     )
     if per_engine:
         for eng in sorted({o.engine for o in train.obs if o.engine}):

@@ -28,6 +28,9 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "ttft_overhead_ms": (0.0, 300.0),
     "prefill_budget": (2048.0, 65536.0),
     "a2a_scale": (1.0, 20.0),
+    "blackwell_compute": (0.2, 2.0),
+    "interference_exp": (0.3, 1.2),
+    "expert_rows": (0.0, 4096.0),
 }
 
 
@@ -48,6 +51,10 @@ class Factors:
     queue_exp: float = 1.0  # batched prefills amortize: the queue grows as (B - 1) ** queue_exp
     ttft_overhead_ms: float = 0.0  # per request: tokenization, HTTP, scheduling before the first step
     a2a_scale: float = 1.0  # MoE dispatch/combine (attention-DP) latency over an allreduce's: routing, sync
+    blackwell_compute: float = 1.0  # GEMM/attention FLOP efficiency of SM >= 100 GPUs over Hopper's
+    roofline_p: float = 16.0  # soft roofline: (mem^p + flops^p)^(1/p); large p -> max(mem, flops)
+    expert_rows: float = 0.0  # grouped expert GEMMs cost at least this many rows of every expert
+    interference_exp: float = 1.0  # TPOT stall grows as (B - 1) ** interference_exp
     prefill_budget: float = 8192.0  # tokens batched into one prefill step (engine's max-batched-tokens)
     # Measured on a host by `servelab calibrate host` (None: use the catalog).
     mem_bw_gbs: float | None = None

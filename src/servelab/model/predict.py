@@ -3,10 +3,11 @@
 Serving model (aggregated prefill + decode on one server, closed loop of `concurrency` requests that
 start together and, with fixed lengths, keep restarting in waves; B: requests per DP group):
   TTFT = overhead + prefill(isl) + queue × (B - 1)^e × marginal_prefill(isl) + decode_step
-  TPOT = decode_step(batch, mean context) / accept_len + interference × (B - 1)^e × marginal_prefill / osl
+  TPOT = decode_step(batch, mean context) / accept_len + interference × (B - 1)^i × marginal_prefill / osl
 `marginal_prefill` is one more request's prefill when batched with the wave's others: its FLOPs and
 collective bytes, plus its share (isl / prefill_budget) of a step's weight reads, latencies and
-overheads. e (`queue_exp`) is held at 1 by the default fit: a wave's queue grows linearly.
+overheads, and the grouped expert GEMM floor. e (`queue_exp`, fitted per engine) and i
+(`interference_exp`) are fitted separately.
 With PP the batch is split into `pp` micro-batches in flight at once.
 """
 
@@ -128,11 +129,14 @@ def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
     paid once per `prefill_budget` tokens (the engine's max-batched-tokens), while FLOPs and the
     collectives' bytes grow with every token."""
     parts = combine(pre, f)
-    flops = (pre.gemm_pre_s + pre.attn_pre_s) / f.prefill_eff
+    gen = 1.0 + pre.blackwell * (f.blackwell_compute - 1.0)
+    flops = (pre.gemm_pre_s + pre.attn_pre_s) / f.prefill_eff / gen
     comm_bw = (pre.ar_bw_s + pre.moe_bw_s) / f.net_eff
     fixed = parts["weights"] + parts["kv_cache"] + pre.ar_n * pre.ar_lat_s * f.lat_scale
     moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * f.lat_scale
-    fixed = fixed + moe_lat + parts["other"]
+    # the grouped expert GEMM's floor (rows of every expert) is paid once per batched step, like weights
+    floor = f.expert_rows * pre.expert_pre_s / f.prefill_eff / gen
+    fixed = fixed + np.maximum(floor - parts["weights"], 0.0) + moe_lat + parts["other"]
     share = np.minimum(isl / f.prefill_budget, 1.0)
     return np.maximum(flops + comm_bw, 0.0) + fixed * share
 
@@ -148,7 +152,8 @@ def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
     pre = sum(combine(t.pre, f).values())
     marg = prefill_marginal(t.pre, f, t.isl)
     others = np.maximum(t.per_group - 1.0, 0.0) ** f.queue_exp
-    tpot = dec * t.spec + f.prefill_interference * others * marg / t.osl
+    stalls = np.maximum(t.per_group - 1.0, 0.0) ** f.interference_exp
+    tpot = dec * t.spec + f.prefill_interference * stalls * marg / t.osl
     ttft = (
         f.ttft_overhead_ms * 1e-3 + pre + f.prefill_queue * others * marg + np.where(t.running > 1, dec, 0.0)
     )

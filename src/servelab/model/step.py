@@ -65,6 +65,7 @@ class ModelPerf:
     moe_collectives: int
     moe_latency_s: float
     p2p_latency_s: float
+    expert_group_s: float = 0.0  # routed experts' GEMM seconds per row of every expert (per GPU)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class StepRaw:
     moe_lat_s: Any
     moe_bw_s: Any
     n_layers: Any
+    expert_dec_s: Any = 0.0  # one row for every expert's grouped GEMM (decode tokens present), unit eff.
+    expert_pre_s: Any = 0.0  # the same when a prefill chunk runs
+    blackwell: Any = 0.0  # 1.0 on SM >= 100 GPUs (their FLOP efficiency is `blackwell_compute` × Hopper's)
     a2a_lat_s: Any = 0.0  # the MoE dispatch/combine share of moe_n × moe_lat_s (scaled by a2a_scale)
 
     @staticmethod
@@ -152,6 +156,9 @@ def build_perf(
         + gemm_s(arch.expert_params * arch.top_k * arch.n_moe_layers, "experts")
     ) / stage
 
+    # A grouped expert GEMM runs every local expert's tile even when few tokens pick it: the floor is
+    # `expert_rows` rows of every expert's weights (all experts over the stage), fitted.
+    expert_group = gemm_s(arch.expert_params * arch.num_experts * arch.n_moe_layers, "experts") / stage
     kv_shard = max(1.0 / tp, 1.0 / arch.num_kv_heads)
     per_layer_kv = arch.kv_elems_per_token * quant.kv_bytes * kv_shard
     bf16 = gpu.tflops_bf16 * 1e12
@@ -176,6 +183,7 @@ def build_perf(
         local_experts=max(1, arch.num_experts // ep) if arch.is_moe else 0,
         dense_s_per_token=dense_s,
         moe_s_per_token=moe_s,
+        expert_group_s=expert_group if arch.is_moe else 0.0,
         kv_full_bytes=arch.n_full_layers * per_layer_kv,
         kv_sliding_bytes=arch.n_sliding_layers * per_layer_kv,
         index_bytes=arch.n_full_layers * arch.index_elems_per_token * INDEX_KEY_BYTES,
@@ -272,16 +280,28 @@ def raw_step(
         a2a_lat_s=perf.moe_collectives * perf.moe_latency_s if tokens > 0 else 0.0,
         moe_bw_s=moe_bw + p2p_bw,
         n_layers=arch.num_layers,
+        blackwell=1.0 if perf.host.gpu.sm >= 100 else 0.0,
+        expert_dec_s=perf.expert_group_s if dec_tokens > 0 else 0.0,
+        expert_pre_s=perf.expert_group_s if prefill_tokens > 0 else 0.0,
     )
+
+
+def _excess(mem: Any, flops: Any, p: float) -> Any:
+    """The time FLOPs add over a memory read: a soft roofline (mem^p + flops^p)^(1/p) − mem."""
+    hi = np.maximum(np.maximum(mem, flops), 1e-30)
+    return hi * ((mem / hi) ** p + (flops / hi) ** p) ** (1.0 / p) - mem
 
 
 def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
     """Apply efficiency factors to raw terms; works on floats and on numpy arrays alike."""
     weights = raw.weights_s / f.bw_eff
     kv = raw.kv_s / f.bw_eff
-    gemm = raw.gemm_dec_s / f.gemm_eff + raw.gemm_pre_s / f.prefill_eff
-    attn = raw.attn_dec_s / f.attn_eff + raw.attn_pre_s / f.prefill_eff
-    compute = np.maximum(gemm - weights, 0.0) + np.maximum(attn - kv, 0.0)
+    gen = 1.0 + raw.blackwell * (f.blackwell_compute - 1.0)
+    # expert GEMM floor: at least `expert_rows` rows for every expert, in decode and in prefill steps
+    floor = f.expert_rows * (raw.expert_dec_s / f.gemm_eff + raw.expert_pre_s / f.prefill_eff)
+    gemm = (raw.gemm_dec_s / f.gemm_eff + raw.gemm_pre_s / f.prefill_eff + floor) / gen
+    attn = (raw.attn_dec_s / f.attn_eff + raw.attn_pre_s / f.prefill_eff) / gen
+    compute = _excess(weights, gemm, f.roofline_p) + _excess(kv, attn, f.roofline_p)
     scale = 1.0 if comm else 0.0
     allreduce = scale * (raw.ar_n * raw.ar_lat_s * f.lat_scale + raw.ar_bw_s / f.net_eff)
     moe_lat = (raw.moe_n * raw.moe_lat_s + (f.a2a_scale - 1.0) * raw.a2a_lat_s) * f.lat_scale

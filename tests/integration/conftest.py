@@ -1,0 +1,60 @@
+"""Shared real servers for integration tests.
+
+Each real engine starts once per session: vLLM takes ~70 s (more when the box
+is busy) to start on 2 cores and CI has 90 minutes for everything. The fault
+server starts in ~0.2 s and keeps per-run state (fault RNG, counters, the
+``die`` countdown), so every test gets fresh instances from a factory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support import engines
+from tests.support.fault_server import FaultServerHandle, fault_server
+
+VLLM_MODEL_NAME = "tiny-qwen3-moe"
+_ALL_CPUS = sorted(os.sched_getaffinity(0))
+SERVER_CPUS: set[int] | None = {_ALL_CPUS[0]} if len(_ALL_CPUS) >= 2 else None
+CLIENT_CPUS: set[int] | None = set(_ALL_CPUS[1:]) if len(_ALL_CPUS) >= 2 else None
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe() -> Path:
+    """Tiny MoE for vLLM (head_dim 64: vLLM's CPU attention needs >= 64)."""
+    return engines.build_tiny_model("qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_dense() -> Path:
+    """Tiny dense Qwen3 for transformers serve."""
+    return engines.build_tiny_model("qwen3")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
+    # Server on core 0, benchmark clients on the other cores (see CLIENT_CPUS).
+    with engines.vllm_server(tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="session")
+def transformers_server(tiny_dense: Path) -> Iterator[engines.ServerHandle]:
+    with engines.transformers_server(tiny_dense) as handle:
+        yield handle
+
+
+@pytest.fixture
+def fault_server_factory() -> Iterator[Callable[..., FaultServerHandle]]:
+    """``start(**Options fields, in_process=False)`` -> handle; all stopped at test end."""
+    with contextlib.ExitStack() as stack:
+
+        def start(**opts: Any) -> FaultServerHandle:
+            return stack.enter_context(fault_server(**opts))
+
+        yield start

@@ -1,0 +1,129 @@
+"""`servelab bench` against real engines: vLLM on CPU (compared with `vllm bench serve` on the same
+server) and `transformers serve` (which rejects the exact-length parameters)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.conftest import CLIENT_CPUS
+from tests.support import engines
+
+pytestmark = pytest.mark.integration
+
+
+def _pin() -> None:
+    if CLIENT_CPUS:
+        os.sched_setaffinity(0, CLIENT_CPUS)
+
+
+def servelab_bench(url: str, model: str, *args: str) -> dict[str, Any]:
+    p = subprocess.run([sys.executable, "-m", "servelab", "bench", "--url", url, "--model", model, *args, "--json"],
+                       capture_output=True, text=True, timeout=900, preexec_fn=_pin)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def vllm_bench(server: engines.ServerHandle, tmp: Path, name: str, **opts: Any) -> dict[str, Any]:
+    cmd = engines.vllm_bench_serve_cmd(server, result_dir=tmp, result_filename=name, **opts)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=_pin)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads((tmp / name).read_text())
+
+
+def _both(server: engines.ServerHandle, tmp: Path, n: int, conc: int, isl: int, osl: int,
+          rounds: int = 2) -> tuple[dict[str, float], dict[str, float]]:
+    """Alternate the two tools on the same server; per metric, the median over the rounds."""
+    keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput", "completed", "total_output_tokens")
+    mine: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    for r in range(rounds):
+        theirs.append(vllm_bench(server, tmp, f"theirs-{conc}-{r}.json", num_prompts=n, random_input_len=isl,
+                                 random_output_len=osl, max_concurrency=conc))
+        ours = servelab_bench(server.url, server.model, "--concurrency", str(conc), "--num-requests", str(n),
+                              "--input-len", str(isl), "--output-len", str(osl), "--tokenizer",
+                              str(server.model_dir), "--warmup", "0")
+        mine.append(ours["levels"][0]["summary"]["vllm_compatible"])
+    return ({k: statistics.median(m[k] for m in mine) for k in keys},
+            {k: statistics.median(t[k] for t in theirs) for k in keys})
+
+
+def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, tmp_path: Path) -> None:
+    """Same server, same lengths, clients on the core vLLM does not use.
+
+    At concurrency 1 every metric must agree. At concurrency 4 requests of equal length move in
+    waves, and TTFT then depends on how quickly each client launches the next wave (the slower
+    client staggers it), so only TPOT and throughput are compared there.
+    """
+    vllm_bench(vllm_server, tmp_path, "warm.json", num_prompts=8, random_input_len=128, random_output_len=32,
+               max_concurrency=4)  # warm the server for both
+    mine, theirs = _both(vllm_server, tmp_path, n=24, conc=1, isl=128, osl=48)
+    assert mine["completed"] == theirs["completed"] == 24
+    assert mine["total_output_tokens"] == theirs["total_output_tokens"] == 24 * 48
+    assert mine["median_ttft_ms"] == pytest.approx(theirs["median_ttft_ms"], rel=0.10)
+    assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.10)
+    assert mine["output_throughput"] == pytest.approx(theirs["output_throughput"], rel=0.05)
+
+    mine, theirs = _both(vllm_server, tmp_path, n=48, conc=4, isl=128, osl=48)
+    assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.10)
+    assert mine["output_throughput"] == pytest.approx(theirs["output_throughput"], rel=0.05)
+
+
+def test_vllm_exact_lengths_tokenizer_and_metrics(vllm_server: engines.ServerHandle) -> None:
+    data = servelab_bench(vllm_server.url, vllm_server.model, "--concurrency", "1,4", "--num-requests", "12",
+                          "--input-len", "100", "--output-len", "20", "--tokenizer", str(vllm_server.model_dir))
+    assert data["capabilities"]["exact_length"] and data["capabilities"]["usage_returned"]
+    assert data["capabilities"]["engine"] == "vllm"
+    assert data["workload"]["token_counting"] == "tokenizer"
+    for lv in data["levels"]:
+        s = lv["summary"]
+        assert s["completed"] == 12 and s["failed"] == 0
+        assert s["length_mismatches"] == 0 and s["mean_output_tokens"] == 20
+        assert s["token_sources"] == {"usage": 12}
+        assert 100 <= s["mean_input_tokens"] <= 102  # the tokenizer cut exactly; BOS at most
+        # transformers serve 5.19 streams the templated prompt back with the reply, so the tokenizer's
+    # count of the streamed text disagrees with usage: servelab checks every request and says so
+    assert s["tokenizer_crosscheck"]["checked"] == 6
+    if s["tokenizer_crosscheck"]["disagree"]:
+        assert any("disagrees with the server's usage" in w for w in data["warnings"])
+        sm = lv["server_metrics"]
+        assert sm["available"] and sm["deltas"]["generation_tokens"] == s["total_output_tokens"]
+        assert sm["deltas"]["prompt_tokens"] == s["total_input_tokens"]
+
+
+def test_vllm_usage_calibrated_input_lengths_and_chat(vllm_server: engines.ServerHandle) -> None:
+    data = servelab_bench(vllm_server.url, vllm_server.model, "--concurrency", "2", "--num-requests", "8",
+                          "--input-len", "200", "--output-len", "8")
+    assert data["workload"]["token_counting"] == "usage-calibrated"
+    assert data["levels"][0]["summary"]["mean_input_tokens"] == pytest.approx(200, rel=0.1)
+    chat = servelab_bench(vllm_server.url, vllm_server.model, "--api", "chat", "--concurrency", "2",
+                          "--num-requests", "6", "--input-len", "80", "--output-len", "8")
+    s = chat["levels"][0]["summary"]
+    assert s["completed"] == 6 and s["mean_output_tokens"] == 8
+    assert s["mean_input_tokens"] == pytest.approx(80, rel=0.15)  # chat template included in the fit
+
+
+def test_transformers_serve_falls_back_and_still_measures(transformers_server: engines.ServerHandle) -> None:
+    data = servelab_bench(transformers_server.url, transformers_server.model, "--concurrency", "2",
+                          "--num-requests", "6", "--input-len", "32", "--output-len", "16", "--tokenizer",
+                          str(transformers_server.model_dir), "--api", "chat")
+    assert data["capabilities"]["exact_length"] is False
+    assert any("ignore_eos" in w for w in data["warnings"])
+    s = data["levels"][0]["summary"]
+    assert s["completed"] == 6 and s["failed"] == 0
+    assert s["ttft_ms"]["p50"] > 0 and s["e2e_ms"]["p50"] >= s["ttft_ms"]["p50"]
+    # transformers serve sends usage on its finish chunk (and no [DONE]); its chunks may hold several
+    # tokens, so counting chunks would be wrong: the counts must come from usage
+    assert s["token_sources"] == {"usage": 6}
+    assert 0 < s["mean_output_tokens"] <= 16
+    # transformers serve 5.19 streams the templated prompt back with the reply, so the tokenizer's
+    # count of the streamed text disagrees with usage: servelab checks every request and says so
+    assert s["tokenizer_crosscheck"]["checked"] == 6
+    if s["tokenizer_crosscheck"]["disagree"]:
+        assert any("disagrees with the server's usage" in w for w in data["warnings"])
