@@ -19,18 +19,12 @@ from urllib.parse import urlsplit
 import orjson
 
 _perf = time.perf_counter
-def _text_of(obj: dict[str, Any]) -> str | None:
-    """The text of one chunk: `choices[0].text` (completions) or the delta's content (chat)."""
-    choices = obj.get("choices")
-    if not choices:
+def _delta_text(choice: dict[str, Any]) -> str | None:
+    """Chat chunks carry their text in the delta (content, or reasoning for reasoning models)."""
+    delta = choice.get("delta")
+    if not delta:
         return None
-    c = choices[0]
-    text = c.get("text")
-    if text is None:
-        delta = c.get("delta")
-        if delta:
-            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-    return text
+    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
 
 
 @dataclass(slots=True)
@@ -194,46 +188,50 @@ class _Conn(asyncio.Protocol):
         return True
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
-        """Strip chunked framing from everything this read brought, then parse the payload once."""
-        buf = self._buf
-        buf += data
-        if self._chunk_left == 0 and self._fast_dechunk(t):
-            return
+        """Strip chunked framing from what this read brought, then parse the payload once."""
+        if self._buf:
+            data = bytes(self._buf) + data
+            self._buf = bytearray()
+        if len(data) > 2048 and self._chunk_left == 0:
+            self._buf += data
+            if self._fast_dechunk(t):
+                return
+            self._buf = bytearray()
         pieces: list[bytes] = []
-        pos, n, left, ended = 0, len(buf), self._chunk_left, False
-        while True:
+        pos, n, left, ended = 0, len(data), self._chunk_left, False
+        while pos < n:
             if left > 0:
-                take = min(left, n - pos)
-                if take <= 0:
-                    break
-                pieces.append(bytes(buf[pos : pos + take]))
-                pos += take
-                left -= take
-                if left == 0:
-                    left = -2  # the CRLF that closes the chunk
-                continue
-            if left == -2:
+                end = pos + left
+                if end <= n:
+                    pieces.append(data[pos:end])
+                    pos, left = end, -2  # then the CRLF that closes the chunk
+                else:
+                    pieces.append(data[pos:])
+                    left -= n - pos
+                    pos = n
+            elif left == -2:
                 if n - pos < 2:
                     break
                 pos += 2
                 left = 0
-                continue
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            size_text = buf[pos:eol].split(b";", 1)[0].strip()
-            pos = eol + 2
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                self._finish("bad_response", f"bad chunk size {bytes(size_text[:40])!r}")
-                return
-            if size == 0:
-                ended = True
-                break
-            left = size
+            else:
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size_text = data[pos:eol].split(b";", 1)[0].strip()
+                try:
+                    size = int(size_text, 16)
+                except ValueError:
+                    self._finish("bad_response", f"bad chunk size {size_text[:40]!r}")
+                    return
+                pos = eol + 2
+                if size == 0:
+                    ended = True
+                    break
+                left = size
         self._chunk_left = left
-        del buf[:pos]
+        if pos < n and not ended:
+            self._buf += data[pos:]
         if pieces:
             self._feed_body(pieces[0] if len(pieces) == 1 else b"".join(pieces), t)
         if ended and not self._done:
@@ -273,89 +271,27 @@ class _Conn(asyncio.Protocol):
         if not self._stream:
             self._body_parts.append(data)
             return
-        ev = self._events
-        ev += data
-        if b"\r" in ev:  # SSE allows CRLF line ends; normalise (a lone CR at the end waits for its LF)
-            tail_cr = ev.endswith(b"\r")
-            ev[:] = ev.replace(b"\r\n", b"\n")
-            if not tail_cr:
-                ev[:] = ev.replace(b"\r", b"\n")
-        end = ev.rfind(b"\n\n")
-        if end < 0:
-            return
-        block = bytes(ev[:end])
-        del ev[: end + 2]
-        if self._batch(block, t):
-            return
+        if b"\r" in data or self._events.endswith(b"\r"):
+            # SSE allows CRLF line ends; normalise (a lone CR at the end waits for its LF)
+            data = self._events + data
+            self._events = b""
+            keep_cr = data.endswith(b"\r")
+            data = data[:-1] if keep_cr else data
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep_cr else b"")
+        parts = (self._events + data).split(b"\n\n") if self._events else data.split(b"\n\n")
+        self._events = parts.pop()
         event = self._event
-        for raw in block.split(b"\n\n"):
+        for raw in parts:
             event(raw, t)
             if self._done:
                 return
 
-    def _batch(self, block: bytes, t: float) -> bool:
-        """Every complete event of one read at once: a single orjson call validates them all, and
-        C-level scans count the token events. Returns False, having changed nothing, for anything
-        unusual (errors, comments, multi-line data, non-object data), which `_event` then handles
-        one event at a time.
-        """
-        done = block.endswith(b"data: [DONE]")
-        if done:
-            block = block[: -len(b"data: [DONE]")].rstrip(b"\n")
-            if not block:
-                self._done_event = True
-                return True
-        if not block.startswith(b"data: {") or b'"error"' in block:
-            return False
-        body = block[6:]
-        if b"\n\n\n" in body:
-            return False
-        try:
-            objs = orjson.loads(b"[" + body.replace(b"\n\ndata: ", b",") + b"]")
-        except orjson.JSONDecodeError:
-            return False
-        if any(type(o) is not dict for o in objs):
-            return False
-        res = self._res
-        assert res is not None
-        try:  # completions: every event has choices[0].text
-            texts = [x for x in [o["choices"][0]["text"] for o in objs if o["choices"]] if x]
-        except (KeyError, IndexError, TypeError):
-            texts = [x for x in map(_text_of, objs) if x]
-        if texts:
-            # Events that arrived in one read share its timestamp: one real gap, then zeros.
-            if res.first_token_t is None:
-                res.first_token_t = t
-            else:
-                res.itl_s.append(t - self._last_t)
-            if len(texts) > 1:
-                res.itl_s.extend([0.0] * (len(texts) - 1))
-            self._last_t = t
-            res.chunks += len(texts)
-            if self.keep_text:
-                res.text_parts.extend(texts)
-        for o in objs[-2:]:  # a finish_reason only comes with the last token; usage after it
-            choices = o.get("choices")
-            if choices and choices[0].get("finish_reason"):
-                res.finish_reason = choices[0]["finish_reason"]
-            usage = o.get("usage")
-            if usage:
-                res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
-                res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
-        if done:
-            self._done_event = True
-        return True
-
     def _event(self, raw: bytes, t: float) -> None:
-        res = self._res
-        assert res is not None
-        if raw.startswith(b"data: ") and b"\n" not in raw:
-            payload = raw[6:]  # the common case: one data line
+        """One SSE event. The hot path is a token chunk: one data line, choices[0] with text."""
+        if raw[:6] == b"data: " and raw.find(b"\n") < 0:
+            payload = raw[6:]
         else:
-            payload = b""
-            for line in raw.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload += line[5:].lstrip()
+            payload = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
             if not payload:
                 return  # comments, keep-alives, event names
         if payload == b"[DONE]":
@@ -366,31 +302,40 @@ class _Conn(asyncio.Protocol):
         except orjson.JSONDecodeError:
             self._finish("malformed_sse", f"undecodable SSE data: {payload[:200]!r}")
             return
+        try:
+            c = obj["choices"][0]
+            text = c["text"] if "text" in c else _delta_text(c)
+        except (KeyError, IndexError, TypeError):
+            self._other_event(obj, payload)
+            return
+        res = self._res
+        if text:
+            if res.first_token_t is None:
+                res.first_token_t = t
+            else:
+                res.itl_s.append(t - self._last_t)
+            self._last_t = t
+            res.chunks += 1
+            if self.keep_text:
+                res.text_parts.append(text)
+        if c.get("finish_reason"):
+            res.finish_reason = c["finish_reason"]
+        if obj.get("usage"):
+            self._usage(obj["usage"])
+
+    def _other_event(self, obj: Any, payload: bytes) -> None:
+        """Events without choices[0]: usage-only, errors, and data that is not an object."""
         if type(obj) is not dict:
             self._finish("malformed_sse", f"SSE data is not an object: {payload[:200]!r}")
-            return
-        choices = obj.get("choices")
-        if choices:
-            text = _text_of(obj)
-            if text:
-                if res.first_token_t is None:
-                    res.first_token_t = t
-                else:
-                    res.itl_s.append(t - self._last_t)
-                self._last_t = t
-                res.chunks += 1
-                if self.keep_text:
-                    res.text_parts.append(text)
-            fr = choices[0].get("finish_reason")
-            if fr:
-                res.finish_reason = fr
         elif "error" in obj:
             self._finish("server_error_event", str(obj["error"])[:300])
-            return
-        usage = obj.get("usage")
-        if usage:
-            res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
-            res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
+        elif obj.get("usage"):
+            self._usage(obj["usage"])
+
+    def _usage(self, usage: dict[str, Any]) -> None:
+        res = self._res
+        res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+        res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
 
     def _end_of_body(self) -> None:
         res = self._res
@@ -468,7 +413,7 @@ class _Conn(asyncio.Protocol):
         self._fut = loop.create_future()
         self._res = StreamResult()
         self._buf = bytearray()
-        self._events = bytearray()
+        self._events = b""
         self._chunk_left = 0
         self._headers_done = False
         self._chunked = False
