@@ -150,6 +150,40 @@ def vllm_run(
     return cpu_s, json.loads((Path(result_dir) / name).read_text())
 
 
+FLOOR_CLIENT = r"""
+import asyncio, json, sys
+import uvloop
+url, n, conc, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+host, port = url.split("//")[1].split(":")
+body = json.dumps({"model": "fault-model", "prompt": "floor " * 32, "max_tokens": out_len, "stream": True,
+                   "ignore_eos": True}).encode()
+req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(body), body)
+class P(asyncio.Protocol):
+    def connection_made(self, t): self.t = t
+    def data_received(self, d):
+        if d.endswith(b"0\r\n\r\n"): self.fut.set_result(None)
+async def main():
+    loop = asyncio.get_running_loop()
+    left = n
+    async def worker():
+        nonlocal left
+        _, p = await loop.create_connection(P, host, int(port))
+        while left > 0:
+            left -= 1
+            p.fut = loop.create_future(); p.t.write(req); await p.fut
+    await asyncio.gather(*(worker() for _ in range(conc)))
+uvloop.run(main())
+print(json.dumps({"total_output_tokens": n * out_len}))
+"""
+
+
+def floor_run(url: str, n: int, conc: int, out_len: int, cpu: int) -> tuple[float, dict[str, Any]]:
+    """A client that does nothing but read the bytes: the kernel's and the event loop's share."""
+    cpu_s, out = run_pinned([sys.executable, "-c", FLOOR_CLIENT, url, str(n), str(conc), str(out_len)], cpu)
+    return cpu_s, json.loads(out)
+
+
 def per_token(runner: Any, n: int, repeats: int) -> dict[str, Any]:
     """Median over `repeats` of ΔCPU/Δtokens between an N-request and a 2N-request run."""
     samples, whole = [], []
@@ -187,6 +221,7 @@ def main() -> None:
     for name, (interval, k_n, k_conc, k_out) in regimes.items():
         server, url = start_server(interval, cpu=1)
         try:
+            floor = per_token(lambda k, c=k_conc, o=k_out, u=url: floor_run(u, k, c, o, 0), k_n, repeats)
             ours = per_token(
                 lambda k, c=k_conc, o=k_out, u=url: servelab_run(u, k, c, o, 0, home), k_n, repeats
             )
@@ -196,6 +231,7 @@ def main() -> None:
         finally:
             server.kill()
         results[f"cpu_per_token_{name}"] = {
+            "floor_do_nothing_client": floor,
             "servelab": ours,
             "vllm_bench_serve": theirs,
             "ratio": ours["cpu_us_per_token"] / theirs["cpu_us_per_token"],
@@ -243,7 +279,8 @@ def main() -> None:
         c = r[f"cpu_per_token_{name}"]
         print(
             f"CPU per streamed token ({name}): servelab {c['servelab']['cpu_us_per_token']:.1f} µs, "
-            f"vllm bench serve {c['vllm_bench_serve']['cpu_us_per_token']:.1f} µs (marginal ratio "
+            f"vllm bench serve {c['vllm_bench_serve']['cpu_us_per_token']:.1f} µs, a client that only "
+            f"reads {c['floor_do_nothing_client']['cpu_us_per_token']:.1f} µs (marginal ratio "
             f"{c['ratio']:.2f}; whole-process ratio {c['ratio_whole_process']:.2f}; target ≤ 0.33)"
         )
     print(

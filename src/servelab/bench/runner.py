@@ -233,7 +233,9 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             if fit is None and counter is None:
                 warnings.append("no tokenizer and no usage from the server: input lengths are counted in words")
         specs = cfg.level_specs()
-        count = cfg.num_requests or max(256, int(max(cfg.levels) * 4))
+        # Duration-bound levels cycle through a pool of prompts; a pool big enough that a repeat (and
+        # with it a prefix-cache hit that would flatter TTFT) is rare, and a warning when it happens.
+        count = cfg.num_requests or max(2048, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5))
         wl = build_workload(cfg, counter, fit, count, cfg.seed)
         warm_wl = build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
@@ -263,6 +265,10 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             repo.finish_run(run_id, "interrupted", {"levels": [lv["summary"] for lv in levels_out]})
             raise Interrupted(f"benchmark interrupted; run {uid} keeps every request that had finished",
                               hint=f"`servelab runs show {uid}` shows what was measured.") from None
+        repeated = sum(lv["summary"].get("prompts_repeated", 0) for lv in levels_out)
+        if repeated:
+            warnings.append(f"{repeated} requests reused a prompt of the pool of {len(prepared)}: a server with "
+                            "prefix caching may answer those faster; give --num-requests or a shorter --duration")
         checked = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("checked", 0) for lv in levels_out)
         disagree = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("disagree", 0) for lv in levels_out)
         if disagree:
@@ -316,6 +322,8 @@ async def _run_one_level(client: Client, metrics_client: Client, repo: BenchRepo
         after = await _snapshot(metrics_client) if status == "completed" else None
         scrape.after = after or {}
     summary = M.summarize(records, slo, duration_s=None)
+    if len(records) > len(prepared):
+        summary["prompts_repeated"] = len(records) - len(prepared)
     summary |= {"mode": spec.mode, "value": spec.value, "label": spec.label, "wall_s": wall}
     out_tokens = summary["total_output_tokens"]
     client_stats = monitor.summary(out_tokens, summary["itl_ms"]["p50"]) if monitor else {}
