@@ -39,7 +39,10 @@ def tiny_dense() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
     # Server on core 0, benchmark clients on the other cores (see CLIENT_CPUS).
-    with engines.vllm_server(tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS) as handle:
+    # Prefix caching off: the benchmark tools repeat their seeded prompts, and cache hits would make
+    # TTFT depend on which tool ran first.
+    with engines.vllm_server(tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS,
+                             no_enable_prefix_caching=True) as handle:
         yield handle
 
 

@@ -37,40 +37,44 @@ def vllm_bench(server: engines.ServerHandle, tmp: Path, name: str, **opts: Any) 
     return json.loads((tmp / name).read_text())
 
 
-def _both(server: engines.ServerHandle, tmp: Path, n: int, conc: int, isl: int, osl: int,
-          rounds: int = 2) -> tuple[dict[str, float], dict[str, float]]:
+def _both(server: engines.ServerHandle, tmp: Path, n: int, isl: int, osl: int, conc: int | None = None,
+          rate: float | None = None, rounds: int = 3) -> tuple[dict[str, float], dict[str, float]]:
     """Alternate the two tools on the same server; per metric, the median over the rounds."""
     keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput", "completed", "total_output_tokens")
+    load_theirs: dict[str, Any] = {"max_concurrency": conc} if conc else {"request_rate": rate, "burstiness": 1000}
+    load_ours = ["--concurrency", str(conc)] if conc else ["--rate", str(rate), "--arrival", "constant"]
     mine: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
     for r in range(rounds):
-        theirs.append(vllm_bench(server, tmp, f"theirs-{conc}-{r}.json", num_prompts=n, random_input_len=isl,
-                                 random_output_len=osl, max_concurrency=conc))
-        ours = servelab_bench(server.url, server.model, "--concurrency", str(conc), "--num-requests", str(n),
-                              "--input-len", str(isl), "--output-len", str(osl), "--tokenizer",
-                              str(server.model_dir), "--warmup", "0")
+        theirs.append(vllm_bench(server, tmp, f"theirs-{conc}-{rate}-{r}.json", num_prompts=n, random_input_len=isl,
+                                 random_output_len=osl, **load_theirs))
+        ours = servelab_bench(server.url, server.model, *load_ours, "--num-requests", str(n), "--input-len",
+                              str(isl), "--output-len", str(osl), "--tokenizer", str(server.model_dir), "--warmup",
+                              "0")
         mine.append(ours["levels"][0]["summary"]["vllm_compatible"])
     return ({k: statistics.median(m[k] for m in mine) for k in keys},
             {k: statistics.median(t[k] for t in theirs) for k in keys})
 
 
 def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, tmp_path: Path) -> None:
-    """Same server, same lengths, clients on the core vLLM does not use.
+    """Same server, same lengths, clients on the core vLLM does not use; medians of three alternating
+    rounds, since a one-core vLLM varies by about ±5 % from run to run.
 
-    At concurrency 1 every metric must agree. At concurrency 4 requests of equal length move in
-    waves, and TTFT then depends on how quickly each client launches the next wave (the slower
-    client staggers it), so only TPOT and throughput are compared there.
+    TTFT is compared with requests spaced so that they never overlap (2/s, each under 0.5 s): in a
+    closed loop the next request lands while the server is still finishing the previous one, and
+    how soon it lands depends on each client's own speed. Each client's own wake-up and send path
+    differs by 1–3 ms on this machine, so the prompt is long enough (3,800 tokens) for TTFT to be
+    mostly server time. Throughput is compared in a closed loop.
     """
     vllm_bench(vllm_server, tmp_path, "warm.json", num_prompts=8, random_input_len=128, random_output_len=32,
                max_concurrency=4)  # warm the server for both
-    mine, theirs = _both(vllm_server, tmp_path, n=24, conc=1, isl=128, osl=48)
-    assert mine["completed"] == theirs["completed"] == 24
-    assert mine["total_output_tokens"] == theirs["total_output_tokens"] == 24 * 48
+    mine, theirs = _both(vllm_server, tmp_path, n=12, isl=3800, osl=96, rate=2.0)
+    assert mine["completed"] == theirs["completed"] == 12
+    assert mine["total_output_tokens"] == theirs["total_output_tokens"] == 12 * 96
     assert mine["median_ttft_ms"] == pytest.approx(theirs["median_ttft_ms"], rel=0.10)
     assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.10)
-    assert mine["output_throughput"] == pytest.approx(theirs["output_throughput"], rel=0.05)
 
-    mine, theirs = _both(vllm_server, tmp_path, n=48, conc=4, isl=128, osl=48)
+    mine, theirs = _both(vllm_server, tmp_path, n=48, isl=256, osl=96, conc=4)
     assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.10)
     assert mine["output_throughput"] == pytest.approx(theirs["output_throughput"], rel=0.05)
 

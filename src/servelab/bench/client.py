@@ -19,12 +19,12 @@ from urllib.parse import urlsplit
 import orjson
 
 _perf = time.perf_counter
-def _delta_text(choice: dict[str, Any]) -> str | None:
+def _delta_text(choice: dict[str, Any]) -> str:
     """Chat chunks carry their text in the delta (content, or reasoning for reasoning models)."""
     delta = choice.get("delta")
     if not delta:
-        return None
-    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+        return ""
+    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
 
 
 @dataclass(slots=True)
@@ -309,14 +309,17 @@ class _Conn(asyncio.Protocol):
             self._other_event(obj, payload)
             return
         res = self._res
-        if text:
+        # Like `vllm bench serve`, a chunk with a choice is a token event even when its text is empty
+        # (a special token, or text the detokenizer holds back); only a closing chunk that carries
+        # nothing but a finish_reason is not.
+        if text or not c.get("finish_reason"):
             if res.first_token_t is None:
                 res.first_token_t = t
             else:
                 res.itl_s.append(t - self._last_t)
             self._last_t = t
             res.chunks += 1
-            if self.keep_text:
+            if self.keep_text and text:
                 res.text_parts.append(text)
         if c.get("finish_reason"):
             res.finish_reason = c["finish_reason"]

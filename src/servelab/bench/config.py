@@ -36,7 +36,7 @@ class BenchConfig(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0)
     exact_output_len: bool = True
     api_key: str | None = None
-    scrape_interval_s: float = Field(default=1.0, gt=0)
+    scrape_interval_s: float = Field(default=1.0, ge=0)
     temperature: float | None = None
 
     @model_validator(mode="after")

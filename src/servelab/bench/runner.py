@@ -298,7 +298,7 @@ async def _run_one_level(client: Client, metrics_client: Client, repo: BenchRepo
     scrape.available = before is not None
     scrape.before = before or {}
     sampler = (asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s))
-               if scrape.available else None)
+               if scrape.available and cfg.scrape_interval_s > 0 else None)
     done: list[M.RequestRecord] = []
 
     def on_record(rec: M.RequestRecord) -> None:

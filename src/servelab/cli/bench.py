@@ -181,6 +181,8 @@ def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout, s.")
 @click.option("--no-exact-length", is_flag=True, help="Do not send ignore_eos/min_tokens.")
 @click.option("--temperature", type=float, help="Sampling temperature to send (default: the server's).")
+@click.option("--scrape-interval", type=float, default=1.0, show_default=True,
+              help="Seconds between /metrics samples during a level; 0 keeps only the before/after snapshots.")
 @click.option("--api-key", envvar="SERVELAB_API_KEY", help="Bearer token (or $SERVELAB_API_KEY); never stored.")
 @click.option("--export-vllm", type=click.Path(file_okay=False), help="Also write one JSON per level in vllm bench serve's fields to this directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (documented in docs/cli/bench.md).")
@@ -205,6 +207,7 @@ def bench(**opts: Any) -> None:
             seed=opts["seed"], slo=opts["slo"], arrival=opts["arrival"], burstiness=opts["burstiness"],
             warmup=opts["warmup"], timeout_s=opts["timeout_s"], exact_output_len=not opts["no_exact_length"],
             api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"), temperature=opts["temperature"],
+            scrape_interval_s=opts["scrape_interval"],
         )
     except ValidationError as exc:
         raise config_error(exc) from None

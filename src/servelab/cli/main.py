@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("servelab.cli.predict", "predict"),
     ("servelab.cli.predict", "explain"),
     ("servelab.cli.calibrate", "calibrate"),
+    ("servelab.cli.sim", "sim"),
 ]
 
 

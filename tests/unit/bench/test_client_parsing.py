@@ -82,9 +82,14 @@ def test_events_packed_in_one_chunk_and_crlf_separators() -> None:
     assert res.ok and res.chunks == 3 and res.completion_tokens == 3
 
 
-def test_chat_role_chunk_is_not_a_token() -> None:
+def test_empty_chunks_count_like_vllm_bench_serve() -> None:
+    """The role chunk (and any chunk with a choice) is a token event; a bare closing chunk is not."""
     res = feed(_chunked(_events(4, chat=True)), [10_000])
-    assert res.ok and res.chunks == 4 and res.text == "t0t1t2t3"
+    assert res.ok and res.chunks == 5 and res.text == "t0t1t2t3"
+    evs = [_sse({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}),
+           _sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), b"data: [DONE]\n\n"]
+    res = feed(_chunked(evs), [10_000])
+    assert res.ok and res.chunks == 1 and res.finish_reason == "stop"
 
 
 def test_close_delimited_body() -> None:
@@ -158,21 +163,21 @@ def test_connect_error_is_reported_not_raised() -> None:
     assert not res.ok and res.error_kind == "connect_error"
 
 
-def test_batch_and_per_event_paths_agree() -> None:
-    """Many events per read take the batch path; one byte per read takes the per-event path."""
+def test_any_split_gives_the_same_result() -> None:
+    """Whole stream in one read, or one byte per read: the same result."""
     evs = _events(50)
-    evs.insert(3, _sse({"choices": [{"index": 0, "text": "", "finish_reason": None}]}))  # empty: not a token
+    evs.insert(3, _sse({"choices": [{"index": 0, "text": "", "finish_reason": None}]}))  # held-back text
     evs.insert(5, _sse({"choices": [{"index": 0, "text": "say \"text\":\"x\"", "finish_reason": None}]}))
     raw = _chunked(evs)
     whole = feed(raw, [len(raw)])
     bytewise = feed(raw, [1] * len(raw))
     for res in (whole, bytewise):
-        assert res.ok and res.chunks == 51 and res.completion_tokens == 50 and res.finish_reason == "length"
+        assert res.ok and res.chunks == 52 and res.completion_tokens == 50 and res.finish_reason == "length"
     assert whole.text == bytewise.text
-    assert len(whole.itl_s) == len(bytewise.itl_s) == 50
+    assert len(whole.itl_s) == len(bytewise.itl_s) == 51
 
 
-def test_error_and_comment_events_fall_back_to_the_careful_path() -> None:
+def test_comment_error_and_scalar_events() -> None:
     evs = [_sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}), b": keep-alive\n\n",
            _sse({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]}), b"data: [DONE]\n\n"]
     res = feed(_chunked(evs), [10_000])
