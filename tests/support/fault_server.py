@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.sim.http import REASONS, HttpError, Request, error_body, parse_request
+
 try:  # orjson is ~5x faster for the (rare) request parsing; stdlib json is enough.
     import orjson
 
@@ -84,8 +86,6 @@ FAULT_KINDS = (
     "short_output",
 )
 EXTRA_PARAMS = ("ignore_eos", "min_tokens", "stream_options")  # what transformers serve rejects
-MAX_HEADER_BYTES = 64 * 1024
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 def _make_words(n: int = 512, seed: int = 7) -> list[bytes]:
@@ -134,16 +134,6 @@ class Options:
             raise ValueError("token_interval_ms and ttft_ms must be >= 0")
 
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    version: str
-    headers: dict[str, str]
-    body: bytes
-    keep_alive: bool
-
-
 class Metrics:
     """Real counters behind /metrics, named like vLLM's so scrapers can be tested against it."""
 
@@ -187,33 +177,6 @@ class Metrics:
                 f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="{model}"}} {float(n)}'
             )
         return ("\n".join(lines) + "\n").encode()
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, *, body: bytes | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.body = body
-
-
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-    422: "Unprocessable Entity",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-}
-
-
-def _error_body(status: int, message: str) -> bytes:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return _dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
 
 
 def _count_words(text: Any) -> int:
@@ -342,43 +305,13 @@ class HttpProtocol(asyncio.Protocol):
             await self._drain
 
     def _parse(self) -> Request | None:
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buf) > MAX_HEADER_BYTES:
-                raise HttpError(431, "request headers too large")
-            return None
-        head = bytes(self.buf[:end]).decode("latin-1")
-        lines = head.split("\r\n")
-        try:
-            method, target, version = lines[0].split(" ", 2)
-        except ValueError:
-            raise HttpError(400, f"bad request line {lines[0]!r}") from None
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            raise HttpError(501, "chunked request bodies are not supported; send Content-Length")
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError:
-            raise HttpError(400, "bad Content-Length") from None
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413, "request body too large")
-        total = end + 4 + length
-        if len(self.buf) < total:
-            return None
-        body = bytes(self.buf[end + 4 : total])
-        del self.buf[:total]
-        conn = headers.get("connection", "").lower()
-        keep_alive = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-        return Request(method, target.split("?", 1)[0], version, headers, body, keep_alive)
+        return parse_request(self.buf)
 
     def _next_request(self) -> None:
         try:
             req = self._parse()
         except HttpError as e:
-            self.send_response(e.status, _error_body(e.status, e.message), keep_alive=False)
+            self.send_response(e.status, error_body(e.status, e.message), keep_alive=False)
             return
         if req is None:
             return
@@ -390,11 +323,11 @@ class HttpProtocol(asyncio.Protocol):
         try:
             keep_alive = await self.srv_dispatch(req) and keep_alive
         except HttpError as e:
-            body = e.body if e.body is not None else _error_body(e.status, e.message)
+            body = e.body if e.body is not None else error_body(e.status, e.message)
             extra = {"retry-after": "1"} if e.status == 429 else None
             self.send_response(e.status, body, keep_alive=keep_alive, extra_headers=extra)
         except Exception as e:  # a bug here must not kill the server; report it as a 500
-            self.send_response(500, _error_body(500, f"fault server bug: {e!r}"), keep_alive=False)
+            self.send_response(500, error_body(500, f"fault server bug: {e!r}"), keep_alive=False)
             keep_alive = False
         finally:
             self.busy = False

@@ -82,6 +82,45 @@ def response_bytes(
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
+def parse_request(buf: bytearray) -> Request | None:
+    """One complete request from the front of `buf` (consumed), or None until more bytes arrive.
+
+    Shared by the simulator and the tests' fault server: minimal HTTP/1.1 with Content-Length bodies.
+    """
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > MAX_HEADER_BYTES:
+            raise HttpError(431, "request headers too large")
+        return None
+    head = bytes(buf[:end]).decode("latin-1")
+    lines = head.split("\r\n")
+    try:
+        method, target, version = lines[0].split(" ", 2)
+    except ValueError:
+        raise HttpError(400, f"bad request line {lines[0]!r}") from None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise HttpError(501, "chunked request bodies are not supported; send Content-Length")
+    try:
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        raise HttpError(400, "bad Content-Length") from None
+    if length > MAX_BODY_BYTES:
+        raise HttpError(413, "request body too large")
+    total = end + 4 + length
+    if len(buf) < total:
+        return None
+    body = bytes(buf[end + 4 : total])
+    del buf[:total]
+    conn = headers.get("connection", "").lower()
+    keep_alive = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
+    path, _, query = target.partition("?")
+    return Request(method, path, query, version, headers, body, keep_alive)
+
+
 # A handler returns True to keep the connection open afterwards.
 Handler = Callable[["HttpProtocol", Request], Awaitable[bool]]
 
@@ -163,38 +202,7 @@ class HttpProtocol(asyncio.Protocol):
             self.close()
 
     def _parse(self) -> Request | None:
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buf) > MAX_HEADER_BYTES:
-                raise HttpError(431, "request headers too large")
-            return None
-        head = bytes(self.buf[:end]).decode("latin-1")
-        lines = head.split("\r\n")
-        try:
-            method, target, version = lines[0].split(" ", 2)
-        except ValueError:
-            raise HttpError(400, f"bad request line {lines[0]!r}") from None
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            raise HttpError(501, "chunked request bodies are not supported; send Content-Length")
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError:
-            raise HttpError(400, "bad Content-Length") from None
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413, "request body too large")
-        total = end + 4 + length
-        if len(self.buf) < total:
-            return None
-        body = bytes(self.buf[end + 4 : total])
-        del self.buf[:total]
-        conn = headers.get("connection", "").lower()
-        keep_alive = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-        path, _, query = target.partition("?")
-        return Request(method, path, query, version, headers, body, keep_alive)
+        return parse_request(self.buf)
 
     def _next_request(self) -> None:
         try:
