@@ -7,6 +7,8 @@ hint that tells the user what to do next.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServelabError(Exception):
     """Root of every error servelab raises on purpose."""
@@ -47,6 +49,15 @@ class StoreError(ServelabError):
 
 class EngineError(ServelabError):
     """An inference engine misbehaved: failed to launch, never became ready, did not apply a setting."""
+
+    # A servelab.engines.base.Diagnosis (failure class, evidence, advice) when the failure was classified.
+    diagnosis: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(super().to_dict())
+        if self.diagnosis is not None:
+            d["diagnosis"] = self.diagnosis.to_dict()
+        return d
 
 
 class LaunchFailed(EngineError):

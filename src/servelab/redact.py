@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_SECRET_KEYS = re.compile(r"(api[_-]?key|token|secret|password|authorization|hf_token)", re.IGNORECASE)
+# Key names whose values are secrets. `token` only as a whole word ("hf_token", "token"), so that
+# "tokenizer" or "max_num_batched_tokens" keep their values.
+_SECRET_KEYS = re.compile(r"(api[_-]?key|secret|password|passwd|authorization|(^|[_-])token$)", re.IGNORECASE)
 _PATTERNS = [
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{4,}"),
     re.compile(r"\b(sk-[A-Za-z0-9_-]{4})[A-Za-z0-9_-]+"),

@@ -41,10 +41,8 @@ import json
 import logging
 import os
 import random
-import resource
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.sim.http import REASONS, HttpError, Request, error_body, parse_request
+from servelab.sim.http import HttpError, Request, raise_fd_limit
+from servelab.sim.http import HttpProtocol as SimHttpProtocol
+from servelab.sim.text import WORDS
+from servelab.sim.wire import DONE_EVENT, MALFORMED_EVENT, SseTemplates, completion_body
 
 try:  # orjson is ~5x faster for the (rare) request parsing; stdlib json is enough.
     import orjson
@@ -86,19 +87,6 @@ FAULT_KINDS = (
     "short_output",
 )
 EXTRA_PARAMS = ("ignore_eos", "min_tokens", "stream_options")  # what transformers serve rejects
-
-
-def _make_words(n: int = 512, seed: int = 7) -> list[bytes]:
-    """Token texts: ' word' with [a-z] only, so they embed in JSON without escaping."""
-    rng = random.Random(seed)
-    cons, vows = "bcdfghjklmnprstvwz", "aeiou"
-    return [
-        (" " + "".join(rng.choice(cons) + rng.choice(vows) for _ in range(rng.randint(1, 3)))).encode()
-        for _ in range(n)
-    ]
-
-
-WORDS = _make_words()
 
 
 @dataclass
@@ -244,120 +232,13 @@ class FaultServer:
             self._slots.release()
 
 
-class HttpProtocol(asyncio.Protocol):
-    """Minimal HTTP/1.1: keep-alive, Content-Length bodies, one request at a time per connection."""
+class HttpProtocol(SimHttpProtocol):
+    """The fault server's routes on the simulator's HTTP/1.1 protocol (keep-alive, Content-Length
+    bodies, one request at a time per connection)."""
 
     def __init__(self, srv: FaultServer) -> None:
+        super().__init__(HttpProtocol.srv_dispatch, srv.connections)  # type: ignore[arg-type]
         self.srv = srv
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.busy = False
-        self.closed = False
-        self.closed_fut: asyncio.Future[None] = self.loop.create_future()
-        self._drain: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    # -- asyncio.Protocol ---------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transport isn't a subclass
-        self.srv.connections.add(self)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # small SSE chunks must leave immediately
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.srv.connections.discard(self)
-        if not self.closed_fut.done():
-            self.closed_fut.set_result(None)
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
-
-    def pause_writing(self) -> None:
-        if self._drain is None or self._drain.done():
-            self._drain = self.loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if not self.busy:
-            self._next_request()
-
-    def eof_received(self) -> bool | None:
-        return None  # close our side too
-
-    # -- helpers --------------------------------------------------------------------
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(data)
-
-    async def drain(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            await self._drain
-
-    def _parse(self) -> Request | None:
-        return parse_request(self.buf)
-
-    def _next_request(self) -> None:
-        try:
-            req = self._parse()
-        except HttpError as e:
-            self.send_response(e.status, error_body(e.status, e.message), keep_alive=False)
-            return
-        if req is None:
-            return
-        self.busy = True
-        self._task = self.loop.create_task(self._serve(req))
-
-    async def _serve(self, req: Request) -> None:
-        keep_alive = req.keep_alive
-        try:
-            keep_alive = await self.srv_dispatch(req) and keep_alive
-        except HttpError as e:
-            body = e.body if e.body is not None else error_body(e.status, e.message)
-            extra = {"retry-after": "1"} if e.status == 429 else None
-            self.send_response(e.status, body, keep_alive=keep_alive, extra_headers=extra)
-        except Exception as e:  # a bug here must not kill the server; report it as a 500
-            self.send_response(500, error_body(500, f"fault server bug: {e!r}"), keep_alive=False)
-            keep_alive = False
-        finally:
-            self.busy = False
-        if not keep_alive:
-            if self.transport is not None:
-                self.transport.close()
-            return
-        if self.buf and not self.closed:
-            self._next_request()
-
-    def send_response(
-        self,
-        status: int,
-        body: bytes,
-        *,
-        content_type: bytes = b"application/json",
-        keep_alive: bool = True,
-        extra_headers: dict[str, str] | None = None,
-    ) -> None:
-        head = [
-            f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}".encode(),
-            b"content-type: " + content_type,
-            b"content-length: " + str(len(body)).encode(),
-            b"connection: " + (b"keep-alive" if keep_alive else b"close"),
-        ]
-        for k, v in (extra_headers or {}).items():
-            head.append(f"{k}: {v}".encode())
-        self.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        if not keep_alive and self.transport is not None:
-            self.transport.close()
 
     # -- routing ----------------------------------------------------------------------
     async def srv_dispatch(self, req: Request) -> bool:
@@ -371,7 +252,7 @@ class HttpProtocol(asyncio.Protocol):
         if req.method != "GET":
             raise HttpError(405 if path in ("/health", "/v1/models", "/metrics") else 404, "not found")
         if path == "/health":
-            self.send_response(200, b"", keep_alive=req.keep_alive)
+            self.send(200, b"", keep_alive=req.keep_alive)
         elif path == "/v1/models":
             body = _dumps(
                 {
@@ -389,10 +270,10 @@ class HttpProtocol(asyncio.Protocol):
                     ],
                 }
             )
-            self.send_response(200, body, keep_alive=req.keep_alive)
+            self.send(200, body, keep_alive=req.keep_alive)
         elif path == "/metrics":
             body = srv.metrics.render(srv.opts.model, srv.opts.kv_capacity_tokens)
-            self.send_response(
+            self.send(
                 200, body, content_type=b"text/plain; version=0.0.4; charset=utf-8", keep_alive=req.keep_alive
             )
         else:
@@ -423,7 +304,7 @@ class HttpProtocol(asyncio.Protocol):
         if fault == "http_500":
             raise HttpError(500, "injected fault: http_500")
         if fault == "http_429":
-            raise HttpError(429, "injected fault: http_429 (rate limited)")
+            raise HttpError(429, "injected fault: http_429 (rate limited)", headers={"retry-after": "1"})
         if fault == "timeout":
             await self.closed_fut  # accepted, never answered; ends when the client gives up
             return False
@@ -479,7 +360,7 @@ class HttpProtocol(asyncio.Protocol):
                     return False
                 body = self.full_body(n_req, chat, prompt_tokens, n_out, finish, fault != "no_usage")
                 m.success[finish] += 1
-                self.send_response(200, body, keep_alive=req.keep_alive)
+                self.send(200, body, keep_alive=req.keep_alive)
                 return True
             finally:
                 m.running -= 1
@@ -500,33 +381,9 @@ class HttpProtocol(asyncio.Protocol):
         self, n_req: int, chat: bool, prompt_tokens: int, n_out: int, finish: str, with_usage: bool
     ) -> bytes:
         text = b"".join(WORDS[(n_req + i) % len(WORDS)] for i in range(n_out)).decode()
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "total_tokens": prompt_tokens + n_out,
-            "completion_tokens": n_out,
-        }
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-            obj: dict[str, Any] = {"id": f"chatcmpl-{n_req:016x}", "object": "chat.completion"}
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-            obj = {"id": f"cmpl-{n_req:016x}", "object": "text_completion"}
-        obj.update({"created": int(time.time()), "model": self.srv.opts.model, "choices": [choice]})
-        if with_usage:
-            obj["usage"] = usage
-        return _dumps(obj)
+        return completion_body(
+            n_req, chat, self.srv.opts.model, text, finish, prompt_tokens, n_out, with_usage=with_usage
+        )
 
     async def stream(
         self,
@@ -555,32 +412,7 @@ class HttpProtocol(asyncio.Protocol):
         def frame(event: bytes) -> bytes:
             return b"%x\r\n%s\r\n" % (len(event), event) if chunked else event
 
-        created = str(int(time.time())).encode()
-        if chat:
-            head = (
-                b'data: {"id":"chatcmpl-%016x","object":"chat.completion.chunk","created":%s,"model":'
-                % (n_req, created)
-                + self.srv.model_json
-                + b',"choices":'
-            )
-            tok_pre = head + b'[{"index":0,"delta":{"content":"'
-            tok_post = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
-            first = (
-                head
-                + b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
-            )
-            last = head + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"'
-        else:
-            head = (
-                b'data: {"id":"cmpl-%016x","object":"text_completion","created":%s,"model":'
-                % (n_req, created)
-                + self.srv.model_json
-                + b',"choices":'
-            )
-            tok_pre = head + b'[{"index":0,"text":"'
-            tok_post = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            first = b""
-            last = head + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"'
+        tpl = SseTemplates(n_req, chat, self.srv.model_json)
 
         interval = opts.token_interval_ms / 1000
         start = loop.time() + opts.ttft_ms / 1000
@@ -600,25 +432,21 @@ class HttpProtocol(asyncio.Protocol):
             if i == drop_at:
                 self.abort()  # no terminating chunk: the client sees a truncated body
                 return emitted
-            out = tok_pre + WORDS[(n_req + i) % nwords] + tok_post
-            out = frame(first) + frame(out) if i == 0 and first else frame(out)
+            out = frame(tpl.token(WORDS[(n_req + i) % nwords]))
+            if i == 0 and tpl.first:
+                out = frame(tpl.first) + out
             if i == bad_at:
-                out = frame(b'data: {"id": "broken", "choices": [{"text": oops}\n\n') + out
+                out = frame(MALFORMED_EVENT) + out
             self.write(out)
             emitted += 1
             m.generation_tokens += 1
             m.kv_tokens += 1
             if self._drain is not None:
                 await self.drain()
-        tail = frame(last + finish.encode() + b'","stop_reason":null}]}\n\n')
+        tail = frame(tpl.finish(finish))
         if include_usage:
-            usage = b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-                prompt_tokens,
-                prompt_tokens + emitted,
-                emitted,
-            )
-            tail += frame(head + b'[],"usage":' + usage + b"}\n\n")
-        tail += frame(b"data: [DONE]\n\n")
+            tail += frame(tpl.usage(prompt_tokens, emitted))
+        tail += frame(DONE_EVENT)
         if chunked:
             tail += b"0\r\n\r\n"
         self.write(tail)
@@ -629,15 +457,6 @@ class HttpProtocol(asyncio.Protocol):
 
 
 # -- running it ---------------------------------------------------------------------------
-
-
-def _raise_fd_limit() -> None:
-    """1,024 streams need > 1,024 fds; lift the soft limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 65536
-    if soft < want:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -654,7 +473,7 @@ def serve_forever(opts: Options) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if opts.cpu is not None:
         os.sched_setaffinity(0, {opts.cpu})
-    _raise_fd_limit()
+    raise_fd_limit()
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     srv = FaultServer(opts)

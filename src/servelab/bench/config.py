@@ -20,6 +20,7 @@ class BenchConfig(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1)
     num_requests: int | None = Field(default=None, ge=1)
     duration_s: float | None = Field(default=None, gt=0)
+    requests_per_stream: int | None = Field(default=None, ge=1)  # per level: this × concurrency (at least 8)
     workload: Literal["synthetic", "sharegpt", "shared-prefix"] = "synthetic"
     input_len: int = Field(default=256, ge=1)
     output_len: int = Field(default=128, ge=1)
@@ -41,8 +42,11 @@ class BenchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:
-        if (self.num_requests is None) == (self.duration_s is None):
-            raise ValueError("give exactly one of --num-requests or --duration")
+        if sum(x is not None for x in (self.num_requests, self.duration_s, self.requests_per_stream)) != 1:
+            raise ValueError("give exactly one of --num-requests, --duration or --requests-per-stream")
+        if self.requests_per_stream is not None and self.mode != "concurrency":
+            raise ValueError("--requests-per-stream sizes closed-loop --concurrency levels; give --num-requests "
+                             "or --duration with --rate")
         if self.mode == "concurrency":
             bad = [v for v in self.levels if v < 1 or v != int(v)]
             if bad:
@@ -59,9 +63,16 @@ class BenchConfig(BaseModel):
 
     def level_specs(self) -> list[LevelSpec]:
         return [
-            LevelSpec(self.mode, v, self.num_requests, self.duration_s, self.max_concurrency, self.arrival, self.burstiness)
+            LevelSpec(self.mode, v, self.level_requests(v), self.duration_s, self.max_concurrency, self.arrival,
+                      self.burstiness)
             for v in self.levels
         ]
+
+    def level_requests(self, value: float) -> int | None:
+        """Requests of a level: the fixed count, or requests_per_stream × concurrency (at least 8)."""
+        if self.requests_per_stream is not None:
+            return max(8, self.requests_per_stream * int(value))
+        return self.num_requests
 
     def warmup_count(self, spec: LevelSpec) -> int:
         if self.warmup >= 0:

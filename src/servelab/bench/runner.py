@@ -235,7 +235,9 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         specs = cfg.level_specs()
         # Duration-bound levels cycle through a pool of prompts; a pool big enough that a repeat (and
         # with it a prefix-cache hit that would flatter TTFT) is rare, and a warning when it happens.
-        count = cfg.num_requests or max(2048, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5))
+        count = cfg.num_requests or max(
+            [spec.num_requests or 0 for spec in specs]
+            + [2048 if cfg.duration_s else 0, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5)])
         wl = build_workload(cfg, counter, fit, count, cfg.seed)
         warm_wl = build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":

@@ -165,6 +165,8 @@ def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
 @click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape for --arrival gamma.")
 @click.option("--num-requests", type=int, help="Requests per level.")
 @click.option("--duration", type=float, help="Seconds per level (instead of --num-requests).")
+@click.option("--requests-per-stream", type=int,
+              help="Per level, this many requests per concurrent stream (at least 8): c=1 → 8, c=64 → 64×N.")
 @click.option("--workload", type=click.Choice(["synthetic", "sharegpt", "shared-prefix"]), default=None,
               help="Default: sharegpt when --dataset is given, else synthetic.")
 @click.option("--input-len", type=int, default=256, show_default=True, help="Prompt tokens (synthetic).")
@@ -201,7 +203,7 @@ def bench(**opts: Any) -> None:
         cfg = BenchConfig(
             url=opts["url"], model=opts["model"], api=opts["api"], mode="concurrency" if conc else "rate",
             levels=conc or rate, max_concurrency=opts["max_concurrency"], num_requests=opts["num_requests"],
-            duration_s=opts["duration"], workload=workload, input_len=opts["input_len"],
+            duration_s=opts["duration"], requests_per_stream=opts["requests_per_stream"], workload=workload, input_len=opts["input_len"],
             output_len=opts["output_len"], range_ratio=opts["range_ratio"], dataset=opts["dataset"],
             num_prefixes=opts["num_prefixes"], prefix_len=opts["prefix_len"], tokenizer=opts["tokenizer"],
             seed=opts["seed"], slo=opts["slo"], arrival=opts["arrival"], burstiness=opts["burstiness"],

@@ -23,6 +23,9 @@ COMMANDS: list[tuple[str, str]] = [
     ("servelab.cli.predict", "explain"),
     ("servelab.cli.calibrate", "calibrate"),
     ("servelab.cli.sim", "sim"),
+    ("servelab.cli.logs", "logs"),
+    ("servelab.cli.verify", "verify_output_cmd"),
+    ("servelab.cli.tune", "tune_cmd"),
 ]
 
 

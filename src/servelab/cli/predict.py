@@ -102,6 +102,8 @@ def build_setup(kw: dict[str, Any]) -> Setup:
 def _render_prediction(d: dict[str, Any]) -> None:
     lay = d["layout"]
     title = f"{d['model']} on {d['num_gpus']}× {d['gpu']} ({d['interconnect']}), TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} DP{lay['dp_attention']}"
+    if d.get("replicas", 1) > 1:
+        title += f" ×{d['replicas']} replicas (latencies per replica, throughput of all)"
     stdout.print(f"[bold]{title}[/bold]")
     mem = d["memory_gb_per_gpu"]
     stdout.print(

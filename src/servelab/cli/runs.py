@@ -11,11 +11,80 @@ from servelab.cli.bench import render as render_bench
 from servelab.cli.output import emit, stdout
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
+from servelab.store.studies import StudyRepo
 
 
-@click.group()
-def runs() -> None:
-    """Stored benchmark runs."""
+def _study_rows(repo: StudyRepo, studies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for st in studies:
+        cands = repo.candidates(st["id"])
+        ranking = (st["result"] or {}).get("ranking") or {}
+        out.append({
+            "uid": st["uid"], "name": st["name"], "created_at": st["created_at"], "status": st["status"],
+            "source": st["source"], "winner": ranking.get("winner"), "verdict": ranking.get("verdict"),
+            "candidates": [{"label": c["label"], "status": c["status"],
+                            "score": ((c["outcome"] or {}).get("score") or {}).get("value"),
+                            "level": ((c["outcome"] or {}).get("score") or {}).get("level"),
+                            "trials": len(repo.trials(c["id"]))} for c in cands],
+        })
+    return out
+
+
+def _render_studies(items: list[dict[str, Any]]) -> None:
+    if not items:
+        stdout.print("no studies stored yet; `servelab tune STUDY.toml` runs one (examples/ has studies)")
+        return
+    t = Table("study", "name", "created", "status", "candidate", "outcome", "objective", "level")
+    for st in items:
+        first = True
+        for c in st["candidates"] or [{"label": "-", "status": "-", "score": None, "level": None}]:
+            mark = " (winner)" if c["label"] == st["winner"] else ""
+            t.add_row(st["uid"] if first else "", st["name"] if first else "",
+                      st["created_at"][:19] if first else "", st["status"] if first else "",
+                      c["label"] + mark, c["status"], "-" if c["score"] is None else f"{c['score']:,.1f}",
+                      "-" if c["level"] is None else f"{c['level']:g}")
+            first = False
+    stdout.print(t)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Studies with their candidates and outcomes, as JSON.")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.pass_context
+def runs(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Stored studies (with candidates and outcomes) and benchmark runs.
+
+    Without a subcommand: the studies, newest first, each candidate with its outcome."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with open_store() as store:
+        repo = StudyRepo(store)
+        data = _study_rows(repo, repo.list_studies(limit))
+    emit({"studies": data}, as_json, lambda d: _render_studies(d["studies"]))
+
+
+@runs.command("study")
+@click.argument("ref", default="last")
+@click.option("--json", "as_json", is_flag=True)
+def study(ref: str, as_json: bool) -> None:
+    """One study (uid, name or `last`): every candidate, its trials, requested vs effective, outcome."""
+    from servelab.cli.tune import render as render_study
+
+    with open_store() as store:
+        repo = StudyRepo(store)
+        st = repo.resolve(ref)
+        cands = []
+        for c in repo.candidates(st["id"]):
+            trials = repo.trials(c["id"])
+            cands.append({"label": c["label"], "status": c["status"], "predicted": c["predicted"],
+                          "spec": c["spec"], **(c["outcome"] or {}), "trials": trials})
+    result = st["result"] or {}
+    data = {"study": st["uid"], "name": st["name"], "status": st["status"], "source": st["source"],
+            "created_at": st["created_at"], "finished_at": st["finished_at"], "candidates": cands,
+            "ranking": result.get("ranking") or {"objective": st["spec"].get("objective"), "verdict":
+                                                 f"study {st['status']}; no ranking yet"},
+            "baseline": result.get("baseline")}
+    emit(data, as_json, render_study)
 
 
 @runs.command("list")

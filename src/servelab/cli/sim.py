@@ -125,6 +125,9 @@ def build_config(opts: dict[str, Any], engine_argv: list[str]) -> Any:
     # The model prices the GPUs the layout uses; the box may have more (telemetry shows them idle).
     setup = make_setup(arch, opts["gpu"], args.tp * args.pp * args.dp, **kw)
     port = opts["port"] if opts["port"] is not None else args.port
+    if port:  # the logs (server_args, non-default args) show the port actually served, as the engines do
+        args.port = port
+        args.host = opts["host"]
     return SimConfig(
         setup=setup,
         engine=args,

@@ -73,6 +73,25 @@ class Observation:
     def system(self) -> str:
         return self.gpu
 
+    @property
+    def group(self) -> str:
+        """The configuration a row measures, all concurrencies together: the unit the split holds out."""
+        return "|".join(
+            str(x)
+            for x in (
+                self.model,
+                self.gpu,
+                self.engine,
+                self.tp,
+                self.pp,
+                self.dp,
+                self.ep,
+                self.quant,
+                self.isl,
+                self.osl,
+            )
+        )
+
 
 def _int(v: str, default: int = 1) -> int:
     try:
@@ -100,6 +119,17 @@ def _layout(row: dict[str, str]) -> tuple[int, int, int]:
     return tp, dp, ep
 
 
+def _concurrency(row: dict[str, str]) -> int:
+    """Requests in flight on one server: `batch_size` × `attention_dp_size`.
+
+    `batch_size` is the aiconfigurator batch *per attention-DP rank*: a DeepSeek-R1 run recorded as
+    (attention_dp 8, batch 32) appears again as (attention_dp 64, batch 4), and its client kept 256
+    requests in flight (`silicon_concurrency=256` in `silicon_data_source`). Rows without attention-DP
+    whose `silicon_concurrency` is a multiple of the batch ran several replicas (32 × TP2 Qwen3-32B on a
+    GB200 rack: 448 = 32 × 14); one server then sees `batch_size` requests."""
+    return max(_int(row.get("batch_size", "")), 1) * max(_int(row.get("attention_dp_size", "")), 1)
+
+
 def _quant(row: dict[str, str], model: str) -> str | None:
     modes = {row.get("gemm_quant_mode", ""), row.get("moe_quant_mode", ""), row.get("precision", "")}
     if model == "gpt-oss-120b":
@@ -109,6 +139,12 @@ def _quant(row: dict[str, str], model: str) -> str | None:
     if modes & {"fp8", "fp8_block"}:
         return "fp8"
     return "bf16"
+
+
+def _kv_dtype(engine: str, quant: str | None) -> str | None:
+    """The KV-cache dtype an engine runs by default: TensorRT-LLM stores FP8 KV for FP8/NVFP4
+    checkpoints; vLLM and SGLang keep `--kv-cache-dtype auto`, i.e. the activation dtype (BF16)."""
+    return "fp8" if engine == "trtllm" and quant in ("fp8", "nvfp4") else None
 
 
 def observations_from_csv(path: Path | str) -> list[Observation]:
@@ -141,10 +177,10 @@ def observations_from_csv(path: Path | str) -> list[Observation]:
                     ep=ep,
                     dp=dp,
                     quant=q,
-                    kv_dtype="fp8" if q in ("fp8", "nvfp4") or model == "gpt-oss-120b" else None,
+                    kv_dtype=_kv_dtype(row.get("backend", ""), q),
                     isl=_int(row["isl"]),
                     osl=_int(row["osl"]),
-                    concurrency=max(_int(row["batch_size"]), 1),
+                    concurrency=_concurrency(row),
                     engine=row.get("backend", ""),
                     ttft_ms=ttft,
                     tpot_ms=tpot,
@@ -155,8 +191,10 @@ def observations_from_csv(path: Path | str) -> list[Observation]:
 
 
 def is_holdout(obs: Observation, fraction: float = 0.3) -> bool:
-    """A stable split by the row's key: the same rows are always held out."""
-    h = int(hashlib.sha256(obs.key.encode()).hexdigest()[:8], 16)
+    """A stable split by configuration group (model, system, engine, layout, quantization, ISL/OSL): every
+    concurrency level and repeat of a held-out configuration is held out together, so a test row never has
+    a duplicate or a neighbouring concurrency of the same configuration in the training set."""
+    h = int(hashlib.sha256(obs.group.encode()).hexdigest()[:8], 16)
     return (h % 1000) < fraction * 1000
 
 
@@ -184,7 +222,13 @@ def _take(t: Terms, idx: np.ndarray) -> Terms:
         return StepRaw(**{f.name: getattr(r, f.name)[idx] for f in fields(StepRaw)})
 
     return Terms(
-        raw(t.dec), raw(t.pre), t.per_group[idx], t.running[idx], t.osl[idx], t.spec[idx], t.isl[idx]
+        raw(t.dec),
+        raw(t.pre),
+        t.per_group[idx],
+        t.running[idx],
+        t.osl[idx],
+        t.spec[idx],
+        t.isl[idx],
     )
 
 
@@ -306,7 +350,8 @@ def fit(
 
     x0 = np.array([math.log(max(getattr(start, n), 1e-3)) for n in names])
     best = nelder_mead(lambda x: _loss(p, to_factors(x), ttft_weight), x0, iters=iters)
-    for step in (0.5, 0.2, 0.1):  # restarts: Nelder-Mead stalls on the flat directions of ~12 factors
+    # restarts: Nelder-Mead stalls on the flat directions of ~20 factors
+    for step in (0.5, 0.3, 0.2, 0.1, 0.05):
         best = nelder_mead(lambda x: _loss(p, to_factors(x), ttft_weight), best, iters=iters, step=step)
     return to_factors(best)
 
@@ -336,6 +381,23 @@ def error_table(p: Prepared, f: Factors, by: Sequence[str] = ("gpu", "engine")) 
     return rows
 
 
+# Factors refitted per engine: its kernels, scheduler and front end (not the hardware or the model).
+ENGINE_FACTORS: tuple[str, ...] = (
+    "step_overhead_ms",
+    "layer_overhead_us",
+    "prefill_queue",
+    "prefill_interference",
+    "ttft_overhead_ms",
+    "prefill_eff",
+    "bw_eff",
+    "queue_exp",
+    "prefill_wait",
+    "expert_eff",
+    "moe_layer_us",
+    "seq_overhead_us",
+)
+
+
 def fit_observations(
     observations: list[Observation],
     start: Factors | None = None,
@@ -355,16 +417,7 @@ def fit_observations(
     # a scale fitted there would leak into PCIe predictions. `calibrate host` measures it instead.
     glob = fit(train, start, [n for n in FIT_BOUNDS if n != "lat_scale"])
     engines: dict[str, dict[str, float]] = {}
-    engine_names = (
-        "step_overhead_ms",
-        "layer_overhead_us",
-        "prefill_queue",
-        "prefill_interference",
-        "ttft_overhead_ms",
-        "prefill_eff",
-        "bw_eff",
-        "queue_exp",
-    )
+    engine_names = ENGINE_FACTORS
     if per_engine:
         for eng in sorted({o.engine for o in train.obs if o.engine}):
             mask = np.array([o.engine == eng for o in train.obs])

@@ -24,13 +24,18 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "layer_overhead_us": (0.0, 200.0),
     "prefill_queue": (0.0, 2.0),
     "prefill_interference": (0.0, 3.0),
-    "queue_exp": (0.3, 1.2),
+    "queue_exp": (1.0, 1.0),
     "ttft_overhead_ms": (0.0, 300.0),
     "prefill_budget": (2048.0, 65536.0),
     "a2a_scale": (1.0, 20.0),
     "blackwell_compute": (0.2, 2.0),
     "interference_exp": (0.3, 1.2),
     "expert_rows": (0.0, 4096.0),
+    "prefill_wait": (0.0, 8.0),
+    "expert_eff": (0.05, 1.0),
+    "nvlink_lat_scale": (0.5, 6.0),
+    "moe_layer_us": (0.0, 200.0),
+    "seq_overhead_us": (0.0, 200.0),
 }
 
 
@@ -56,6 +61,11 @@ class Factors:
     expert_rows: float = 0.0  # grouped expert GEMMs cost at least this many rows of every expert
     interference_exp: float = 1.0  # TPOT stall grows as (B - 1) ** interference_exp
     prefill_budget: float = 8192.0  # tokens batched into one prefill step (engine's max-batched-tokens)
+    seq_overhead_us: float = 0.0  # per running sequence per step: scheduling, sampling, detokenizing (CPU)
+    moe_layer_us: float = 0.0  # extra per MoE layer per step: router top-k, token permutation, launches
+    nvlink_lat_scale: float = 1.0  # achieved / catalog small-allreduce latency, NVLink fabrics only
+    expert_eff: float = 1.0  # grouped expert GEMM FLOP efficiency relative to a dense GEMM's
+    prefill_wait: float = 0.0  # TTFT: in-flight prefill work a new request finds, in units of its own prefill
     # Measured on a host by `servelab calibrate host` (None: use the catalog).
     mem_bw_gbs: float | None = None
     bus_gbs: float | None = None

@@ -1,5 +1,8 @@
 """Parallel layouts (TP, PP, EP, attention-DP): what is valid for a model on a host, and the search space.
 
+A layout may use fewer GPUs than the host when its GPU count divides the host's: the host then runs
+`host / layout` identical replicas behind a router (each serves an equal share of the requests).
+
 Conventions (as SGLang/TensorRT-LLM use them): attention and dense layers are split `tp` ways inside
 each of `dp` attention-data-parallel groups; routed experts are split over all `tp × dp` GPUs of a
 stage, `ep` ways by expert and `moe_tp = tp × dp / ep` ways inside each expert; `pp` stages in series.
@@ -44,8 +47,11 @@ def check_layout(arch: Architecture, layout: Layout, num_gpus: int) -> str | Non
     """Why a layout cannot run this model on this host (None when it can)."""
     if min(layout.tp, layout.pp, layout.ep, layout.dp) < 1:
         return "tp, pp, ep and dp must all be at least 1"
-    if layout.num_gpus != num_gpus:
-        return f"tp×dp×pp = {layout.tp}×{layout.dp}×{layout.pp} = {layout.num_gpus} GPUs, but the host has {num_gpus}"
+    if layout.num_gpus > num_gpus or num_gpus % layout.num_gpus:
+        return (
+            f"tp×dp×pp = {layout.tp}×{layout.dp}×{layout.pp} = {layout.num_gpus} GPUs, which does not divide "
+            f"the host's {num_gpus} (a smaller layout runs as {num_gpus}/n identical replicas)"
+        )
     if arch.num_heads % layout.tp:
         return f"{arch.num_heads} attention heads do not split over tp={layout.tp}"
     if layout.pp > arch.num_layers:
@@ -72,11 +78,25 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(arch: Architecture, num_gpus: int) -> list[Layout]:
-    """Every valid layout using all GPUs (powers of two and divisors of the GPU count)."""
+def replicas(layout: Layout, num_gpus: int) -> int:
+    """How many copies of `layout` the host runs side by side (data parallel behind one router)."""
+    return max(1, num_gpus // layout.num_gpus)
+
+
+def candidate_layouts(arch: Architecture, num_gpus: int, with_replicas: bool = False) -> list[Layout]:
+    """Every valid layout using all GPUs (divisors of the GPU count); with `with_replicas`, also the
+    smaller layouts the host runs as several data-parallel replicas (TP4 ×2 on 8 GPUs)."""
+    sizes = _divisors(num_gpus) if with_replicas else [num_gpus]
     out: list[Layout] = []
-    for pp in _divisors(num_gpus):
-        stage = num_gpus // pp
+    for size in sorted(sizes, reverse=True):
+        out.extend(_layouts_of(arch, size, num_gpus))
+    return out
+
+
+def _layouts_of(arch: Architecture, size: int, num_gpus: int) -> list[Layout]:
+    out: list[Layout] = []
+    for pp in _divisors(size):
+        stage = size // pp
         for dp in _divisors(stage):
             tp = stage // dp
             eps = [e for e in _divisors(stage)] if arch.is_moe else [1]

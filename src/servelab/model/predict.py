@@ -23,7 +23,7 @@ from servelab.errors import ConfigError
 from servelab.model.architecture import Architecture, load_model
 from servelab.model.factors import Factors, default_factors
 from servelab.model.hardware import Host, make_host
-from servelab.model.layouts import Layout, candidate_layouts, check_layout, validate
+from servelab.model.layouts import Layout, candidate_layouts, check_layout, replicas, validate
 from servelab.model.memory import GB, MemoryPlan, plan_memory
 from servelab.model.quant import QuantScheme, normalize_format, normalize_kv
 from servelab.model.step import (
@@ -130,10 +130,12 @@ def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
     collectives' bytes grow with every token."""
     parts = combine(pre, f)
     gen = 1.0 + pre.blackwell * (f.blackwell_compute - 1.0)
-    flops = (pre.gemm_pre_s + pre.attn_pre_s) / f.prefill_eff / gen
+    moe_extra = pre.moe_gemm_s * (1.0 / f.expert_eff - 1.0)
+    flops = (pre.gemm_pre_s + moe_extra + pre.attn_pre_s) / f.prefill_eff / gen
     comm_bw = (pre.ar_bw_s + pre.moe_bw_s) / f.net_eff
-    fixed = parts["weights"] + parts["kv_cache"] + pre.ar_n * pre.ar_lat_s * f.lat_scale
-    moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * f.lat_scale
+    lat = f.lat_scale * (1.0 + pre.nvlink * (f.nvlink_lat_scale - 1.0))
+    fixed = parts["weights"] + parts["kv_cache"] + pre.ar_n * pre.ar_lat_s * lat
+    moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * lat
     # the grouped expert GEMM's floor (rows of every expert) is paid once per batched step, like weights
     floor = f.expert_rows * pre.expert_pre_s / f.prefill_eff / gen
     fixed = fixed + np.maximum(floor - parts["weights"], 0.0) + moe_lat + parts["other"]
@@ -151,11 +153,15 @@ def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
     dec = sum(combine(t.dec, f).values())
     pre = sum(combine(t.pre, f).values())
     marg = prefill_marginal(t.pre, f, t.isl)
-    others = np.maximum(t.per_group - 1.0, 0.0) ** f.queue_exp
+    # the queue counts every running request: attention-DP ranks prefill in lockstep through the MoE stage
+    others = np.maximum(t.running - 1.0, 0.0) ** f.queue_exp
     stalls = np.maximum(t.per_group - 1.0, 0.0) ** f.interference_exp
     tpot = dec * t.spec + f.prefill_interference * stalls * marg / t.osl
     ttft = (
-        f.ttft_overhead_ms * 1e-3 + pre + f.prefill_queue * others * marg + np.where(t.running > 1, dec, 0.0)
+        f.ttft_overhead_ms * 1e-3
+        + pre
+        + (f.prefill_wait + np.maximum(t.isl / f.prefill_budget, 1.0)) * np.where(t.running > 1, dec, 0.0)
+        + f.prefill_queue * others * marg
     )
     return dec, tpot, ttft
 
@@ -212,6 +218,7 @@ class Prediction:
     running_concurrency: int = 0
     single_stream_ceiling_tok_s: float | None = None
     single_stream_tok_s: float | None = None
+    replicas: int = 1  # copies of the layout on the host; latencies are one replica's, throughput all of them
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,10 +284,14 @@ def evaluate(
         allreduces_per_step=perf.allreduces,
         allreduce_us_each=perf.ar_latency_s * setup.factors.lat_scale * 1e6 if perf.allreduces else None,
     )
+    out.replicas = replicas(setup.layout, setup.host.num_gpus)
     reason = _infeasible_reason(mem, wl, setup.mem_fraction)
     if reason:
         out.reason = reason
         return out
+    total = wl.concurrency
+    if out.replicas > 1:  # a router spreads the requests evenly; each replica serves its share
+        wl = Workload(wl.isl, wl.osl, ceil_div(total, out.replicas), wl.mtp_tokens, wl.accept_len)
     terms = make_terms(perf, mem, wl)
     f = setup.factors
     dec_s, tpot, ttft = (float(x) for x in latencies(terms, f))
@@ -299,7 +310,7 @@ def evaluate(
     out.feasible = True
     out.tpot_ms = tpot * 1e3
     out.ttft_ms = ttft * 1e3
-    out.output_throughput = wl.concurrency * wl.osl / e2e if e2e > 0 else 0.0
+    out.output_throughput = total * wl.osl / e2e if e2e > 0 else 0.0
     out.per_user_tok_s = 1.0 / tpot if tpot > 0 else 0.0
     out.decode_step_ms = dec_s * 1e3
     out.decode_breakdown_ms = {k: round(v, 4) for k, v in parts.items()}
@@ -365,6 +376,10 @@ def _why_loses(p: Prediction, best: Prediction) -> str:
     return msg
 
 
+def _label(layout: Layout, p: Prediction) -> str:
+    return f"{layout.label} ×{p.replicas}" if p.replicas > 1 else layout.label
+
+
 def compare_layouts(
     setup: Setup,
     wl: Workload,
@@ -373,9 +388,11 @@ def compare_layouts(
 ) -> list[LayoutResult]:
     """Rank every valid layout on this host by output throughput under optional latency limits."""
     results: list[tuple[Layout, Prediction, str | None]] = []
-    for layout in candidate_layouts(setup.arch, setup.host.num_gpus):
+    for layout in candidate_layouts(setup.arch, setup.host.num_gpus, with_replicas=True):
         s = Setup(setup.arch, setup.quant, setup.host, layout, setup.factors, setup.mem_fraction)
         p = evaluate(s, wl)
+        if p.replicas > 1 and not p.feasible:
+            continue  # a smaller layout that does not fit is listed once, as the full-host one
         limit = None
         if p.feasible and tpot_limit_ms and (p.tpot_ms or 0) > tpot_limit_ms:
             limit = f"TPOT {p.tpot_ms:.1f} ms > limit {tpot_limit_ms:g} ms"
@@ -391,10 +408,10 @@ def compare_layouts(
     best = ok[0][1] if ok else None
     for i, (layout, p, _) in enumerate(ok):
         verdict = "best" if i == 0 else _why_loses(p, best)  # type: ignore[arg-type]
-        out.append(LayoutResult(layout.label, p.layout, i + 1, p, verdict))
+        out.append(LayoutResult(_label(layout, p), p.layout, i + 1, p, verdict))
     for layout, p, limit in rest:
         verdict = limit or (f"does not fit: {p.reason}" if not p.feasible else "")
-        out.append(LayoutResult(layout.label, p.layout, None, p, verdict))
+        out.append(LayoutResult(_label(layout, p), p.layout, None, p, verdict))
     return out
 
 

@@ -89,6 +89,10 @@ class StepRaw:
     expert_pre_s: Any = 0.0  # the same when a prefill chunk runs
     blackwell: Any = 0.0  # 1.0 on SM >= 100 GPUs (their FLOP efficiency is `blackwell_compute` × Hopper's)
     a2a_lat_s: Any = 0.0  # the MoE dispatch/combine share of moe_n × moe_lat_s (scaled by a2a_scale)
+    n_seqs: Any = 0.0  # decode sequences per attention-DP rank (each costs seq_overhead_us of CPU work)
+    n_moe_layers: Any = 0.0  # MoE layers in the pipeline (each adds moe_layer_us: routing, permutation)
+    nvlink: Any = 0.0  # 1.0 when the collectives run over NVLink with catalog latencies (nvlink_lat_scale)
+    moe_gemm_s: Any = 0.0  # the routed/shared experts' part of gemm_dec_s + gemm_pre_s (runs at expert_eff)
 
     @staticmethod
     def stack(items: Sequence[StepRaw]) -> StepRaw:
@@ -280,10 +284,19 @@ def raw_step(
         a2a_lat_s=perf.moe_collectives * perf.moe_latency_s if tokens > 0 else 0.0,
         moe_bw_s=moe_bw + p2p_bw,
         n_layers=arch.num_layers,
+        n_moe_layers=float(arch.n_moe_layers) if arch.is_moe else 0.0,
+        n_seqs=n / dp,
         blackwell=1.0 if perf.host.gpu.sm >= 100 else 0.0,
         expert_dec_s=perf.expert_group_s if dec_tokens > 0 else 0.0,
         expert_pre_s=perf.expert_group_s if prefill_tokens > 0 else 0.0,
+        moe_gemm_s=(dec_tokens + prefill_tokens) * perf.moe_s_per_token,
+        nvlink=1.0 if _catalog_nvlink(perf) else 0.0,
     )
+
+
+def _catalog_nvlink(perf: ModelPerf) -> bool:
+    """Collectives over NVLink at the catalog's latency (not a host measurement): `nvlink_lat_scale` applies."""
+    return perf.host.interconnect.name.startswith("nvlink") and not perf.factors.allreduce_us
 
 
 def _excess(mem: Any, flops: Any, p: float) -> Any:
@@ -299,14 +312,22 @@ def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
     gen = 1.0 + raw.blackwell * (f.blackwell_compute - 1.0)
     # expert GEMM floor: at least `expert_rows` rows for every expert, in decode and in prefill steps
     floor = f.expert_rows * (raw.expert_dec_s / f.gemm_eff + raw.expert_pre_s / f.prefill_eff)
-    gemm = (raw.gemm_dec_s / f.gemm_eff + raw.gemm_pre_s / f.prefill_eff + floor) / gen
+    # grouped expert GEMMs (few rows per expert, token permutation) run at `expert_eff` of a dense GEMM
+    moe_extra = raw.moe_gemm_s * (1.0 / f.expert_eff - 1.0)
+    gemm = (raw.gemm_dec_s / f.gemm_eff + (raw.gemm_pre_s + moe_extra) / f.prefill_eff + floor) / gen
     attn = (raw.attn_dec_s / f.attn_eff + raw.attn_pre_s / f.prefill_eff) / gen
     compute = _excess(weights, gemm, f.roofline_p) + _excess(kv, attn, f.roofline_p)
     scale = 1.0 if comm else 0.0
-    allreduce = scale * (raw.ar_n * raw.ar_lat_s * f.lat_scale + raw.ar_bw_s / f.net_eff)
-    moe_lat = (raw.moe_n * raw.moe_lat_s + (f.a2a_scale - 1.0) * raw.a2a_lat_s) * f.lat_scale
+    lat = f.lat_scale * (1.0 + raw.nvlink * (f.nvlink_lat_scale - 1.0))
+    allreduce = scale * (raw.ar_n * raw.ar_lat_s * lat + raw.ar_bw_s / f.net_eff)
+    moe_lat = (raw.moe_n * raw.moe_lat_s + (f.a2a_scale - 1.0) * raw.a2a_lat_s) * lat
     moe_comm = scale * (moe_lat + raw.moe_bw_s / f.net_eff)
-    other = f.step_overhead_ms * 1e-3 + f.layer_overhead_us * 1e-6 * raw.n_layers
+    other = (
+        f.step_overhead_ms * 1e-3
+        + f.layer_overhead_us * 1e-6 * raw.n_layers
+        + f.moe_layer_us * 1e-6 * raw.n_moe_layers
+        + f.seq_overhead_us * 1e-6 * raw.n_seqs
+    )
     return {
         "weights": weights,
         "kv_cache": kv,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,14 +49,20 @@ class Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+    received: float = 0.0  # loop time its first bytes arrived (before any of our processing)
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, *, body: bytes | None = None) -> None:
+    """An error answer: status, message (in the JSON error body unless `body` is given), headers."""
+
+    def __init__(
+        self, status: int, message: str, *, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.body = body
+        self.headers = headers
 
 
 def error_body(status: int, message: str, kind: str | None = None) -> bytes:
@@ -137,6 +144,7 @@ class HttpProtocol(asyncio.Protocol):
         "connections",
         "handler",
         "loop",
+        "received",
         "transport",
     )
 
@@ -146,6 +154,7 @@ class HttpProtocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
+        self.received = 0.0
         self.busy = False
         self.closed = False
         self.closed_fut: asyncio.Future[None] = self.loop.create_future()
@@ -176,6 +185,10 @@ class HttpProtocol(asyncio.Protocol):
             self._drain.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if not self.buf:
+            # The loop's time is read once per iteration, before its callbacks: a burst of requests
+            # is stamped when it arrived, not after the server worked through the ones before it.
+            self.received = self.loop.time()
         self.buf += data
         if not self.busy:
             self._next_request()
@@ -196,6 +209,11 @@ class HttpProtocol(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.transport.write(data)
 
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is above its high-water mark."""
+        if self._drain is not None and not self._drain.done():
+            await self._drain
+
     def send(self, status: int, body: bytes, *, keep_alive: bool = True, **kw: object) -> None:
         self.write(response_bytes(status, body, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
         if not keep_alive:
@@ -212,6 +230,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         if req is None:
             return
+        req.received = self.received
+        if self.buf:  # the next request's bytes are already here (pipelining): they arrived now
+            self.received = self.loop.time()
         self.busy = True
         self.loop.create_task(self._serve(req))
 
@@ -224,9 +245,10 @@ class HttpProtocol(asyncio.Protocol):
                 e.status,
                 e.body if e.body is not None else error_body(e.status, e.message),
                 keep_alive=keep_alive,
+                extra_headers=e.headers,
             )
         except Exception as e:  # a bug must not kill the server; report it as a 500
-            self.send(500, error_body(500, f"simulator bug: {e!r}"), keep_alive=False)
+            self.send(500, error_body(500, f"server bug: {e!r}"), keep_alive=False)
             keep_alive = False
         finally:
             self.busy = False
@@ -235,6 +257,15 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.buf and not self.closed:
             self._next_request()
+
+
+def raise_fd_limit() -> None:
+    """1,024 streams need more than 1,024 file descriptors: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def chunk(event: bytes) -> bytes:

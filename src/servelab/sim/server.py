@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import os
 import random
-import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,7 +27,16 @@ import orjson
 from servelab.model.memory import GB, plan_memory
 from servelab.model.predict import Setup
 from servelab.sim.faults import Fault
-from servelab.sim.http import SSE_HEAD, HttpError, HttpProtocol, Request, chunk, error_body, response_bytes
+from servelab.sim.http import (
+    SSE_HEAD,
+    HttpError,
+    HttpProtocol,
+    Request,
+    chunk,
+    error_body,
+    raise_fd_limit,
+    response_bytes,
+)
 from servelab.sim.personalities import (
     EngineArgs,
     Logger,
@@ -39,25 +48,14 @@ from servelab.sim.personalities import (
     vllm_engine_config,
 )
 from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing
+from servelab.sim.text import GARBAGE_WORD, greedy_tokens
+from servelab.sim.wire import DONE_EVENT, MALFORMED_EVENT, SseTemplates, completion_body
 
 MIB = 1024 * 1024
 GIB = 1024**3
 EARLY = 0.0005  # event-loop timers fire up to ~1 ms late (millisecond resolution): aim half of that early
+_GARBAGE = GARBAGE_WORD.encode()
 ENGINE_DEAD_MSG = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-
-
-def _make_words(n: int = 512, seed: int = 7) -> list[bytes]:
-    """Token texts: ' word' with [a-z] only, so they embed in JSON without escaping."""
-    rng = random.Random(seed)
-    cons, vows = "bcdfghjklmnprstvwz", "aeiou"
-    return [
-        (" " + "".join(rng.choice(cons) + rng.choice(vows) for _ in range(rng.randint(1, 3)))).encode()
-        for _ in range(n)
-    ]
-
-
-WORDS = _make_words()
-NWORDS = len(WORDS)
 
 
 @dataclass
@@ -110,23 +108,26 @@ def allreduce_collapse(cfg: SimConfig) -> bool:
 
 
 class StreamSink:
-    """Writes SSE chunks for one streaming request straight into its transport."""
+    """Writes SSE chunks for one streaming request straight into its transport.
+
+    A token normally leaves when its step completes. Two leave off the step grid, at model time
+    `t_end + req.lag`: the first (due at its TTFT law, between steps) and the last, which keeps the
+    first one's lag so that (last − first) spans whole steps (TPOT unbiased, as on a real engine).
+    Such a token waits in `pending`, with the end of the stream when it is the last."""
 
     __slots__ = (
+        "closing",
         "done",
         "drop_at",
-        "first",
         "garbage",
-        "head",
         "include_usage",
-        "last",
         "malformed_at",
         "pending",
-        "post",
-        "pre",
         "proto",
         "srv",
         "stall_at",
+        "tpl",
+        "words",
     )
 
     def __init__(
@@ -137,38 +138,16 @@ class StreamSink:
         chat: bool,
         include_usage: bool,
         fault: Fault | None,
+        words: list[bytes],
     ) -> None:
         self.srv = srv
         self.proto = proto
+        self.words = words  # the request's reference tokens (sim/text.py), computed once
+        self.tpl = SseTemplates(rid, chat, srv.model_json)
         self.done: asyncio.Future[None] = srv.loop.create_future()
         self.include_usage = include_usage
         self.pending: bytes | None = None
-        created = str(int(time.time())).encode()
-        if chat:
-            head = (
-                b'data: {"id":"chatcmpl-%016x","object":"chat.completion.chunk","created":%s,"model":'
-                % (rid, created)
-                + srv.model_json
-                + b',"choices":'
-            )
-            self.pre = head + b'[{"index":0,"delta":{"content":"'
-            self.post = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
-            self.first = chunk(
-                head + b'[{"index":0,"delta":{"role":"assistant","content":""},'
-                b'"logprobs":null,"finish_reason":null}]}\n\n'
-            )
-            self.last = head + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"'
-        else:
-            head = (
-                b'data: {"id":"cmpl-%016x","object":"text_completion","created":%s,"model":' % (rid, created)
-                + srv.model_json
-                + b',"choices":'
-            )
-            self.pre = head + b'[{"index":0,"text":"'
-            self.post = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            self.first = b""
-            self.last = head + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"'
-        self.head = head
+        self.closing = False  # the pending bytes end the stream
         name = fault.name if fault else ""
         self.stall_at = fault.n if name == "stall_stream" else -1
         self.drop_at = fault.n if name == "drop_stream" else -1
@@ -182,48 +161,49 @@ class StreamSink:
         if i == self.drop_at:
             self.proto.abort()
             return
-        word = b" !!!!!!!!" if self.garbage else WORDS[(req.rid + i) % NWORDS]
-        ev = self.pre + word + self.post
-        data = b"%x\r\n%s\r\n" % (len(ev), ev)
-        if i == 0:
-            data = self.first + data
-            if req.first_token_time is not None and req.first_token_time > self.srv.sched.t_end:
-                self.pending = data  # leaves at its due time, between steps
-                self.srv.loop.call_at(self.srv.wall(req.first_token_time) - EARLY, self.flush)
-                return
-        elif self.pending is not None:
-            self.flush()
+        data = chunk(self.tpl.token(_GARBAGE if self.garbage else self.words[i]))
+        if i == 0 and self.tpl.first:
+            data = chunk(self.tpl.first) + data
         if i == self.malformed_at:
-            data = chunk(b'data: {"id": "broken", "choices": [{"text": oops}\n\n') + data
+            data = chunk(MALFORMED_EVENT) + data
+        if self.pending is not None:
+            self.flush()
+        sched = self.srv.sched
+        if req.lag > 0 and (i == 0 or req.generated >= req.max_out):
+            self.pending = data  # leaves at its due time, between steps
+            self.srv.loop.call_at(self.srv.wall(sched.t_end + req.lag) - EARLY, self.flush)
+            return
         self.proto.write(data)
 
     def flush(self) -> None:
         if self.pending is not None:
             self.proto.write(self.pending)
             self.pending = None
+        if self.closing:
+            self.closing = False
+            self._resolve()
 
     def finish(self, req: SimRequest, reason: str) -> None:
-        self.flush()
         if self.stall_at >= 0 and req.generated > self.stall_at:
             return  # stalled: never finishes; the client times out
         if reason == "abort":
+            self.flush()
             self._resolve()
             return
-        tail = chunk(self.last + reason.encode() + b'","stop_reason":null}]}\n\n')
+        tail = chunk(self.tpl.finish(reason))
         if self.include_usage:
-            n = req.generated
-            usage = b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-                req.prompt,
-                req.prompt + n,
-                n,
-            )
-            tail += chunk(self.head + b'[],"usage":' + usage + b"}\n\n")
-        tail += chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+            tail += chunk(self.tpl.usage(req.prompt, req.generated))
+        tail += chunk(DONE_EVENT) + b"0\r\n\r\n"
+        if self.pending is not None:  # the last token waits for its time: the end goes with it
+            self.pending += tail
+            self.closing = True
+            return
         self.proto.write(tail)
         self._resolve()
 
     def fail(self, message: str) -> None:
         """The engine died: an error event, [DONE], end of stream (vLLM's streaming error path)."""
+        self.closing = False
         self.flush()
         err = orjson.dumps(
             {
@@ -236,7 +216,7 @@ class StreamSink:
                 }
             }
         )
-        self.proto.write(chunk(b"data: " + err + b"\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        self.proto.write(chunk(b"data: " + err + b"\n\n") + chunk(DONE_EVENT) + b"0\r\n\r\n")
         self._resolve()
 
     def _resolve(self) -> None:
@@ -245,14 +225,22 @@ class StreamSink:
 
 
 class BufferSink:
-    """A non-streaming request: count tokens, answer with one JSON body at the end."""
+    """A non-streaming request: count tokens, answer with one JSON body when the last token is due
+    (its step's end plus the first token's lag, as for a stream)."""
 
-    __slots__ = ("chat", "done", "fault", "keep_alive", "proto", "srv")
+    __slots__ = ("chat", "done", "fault", "keep_alive", "proto", "srv", "words")
 
     def __init__(
-        self, srv: SimServer, proto: HttpProtocol, chat: bool, keep_alive: bool, fault: Fault | None
+        self,
+        srv: SimServer,
+        proto: HttpProtocol,
+        chat: bool,
+        keep_alive: bool,
+        fault: Fault | None,
+        words: list[bytes],
     ) -> None:
         self.srv = srv
+        self.words = words
         self.proto = proto
         self.chat = chat
         self.keep_alive = keep_alive
@@ -263,25 +251,34 @@ class BufferSink:
         pass
 
     def finish(self, req: SimRequest, reason: str) -> None:
-        if reason != "abort":
-            if self.fault is not None and self.fault.name in ("stall_stream",):
-                return
-            if self.fault is not None and self.fault.name == "drop_stream":
-                self.proto.abort()
-            else:
-                garbage = self.fault is not None and self.fault.name == "garbage"
-                self.proto.write(
-                    response_bytes(
-                        200, self.srv.full_body(req, self.chat, reason, garbage), keep_alive=self.keep_alive
-                    )
-                )
-        if not self.done.done():
-            self.done.set_result(None)
+        name = self.fault.name if self.fault is not None else ""
+        if reason == "abort":
+            self._resolve()
+        elif name == "stall_stream":
+            return
+        elif req.lag > 0:
+            when = self.srv.wall(self.srv.sched.t_end + req.lag) - EARLY
+            self.srv.loop.call_at(when, self._answer, req, reason, name)
+        else:
+            self._answer(req, reason, name)
+
+    def _answer(self, req: SimRequest, reason: str, fault: str) -> None:
+        if fault == "drop_stream":
+            self.proto.abort()
+        else:
+            n = req.generated
+            text = GARBAGE_WORD * n if fault == "garbage" else b"".join(self.words[:n]).decode()
+            body = completion_body(req.rid, self.chat, self.srv.served, text, reason, req.prompt, n)
+            self.proto.write(response_bytes(200, body, keep_alive=self.keep_alive))
+        self._resolve()
 
     def fail(self, message: str) -> None:
         self.proto.write(
             response_bytes(500, error_body(500, message, "InternalServerError"), keep_alive=False)
         )
+        self._resolve()
+
+    def _resolve(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
 
@@ -314,6 +311,7 @@ class SimServer:
         self.connections: set[HttpProtocol] = set()
         self.inflight: set[Any] = set()
         self.server: asyncio.AbstractServer | None = None
+        self.sock: socket.socket | None = None
         self.created = int(time.time())
         self.gpu_mem_mib = [0.0] * max(cfg.box_gpus, s.host.num_gpus)
         self.util_samples: deque[tuple[float, float]] = deque(maxlen=64)
@@ -432,8 +430,13 @@ class SimServer:
             return self._crash("cuda_init")
         ctx = self._ctx()
         delays = self.delays()
-        for who, key, text in templates()[cfg.personality]["lines"]:
+        lines = templates()[cfg.personality]["lines"]
+        has_listen = any(text == "@listen" for _, _, text in lines)
+        extra = float(faults["slow_start"].arg or 0) if "slow_start" in faults else 0.0
+        for who, key, text in lines:
             await self._sleep_model(delays.get(key, 0.0))
+            if key == "graph" and extra > 0 and cfg.fast_start:
+                await asyncio.sleep(extra / cfg.speed)  # an injected fault outlives --fast-start
             if key == "kv":
                 self._set_memory(self.mem.weights + self.mem.activations + max(self.mem.kv_cache, 0))
             elif key == "graph":
@@ -444,10 +447,15 @@ class SimServer:
                 if "port_in_use" in faults:
                     return self._crash("port_in_use")
                 try:
-                    await self.bind()
+                    self.reserve()
+                    if not has_listen:
+                        await self.listen()
                 except OSError:
                     return self._crash("port_in_use")
                 ctx["port"] = self.cfg.port
+                continue
+            if text == "@listen":
+                await self.listen()
                 continue
             if text == "@engine":
                 for name in ("worker_init", "nccl_shm"):
@@ -498,17 +506,38 @@ class SimServer:
             f"Started engine core process {name} pid={self.orphan.pid}",
         )
 
-    async def bind(self) -> None:
-        loop = self.loop
-        self.server = await loop.create_server(
-            lambda: HttpProtocol(self.handle, self.connections),
-            self.cfg.host,
-            self.cfg.port,
-            backlog=4096,
-            reuse_address=True,
-        )
-        self.cfg.port = self.server.sockets[0].getsockname()[1]
+    def reuse_port(self) -> bool:
+        """vLLM sets SO_REUSEPORT on its API socket (unconditionally through 0.11, the version this
+        personality reports; later releases when --api-server-count > 1), so a second vLLM on a busy
+        port binds without an error and the kernel splits connections between the two. SGLang serves
+        through uvicorn, which sets SO_REUSEADDR only: a second server there fails to bind."""
+        return self.cfg.personality == "vllm"
+
+    def reserve(self) -> None:
+        """Bind the listening socket (not yet accepting), the way the engine does."""
+        host = self.cfg.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port():
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, self.cfg.port))
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self.sock = sock
+        self.cfg.port = sock.getsockname()[1]
         print(f"SIM-PORT {self.cfg.port}", file=sys.stderr, flush=True)
+
+    async def listen(self) -> None:
+        """Start accepting connections on the reserved socket."""
+        if self.sock is None:
+            self.reserve()
+        self.server = await self.loop.create_server(
+            lambda: HttpProtocol(self.handle, self.connections), sock=self.sock, backlog=4096
+        )
 
     # -- the step clock -----------------------------------------------------------------------------
     async def clock(self) -> None:
@@ -639,6 +668,8 @@ class SimServer:
             {
                 "model_path": a.model,
                 "served_model_name": a.served_model_name,
+                "host": self.cfg.host,
+                "port": self.cfg.port,
                 "tp_size": a.tp,
                 "pp_size": a.pp,
                 "dp_size": a.dp,
@@ -752,7 +783,9 @@ class SimServer:
                 raise HttpError(400, "messages must be a non-empty list")
             n = 0
             for m in msgs:
-                content = m.get("content") if isinstance(m, dict) else None
+                if not isinstance(m, dict):
+                    raise HttpError(400, "each message must be an object with a role and a content")
+                content = m.get("content")
                 if isinstance(content, str):
                     n += len(content.split())
                 elif isinstance(content, list):
@@ -831,48 +864,27 @@ class SimServer:
                 break
         stream = bool(payload.get("stream", False))
         rid = self.request_count
+        # Greedy decoding of fixed weights: the answer depends on the model and the prompt only.
+        words = greedy_tokens(self.served, payload["messages"] if chat else payload["prompt"], n_out)
         sink: StreamSink | BufferSink
         if stream:
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-            sink = StreamSink(self, proto, rid, chat, include_usage, fault)
+            sink = StreamSink(self, proto, rid, chat, include_usage, fault, words)
             proto.write(SSE_HEAD)
         else:
-            sink = BufferSink(self, proto, chat, req.keep_alive, fault)
+            sink = BufferSink(self, proto, chat, req.keep_alive, fault, words)
         sreq = SimRequest(rid, prompt, n_out, reason, sink)
-        self.sched.add(sreq, self.model_now())
+        # Arrived when its bytes did: the simulator's own work on a burst is no GPU time.
+        now = self.model_now()
+        self.sched.add(
+            sreq, min(now, max((req.received - self.t0) * self.cfg.speed, 0.0)) if req.received else now
+        )
         self.kick()
         await asyncio.wait((sink.done, proto.closed_fut), return_when=asyncio.FIRST_COMPLETED)
         if not sink.done.done():  # the client went away (or we cut it)
             self.sched.abort(sreq)
             return False
         return not self.dead
-
-    def full_body(self, req: SimRequest, chat: bool, reason: str, garbage: bool) -> bytes:
-        n = req.generated
-        text = (
-            " !!!!!!!!" * n if garbage else b"".join(WORDS[(req.rid + i) % NWORDS] for i in range(n)).decode()
-        )
-        usage = {"prompt_tokens": req.prompt, "total_tokens": req.prompt + n, "completion_tokens": n}
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": reason,
-                "stop_reason": None,
-            }
-            obj: dict[str, Any] = {"id": f"chatcmpl-{req.rid:016x}", "object": "chat.completion"}
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": reason,
-                "stop_reason": None,
-            }
-            obj = {"id": f"cmpl-{req.rid:016x}", "object": "text_completion"}
-        obj.update({"created": int(time.time()), "model": self.served, "choices": [choice], "usage": usage})
-        return orjson.dumps(obj)
 
     # -- run ----------------------------------------------------------------------------------------
     async def main(self) -> int:
@@ -906,6 +918,8 @@ class SimServer:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        elif self.sock is not None:
+            self.sock.close()
         for conn in list(self.connections):
             conn.abort()
 
@@ -926,19 +940,11 @@ def _arch_class(model_type: str) -> str:
     return known.get(model_type, "".join(p.capitalize() for p in model_type.split("_")) + "ForCausalLM")
 
 
-def _raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 65536
-    if soft < want:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-
-
 def run(cfg: SimConfig, cpu: int | None = None) -> int:
     """Blocking entry point of `servelab sim`: serve until SIGTERM/SIGINT; returns the exit code."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    _raise_fd_limit()
+    raise_fd_limit()
     try:
         import uvloop
 

@@ -44,8 +44,13 @@ def closed_loop(
     osl: int,
     stagger: float = 0.0,
     max_steps: int = 5_000_000,
+    client_delay: float = 0.0,
 ) -> list[RequestTiming]:
-    """C clients, each sending `requests_per_client` requests back to back (fixed lengths)."""
+    """C clients, each sending `requests_per_client` requests back to back (fixed lengths).
+
+    `stagger` spreads the first wave (client c sends at c × stagger); `client_delay` models one
+    serial client process: it handles finished requests one at a time, `client_delay` seconds each,
+    before resending (what a real benchmark client on a busy core does to a wave)."""
     sched.record = True
     now = 0.0
     rid = 0
@@ -75,6 +80,7 @@ def closed_loop(
             continue
         sched.complete(step)
         now = step.start + step.dt
+        client_free = now
         for r_id in [k for k, (r, _) in active.items() if r.sink.done]:  # type: ignore[attr-defined]
             r, client = active.pop(r_id)
             times = r.token_times or []
@@ -83,7 +89,8 @@ def closed_loop(
             out.append(RequestTiming(r.rid, ttft, tpot, times[-1] - r.arrival, len(times), r.reason))
             if left[client] > 0:
                 seq += 1
-                heapq.heappush(pending, (now, seq, client))
+                client_free = max(client_free, times[-1] if times else now) + client_delay
+                heapq.heappush(pending, (client_free, seq, client))
         if not active and not pending and not sched.waiting:
             break
     return out

@@ -76,4 +76,59 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "0003_studies",
+        """
+        CREATE TABLE studies (
+            id INTEGER PRIMARY KEY,
+            uid TEXT NOT NULL UNIQUE,
+            name TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            finished_at TEXT,
+            status TEXT NOT NULL,              -- running | completed | interrupted | failed
+            source TEXT,                       -- the study file's path
+            spec_json TEXT NOT NULL,           -- the validated study, redacted
+            spec_hash TEXT NOT NULL,           -- resume refuses a changed study unless told
+            result_json TEXT                   -- ranking, winner, margin
+        );
+        CREATE TABLE study_candidates (
+            id INTEGER PRIMARY KEY,
+            study_id INTEGER NOT NULL REFERENCES studies(id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,              -- order of execution (by predicted value when known)
+            label TEXT NOT NULL,
+            spec_json TEXT NOT NULL,
+            predicted_json TEXT,               -- the performance model's view, when it knows the setup
+            status TEXT NOT NULL,              -- pending | running | measured | not_applied | failed | anomalous
+            outcome_json TEXT,
+            UNIQUE (study_id, label)
+        );
+        CREATE TABLE study_trials (
+            id INTEGER PRIMARY KEY,
+            candidate_id INTEGER NOT NULL REFERENCES study_candidates(id) ON DELETE CASCADE,
+            repeat INTEGER NOT NULL,
+            status TEXT NOT NULL,              -- launching | verifying | benchmarking | measured | not_applied
+                                               -- | failed | interrupted
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            marker TEXT NOT NULL,              -- SERVELAB_RUN value of its processes (orphan sweep on resume)
+            argv_json TEXT,
+            env_json TEXT,                     -- the added environment, redacted
+            url TEXT,
+            log_path TEXT,
+            pid INTEGER,
+            engine_version TEXT,
+            requested_json TEXT,
+            effective_json TEXT,               -- {"effective": {...}, "evidence": {...}}
+            not_applied_json TEXT,             -- [{key, requested, effective, evidence}]
+            diagnosis_json TEXT,
+            verify_json TEXT,
+            bench_run_id INTEGER REFERENCES bench_runs(id),
+            levels_json TEXT,                  -- per level: metrics digest, telemetry, anomalies
+            ready_s REAL,                      -- seconds from launch to ready
+            teardown_json TEXT,
+            error TEXT
+        );
+        CREATE INDEX study_trials_candidate ON study_trials(candidate_id);
+        """,
+    ),
 ]

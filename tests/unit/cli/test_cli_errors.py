@@ -29,7 +29,7 @@ BASE = ["bench", "--url", "http://127.0.0.1:9", "--model", "m"]
     (["--num-requests", "5"], "exactly one of --concurrency or --rate"),
     (["--concurrency", "1", "--rate", "2", "--num-requests", "5"], "exactly one of --concurrency or --rate"),
     (["--concurrency", "1,x", "--num-requests", "5"], "comma-separated list of numbers"),
-    (["--concurrency", "1"], "exactly one of --num-requests or --duration"),
+    (["--concurrency", "1"], "exactly one of --num-requests, --duration"),
     (["--concurrency", "0", "--num-requests", "5"], "whole numbers"),
     (["--concurrency", "2", "--num-requests", "5", "--slo", "ttft<=3"], "unknown SLO metric"),
     (["--concurrency", "2", "--num-requests", "5", "--dataset", "/nonexistent.json"], "does not exist"),

@@ -63,7 +63,7 @@ def test_predict_infeasible_says_why_with_numbers() -> None:
     [
         (["--gpu", "nope", "-n", "1", "-m", "Qwen3-8B"], "known GPUs"),
         (["--gpu", "h100-sxm", "-n", "1", "-m", "nope"], "catalog models"),
-        (["--gpu", "h100-sxm", "-n", "8", "--tp", "4", "-m", "Qwen3-8B"], "GPUs"),
+        (["--gpu", "h100-sxm", "-n", "8", "--tp", "3", "-m", "Qwen3-8B"], "GPUs"),
         (["--gpu", "h100-sxm", "-n", "1", "-m", "Qwen3-8B", "--quant", "fp3"], "unknown quantization"),
     ],
 )

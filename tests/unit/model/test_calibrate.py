@@ -7,6 +7,7 @@ import pytest
 
 from servelab.model.calibrate import (
     Observation,
+    _concurrency,
     _layout,
     error_table,
     factors_from_probe,
@@ -64,11 +65,31 @@ def test_fit_recovers_synthetic_factors() -> None:
     assert fitted.bw_eff == pytest.approx(0.6, rel=0.1)
 
 
-def test_holdout_split_is_stable() -> None:
+def test_holdout_split_is_stable_and_by_configuration() -> None:
     o = Observation("m", "g", 1, 1, 1, 1, 1, None, None, 1, 1, 1, "e", 1, 1, "row-42")
     assert is_holdout(o) == is_holdout(o)
-    keys = [Observation(**{**o.__dict__, "key": f"k{i}"}) for i in range(1000)]
-    assert 200 < sum(is_holdout(k) for k in keys) < 400
+    # every concurrency level and repeat of one configuration falls on the same side of the split
+    same = [Observation(**{**o.__dict__, "key": f"k{i}", "concurrency": 1 + i % 64}) for i in range(200)]
+    assert len({is_holdout(k) for k in same}) == 1
+    # different configurations are split about 30 / 70
+    configs = [Observation(**{**o.__dict__, "isl": 1 + i}) for i in range(1000)]
+    assert 200 < sum(is_holdout(k) for k in configs) < 400
+
+
+def test_concurrency_is_per_server_not_per_rank() -> None:
+    assert _concurrency({"batch_size": "32", "attention_dp_size": "8"}) == 256
+    assert _concurrency({"batch_size": "4", "attention_dp_size": "64"}) == 256
+    assert _concurrency({"batch_size": "16", "attention_dp_size": ""}) == 16
+    assert _concurrency({"batch_size": "14", "attention_dp_size": "1"}) == 14  # one of 32 replicas
+
+
+@pytest.mark.skipif(not CSV.exists(), reason="shared measurements not present")
+def test_attention_dp_rows_carry_the_total_concurrency() -> None:
+    obs = [o for o in observations_from_csv(CSV) if o.dp > 1]
+    assert obs
+    # the same DeepSeek-R1 run is recorded as (dp 8, batch 32) and (dp 64, batch 4): both are 256 requests
+    same_run = {o.concurrency for o in obs if round(o.ttft_ms) == 3316 and round(o.tpot_ms, 1) == 29.7}
+    assert same_run == {256}
 
 
 def test_factors_from_probe() -> None:

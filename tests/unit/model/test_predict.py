@@ -79,8 +79,10 @@ def test_memory_infeasible_layout_is_rejected_with_numbers() -> None:
 
 
 def test_invalid_layout_raises() -> None:
+    with pytest.raises(ConfigError, match="does not divide"):
+        make_setup("Llama-3.1-70B", "h100-sxm", 8, tp=3)
     with pytest.raises(ConfigError, match="GPUs"):
-        make_setup("Llama-3.1-70B", "h100-sxm", 8, tp=4)
+        make_setup("Llama-3.1-70B", "h100-sxm", 4, tp=8)
     with pytest.raises(ConfigError, match="dense"):
         make_setup("Llama-3.1-70B", "h100-sxm", 8, tp=4, ep=2, dp=2)
 
@@ -131,3 +133,20 @@ def test_prediction_speed() -> None:
     t = time.perf_counter()
     compare_layouts(make_setup(*GLM), Workload(1024, 1024, 32))
     assert time.perf_counter() - t < 2.0
+
+
+def test_smaller_layout_runs_as_replicas() -> None:
+    """TP4 on 8 GPUs is two TP4 replicas: each serves half the requests, throughput adds up."""
+    wl = Workload(1024, 1024, 64)
+    two = predict("Llama-3.1-70B", "h100-sxm", 8, wl, tp=4, quant="fp8")
+    one = predict("Llama-3.1-70B", "h100-sxm", 4, Workload(1024, 1024, 32), tp=4, quant="fp8")
+    assert two.replicas == 2 and one.replicas == 1
+    assert two.tpot_ms == pytest.approx(one.tpot_ms) and two.ttft_ms == pytest.approx(one.ttft_ms)
+    assert two.output_throughput == pytest.approx(2 * (one.output_throughput or 0))
+
+
+def test_compare_layouts_includes_feasible_replica_layouts() -> None:
+    res = compare_layouts(make_setup("Llama-3.1-8B", "h100-sxm", 8), Workload(1024, 1024, 64))
+    labels = {r.label for r in res}
+    assert "TP8" in labels and "TP1 ×8" in labels and "TP4 ×2" in labels
+    assert all(r.prediction.feasible for r in res if "×" in r.label)

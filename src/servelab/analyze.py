@@ -1,0 +1,249 @@
+"""Pure analysis of a study's measurements: SLO checks, confidence intervals, anomalies, the ranking.
+
+Inputs are plain dicts (a level *digest*: the few numbers of a `servelab bench` level summary that a
+study compares, plus GPU telemetry when there is any), so this module is testable without servers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from servelab.config import OBJECTIVES, AnomalySpec, SLOSpec
+
+# Two-sided 95 % Student-t critical values by degrees of freedom (1..30); beyond, the normal 1.96.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042]
+
+
+def t95(dof: int) -> float:
+    return _T95[dof - 1] if 1 <= dof <= len(_T95) else 1.96
+
+
+def level_digest(summary: dict[str, Any], value: float) -> dict[str, Any]:
+    """The numbers a study keeps per level from a `servelab bench` level summary."""
+    d: dict[str, Any] = {
+        "level": value,
+        "completed": summary.get("completed", 0),
+        "failed": summary.get("failed", 0),
+        "failure_rate": summary.get("failure_rate", 0.0),
+        "errors": summary.get("errors", {}),
+        "output_throughput": summary.get("output_throughput", 0.0),
+        "total_token_throughput": summary.get("total_token_throughput", 0.0),
+        "request_throughput": summary.get("request_throughput", 0.0),
+        "goodput": summary.get("goodput_output_tokens"),
+    }
+    for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        stats = summary.get(metric) or {}
+        for stat in ("mean", "p50", "p90", "p95", "p99"):
+            d[f"{metric}_{stat}"] = stats.get(stat)
+    return d
+
+
+_RATES = ("output_throughput", "total_token_throughput", "request_throughput", "goodput")
+
+
+def rescale(d: dict[str, Any], speed: float) -> dict[str, Any]:
+    """A digest measured on a clock running `speed` times faster (the simulator's --speed), in real time:
+    latencies × speed, throughputs ÷ speed. Identity at speed 1."""
+    if speed == 1:
+        return d
+    out = dict(d)
+    for k, v in d.items():
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if k.startswith(("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")):
+            out[k] = v * speed
+        elif k in _RATES:
+            out[k] = v / speed
+    out["time_scale"] = speed
+    return out
+
+
+@dataclass
+class Estimate:
+    """Mean of the repeats with a 95 % confidence interval (None half-width with one repeat)."""
+
+    mean: float | None
+    half_width: float | None
+    n: int
+
+    @property
+    def low(self) -> float | None:
+        return None if self.mean is None or self.half_width is None else self.mean - self.half_width
+
+    @property
+    def high(self) -> float | None:
+        return None if self.mean is None or self.half_width is None else self.mean + self.half_width
+
+
+def estimate(values: list[float | None]) -> Estimate:
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not xs:
+        return Estimate(None, None, 0)
+    if len(xs) == 1:
+        return Estimate(xs[0], None, 1)
+    sd = statistics.stdev(xs)
+    return Estimate(statistics.fmean(xs), t95(len(xs) - 1) * sd / math.sqrt(len(xs)), len(xs))
+
+
+def combine_repeats(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per level, the mean of every numeric digest field over repeats, plus `ci` for the objective fields."""
+    by_level: dict[float, list[dict[str, Any]]] = {}
+    for levels in repeats:
+        for d in levels:
+            by_level.setdefault(float(d["level"]), []).append(d)
+    out = []
+    for level in sorted(by_level):
+        ds = by_level[level]
+        merged: dict[str, Any] = {"level": level, "repeats": len(ds), "ci": {}}
+        keys = {k for d in ds for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        for k in sorted(keys - {"level"}):
+            est = estimate([d.get(k) for d in ds])
+            merged[k] = est.mean
+            if k in OBJECTIVES or k in ("output_throughput", "tpot_ms_p50", "ttft_ms_p50"):
+                merged["ci"][k] = est.half_width
+        merged["errors"] = _sum_counts([d.get("errors") or {} for d in ds])
+        merged["flags"] = sorted({f for d in ds for f in d.get("flags", [])})
+        merged["died"] = any(d.get("died") for d in ds)
+        out.append(merged)
+    return out
+
+
+def _sum_counts(dicts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+def slo_failures(d: dict[str, Any], slo: SLOSpec) -> list[str]:
+    """Why a level misses the SLOs (empty when it meets every one)."""
+    reasons = []
+    done = (d.get("completed") or 0) + (d.get("failed") or 0)
+    success = (d.get("completed") or 0) / done if done else 0.0
+    if success < slo.min_success_rate:
+        reasons.append(f"success rate {success:.1%} < {slo.min_success_rate:.1%}")
+    for metric, stat, limit in slo.limits():
+        value = d.get(f"{metric}_{stat}")
+        if value is None:
+            reasons.append(f"{metric} {stat} not measured")
+        elif value > limit:
+            reasons.append(f"{metric} {stat} {value:.1f} > {limit:g}")
+    if d.get("died"):
+        reasons.append("the server died during this level")
+    return reasons
+
+
+@dataclass
+class Anomaly:
+    level: float
+    kind: str  # throughput_collapse | power_drop | utilization_drop | error_rate | server_died
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def anomalies(levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, spec: AnomalySpec) -> list[Anomaly]:
+    """Flags against the study's baseline candidate (same load level) and against absolute limits."""
+    base = {float(d["level"]): d for d in baseline or []}
+    out: list[Anomaly] = []
+    for d in levels:
+        lv = float(d["level"])
+        if d.get("died"):
+            out.append(Anomaly(lv, "server_died", "the server process died during this level"))
+        rate = d.get("failure_rate") or 0.0
+        if rate > spec.max_error_rate:
+            out.append(Anomaly(lv, "error_rate", f"{rate:.1%} of requests failed ({d.get('errors') or {}})"))
+        b = base.get(lv)
+        if b is None:
+            continue
+        thr, bthr = d.get("output_throughput") or 0.0, b.get("output_throughput") or 0.0
+        if bthr > 0 and thr < spec.collapse_ratio * bthr:
+            out.append(Anomaly(lv, "throughput_collapse",
+                               f"{thr:,.0f} tok/s vs the baseline's {bthr:,.0f} tok/s ({thr / bthr:.0%})"))
+        pw, bpw = d.get("gpu_power_w"), b.get("gpu_power_w")
+        if pw is not None and bpw and pw < spec.power_drop_ratio * bpw:
+            out.append(Anomaly(lv, "power_drop", f"GPU power {pw:.0f} W vs the baseline's {bpw:.0f} W"))
+        ut, but = d.get("gpu_util"), b.get("gpu_util")
+        if ut is not None and but and ut < spec.power_drop_ratio * but:
+            out.append(Anomaly(lv, "utilization_drop", f"GPU utilization {ut:.0%} vs the baseline's {but:.0%}"))
+    return out
+
+
+@dataclass
+class Score:
+    label: str
+    status: str
+    value: float | None  # the objective at the best level meeting every SLO
+    half_width: float | None
+    level: float | None
+    why: str = ""
+    levels_meeting_slo: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, objective: str) -> Score:
+    """A measured candidate's objective at its best SLO-meeting level; other outcomes score None."""
+    if status not in ("measured", "anomalous"):
+        return Score(label, status, None, None, None, f"not measured ({status})")
+    direction = OBJECTIVES[objective]
+    ok = [d for d in levels if not slo_failures(d, slo) and d.get(objective) is not None]
+    if not ok:
+        reasons = {f"{d['level']:g}": slo_failures(d, slo) for d in levels}
+        return Score(label, status, None, None, None, f"no level meets the SLOs: {reasons}")
+    best = (max if direction == "max" else min)(ok, key=lambda d: d[objective])
+    return Score(label, status, float(best[objective]), (best.get("ci") or {}).get(objective), float(best["level"]),
+                 levels_meeting_slo=[float(d["level"]) for d in ok])
+
+
+@dataclass
+class Ranking:
+    objective: str
+    ranked: list[Score]
+    winner: str | None
+    runner_up: str | None
+    margin: float | None  # winner − runner-up, in the objective's unit (positive = better)
+    margin_pct: float | None
+    significant: bool | None  # the margin exceeds the noise (None: one repeat, unknown)
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranked"] = [s.to_dict() for s in self.ranked]
+        return d
+
+
+def rank(scores: list[Score], objective: str) -> Ranking:
+    """Order candidates by the objective; the winner is the best that meets every SLO."""
+    sign = 1.0 if OBJECTIVES[objective] == "max" else -1.0
+    valid = sorted([s for s in scores if s.value is not None], key=lambda s: -sign * (s.value or 0.0))
+    rest = [s for s in scores if s.value is None]
+    ranked = valid + rest
+    if not valid:
+        return Ranking(objective, ranked, None, None, None, None, None,
+                       "no candidate met every SLO; see each candidate's reason")
+    w = valid[0]
+    if len(valid) == 1:
+        return Ranking(objective, ranked, w.label, None, None, None, None,
+                       f"{w.label} is the only candidate that meets every SLO")
+    r = valid[1]
+    margin = sign * ((w.value or 0.0) - (r.value or 0.0))
+    pct = margin / abs(r.value) * 100 if r.value else None
+    if w.half_width is None or r.half_width is None:
+        significant = None
+        noise = "cannot be judged against the noise with one repeat each (set repeats ≥ 2 for confidence intervals)"
+    else:
+        noise_hw = math.hypot(w.half_width, r.half_width)
+        significant = margin > noise_hw
+        noise = (f"{'exceeds' if significant else 'is within'} the noise (95 % CI of the difference ±{noise_hw:.3g})")
+    pct_text = f" ({pct:+.1f} %)" if pct is not None else ""
+    verdict = f"{w.label} wins on {objective}: {w.value:,.4g} vs {r.label}'s {r.value:,.4g}{pct_text}; the margin {noise}"
+    return Ranking(objective, ranked, w.label, r.label, margin, pct, significant, verdict)

@@ -1,0 +1,1 @@
+"""Engine adapters behind one protocol (`base.Engine`) and one registry (`registry.get`)."""

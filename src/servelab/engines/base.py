@@ -1,0 +1,204 @@
+"""The Engine protocol: what servelab must know about an inference engine to launch, verify and diagnose it.
+
+One adapter per engine (vllm, sglang, transformers, llamacpp, sim, external) implements this protocol and
+registers itself in `servelab.engines.registry`. Everything engine-specific lives in its adapter; the
+lifecycle, the study loop and `servelab logs` only speak this protocol. Adapters are pure (no I/O), except
+where a method is documented to take text or data that the caller fetched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+# The normalized keys of an effective (or requested) configuration. Adapters map their engine's own
+# spellings onto these; keys an engine does not expose are simply absent.
+NORMALIZED_KEYS: tuple[str, ...] = (
+    "model",
+    "served_model_name",
+    "tp_size",
+    "pp_size",
+    "ep_size",
+    "dp_size",
+    "enable_dp_attention",
+    "moe_runner_backend",
+    "attention_backend",
+    "quantization",
+    "kv_cache_dtype",
+    "max_running_requests",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "mem_fraction",
+    "disable_radix_cache",  # SGLang radix cache / vLLM prefix caching, expressed as "disabled"
+    "cuda_graph",  # True when CUDA graphs are captured (vLLM: not enforce_eager; SGLang: not disable_cuda_graph)
+    "enable_allreduce_fusion",
+    "dtype",
+    "port",
+    "kv_cache_tokens",
+    "version",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A candidate's typed common settings plus pass-through engine flags and environment.
+
+    `extra_args` are engine flags spelled exactly as the engine spells them (["--moe-runner-backend",
+    "flashinfer_trtllm"]); `env` adds environment variables (NCCL_*, VLLM_*, CUDA_VISIBLE_DEVICES);
+    `options` carries adapter-specific knobs (the python executable, the simulator's gpu/num_gpus/speed/
+    faults, an external endpoint's URL).
+    """
+
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: the lifecycle picks a free port before launch
+    tp: int = 1
+    pp: int = 1
+    ep: int | None = None
+    dp: int | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    max_concurrency: int | None = None
+    mem_fraction: float | None = None
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to start a server: the exact argv and environment additions, and where it will listen."""
+
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    served_model: str  # the name /v1/models must list once the server is up
+    cwd: str | None = None
+
+    scheme: str = "http"  # "https" for an external endpoint behind TLS
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def external(self) -> bool:
+        """Nothing to start or stop: the server runs elsewhere (engine `external` returns an empty argv)."""
+        return not self.argv
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """An engine's readiness rule, declared as data and carried out by `servelab.lifecycle`.
+
+    - `health_path`: polled until it answers one of `ready_status` (None: no health endpoint).
+    - `loading_status`: statuses that mean "alive, still loading" (SGLang before warm-up, llama.cpp 503).
+    - `port_opens_when_ready`: the engine only accepts connections once ready (vLLM), so a refused
+      connection is "still starting", not a failure.
+    - `warmup_request`: /health says ok too early (transformers serve), so readiness also needs one
+      real completion of `warmup_api` to succeed.
+    - `check_models`: after ready, /v1/models must list the expected model.
+    """
+
+    health_path: str | None = "/health"
+    ready_status: tuple[int, ...] = (200,)
+    loading_status: tuple[int, ...] = (503,)
+    port_opens_when_ready: bool = False
+    warmup_request: bool = False
+    warmup_api: Literal["completions", "chat"] = "completions"
+    check_models: bool = True
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What requests the engine accepts and how it exposes metrics; declared, never `if engine == ...`."""
+
+    ignore_eos: bool = True
+    min_tokens: bool = True
+    stream_usage: bool = True
+    metrics_path: str | None = "/metrics"
+    metric_prefix: str | None = None  # "vllm:" / "sglang:"
+    reuses_port: bool = False  # sets SO_REUSEPORT: a second server on a busy port can silently share it
+    gpu: bool = True  # needs GPUs (False: vLLM-CPU, transformers on CPU, the simulator)
+    launches: bool = True  # False: servelab does not start it (an external endpoint); argv is empty
+    telemetry_path: str | None = None  # an HTTP route serving GPU telemetry (the simulator's /servelab/gpus)
+    verify_reference: str | None = None  # what `verify-output` compares with by default ("sim": its own text)
+
+
+@dataclass
+class EffectiveConfig:
+    """What the engine actually runs with, each key tied to the log line or endpoint that showed it."""
+
+    effective: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, str] = field(default_factory=dict)
+
+    def set(self, key: str, value: Any, evidence: str) -> None:
+        self.effective[key] = value
+        self.evidence[key] = evidence
+
+    def merge(self, other: EffectiveConfig, keep_confirmed: bool = False) -> None:
+        """Later sources win (a backend-selection line overrides the args it was chosen from). With
+        `keep_confirmed` (an info endpoint), a value it only confirms keeps the earlier evidence: the log
+        line that chose a backend says more than an endpoint repeating it."""
+        for key, value in other.effective.items():
+            if keep_confirmed and key in self.effective and self.effective[key] == value and self.evidence.get(key):
+                continue
+            self.effective[key] = value
+            self.evidence[key] = other.evidence.get(key, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"effective": dict(self.effective), "evidence": dict(self.evidence)}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A failure class from the signature knowledge base, with the line that matched and what to do."""
+
+    klass: str
+    evidence: str
+    advice: str
+    tail: tuple[str, ...] = ()  # the last lines that matter, when nothing matched (klass == "unknown")
+    fatal: bool = False  # the server that printed it will not become ready (or serve again)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "class": self.klass,
+            "evidence": self.evidence,
+            "advice": self.advice,
+            "fatal": self.fatal,
+        }
+        if self.tail:
+            d["tail"] = list(self.tail)
+        return d
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One inference engine. Implementations are small, stateless objects registered by name."""
+
+    name: str
+    default_port: int
+    startup_timeout_s: float  # default start-up budget; large models need many minutes
+    readiness: Readiness
+    capabilities: EngineCapabilities
+
+    def command(self, s: Settings) -> LaunchSpec:
+        """Turn a candidate's settings into argv + environment. Raises ConfigError on impossible input."""
+        ...
+
+    def requested(self, s: Settings) -> dict[str, Any]:
+        """The normalized configuration the settings ask for (typed settings plus recognised engine flags),
+        so it can be compared key by key with `effective_config`."""
+        ...
+
+    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+        """Read the effective configuration from the server's log (and an info endpoint's JSON if fetched)."""
+        ...
+
+    def info_paths(self) -> tuple[str, ...]:
+        """Endpoints whose JSON `effective_config` can use (SGLang /get_server_info, vLLM /version)."""
+        ...

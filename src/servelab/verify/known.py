@@ -1,0 +1,96 @@
+"""Known-answer sets: greedy prompts with answers a real model must give (data/verify/known_answers.toml)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from servelab.errors import ConfigError
+from servelab.verify.calls import Completion
+from servelab.verify.result import Check
+
+DEFAULT_SET = "default"
+FILE_HINT = ("a TOML file with `min_pass = 0.75`, `max_tokens = 16` and [[item]] tables holding id, prompt "
+             "and/or chat, and expect_any = [..]; see src/servelab/data/verify/known_answers.toml")
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    prompt: str | None
+    chat: str | None
+    expect_any: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AnswerSet:
+    name: str
+    items: tuple[Item, ...]
+    min_pass: float = 0.75
+    max_tokens: int = 16
+
+    def prompts(self, api: str) -> list[tuple[Item, str]]:
+        """The items usable with this API and the text to send."""
+        key = "chat" if api == "chat" else "prompt"
+        return [(it, getattr(it, key)) for it in self.items if getattr(it, key)]
+
+
+def parse(data: dict[str, Any], name: str) -> AnswerSet:
+    try:
+        items = tuple(
+            Item(str(it["id"]), it.get("prompt"), it.get("chat"), tuple(str(e) for e in it["expect_any"]))
+            for it in data["item"]
+        )
+        return AnswerSet(name, items, float(data.get("min_pass", 0.75)), int(data.get("max_tokens", 16)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"known-answer set {name} is malformed ({type(exc).__name__}: {exc})",
+                          hint=FILE_HINT) from exc
+
+
+def load(spec: str) -> AnswerSet:
+    """`default` (the packaged set) or a path to a TOML file of the same shape."""
+    if spec == DEFAULT_SET:
+        text = resources.files("servelab.data").joinpath("verify/known_answers.toml").read_text()
+        return parse(tomllib.loads(text), DEFAULT_SET)
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--known-answers {spec!r} is neither `default`, `auto`, `none` nor a file",
+                          hint=FILE_HINT)
+    try:
+        return parse(tomllib.loads(path.read_text()), str(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}", hint=FILE_HINT) from exc
+
+
+def matches(answer: str, expect_any: tuple[str, ...]) -> str | None:
+    """The expected answer found in `answer` as a whole word (case-insensitive), or None."""
+    for e in expect_any:
+        if re.search(r"(?<![0-9A-Za-z])" + re.escape(e) + r"(?![0-9A-Za-z])", answer, re.IGNORECASE):
+            return e
+    return None
+
+
+def judge(answer_set: AnswerSet, answers: list[tuple[Item, Completion]]) -> Check:
+    per = []
+    for item, c in answers:
+        hit = matches(c.text, item.expect_any) if c.ok else None
+        per.append({"id": item.id, "prompt": c.prompt, "ok": hit is not None, "answer": c.text[:200],
+                    "expected_any": list(item.expect_any), **({"error": c.error} if c.error else {})})
+    passed = sum(p["ok"] for p in per)
+    need = answer_set.min_pass
+    ev = {"set": answer_set.name, "passed": passed, "total": len(per), "min_pass": need, "items": per}
+    if not per:
+        return Check("known_answers", False, "warning", f"set {answer_set.name} has no items for this API", ev)
+    missed = [p["id"] for p in per if not p["ok"]]
+    if passed / len(per) < need:
+        return Check("known_answers", False, "error",
+                     f"only {passed} of {len(per)} known answers are right (need {need:.0%}); missed: "
+                     f"{', '.join(missed)} (e.g. {per[[p['id'] for p in per].index(missed[0])]['answer']!r})", ev)
+    if missed:
+        return Check("known_answers", True, "warning",
+                     f"{passed} of {len(per)} known answers right; missed {', '.join(missed)}", ev)
+    return Check("known_answers", True, "info", f"all {len(per)} known answers right", ev)

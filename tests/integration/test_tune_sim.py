@@ -1,0 +1,233 @@
+"""`servelab tune` end to end on the simulator: not-applied settings, the throughput collapse, every fault,
+SIGKILL of servelab mid-study then --resume. Real processes, real HTTP, the real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def write_study(path: Path, name: str, candidates: list[dict[str, Any]], *, model: str = "Qwen3-30B-A3B",
+                gpu: str = "h100-sxm", num_gpus: int = 1, personality: str = "vllm", levels: list[int] | None = None,
+                speed: float = 50, extra_engine: dict[str, Any] | None = None, top: str = "") -> Path:
+    lines = [top, "[study]", f"name = {_toml_value(name)}", "[model]", f"path = {_toml_value(model)}",
+             "[host]", f"gpu = {_toml_value(gpu)}", f"num_gpus = {num_gpus}", "[engine]", 'name = "sim"',
+             "startup_timeout_s = 60"]
+    for k, v in (extra_engine or {}).items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    lines += ["[engine.options]", f"personality = {_toml_value(personality)}", f"speed = {speed}",
+              "fast_start = true", "cpus = [0]"]
+    for c in candidates:
+        lines.append("[[candidates]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in c.items()]
+    lines += ["[workload]", "input_len = 256", "output_len = 32", "requests_per_stream = 2", "timeout_s = 20",
+              "[load]", f"concurrency = {_toml_value(levels or [1, 8])}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def servelab(*args: str, home: Path, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SERVELAB_HOME": str(home)}
+    cmd = [sys.executable, "-m", "servelab", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{cmd} exited {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}")
+    return res
+
+
+def markers_alive(prefix: str) -> list[int]:
+    """Live processes whose SERVELAB_RUN starts with `prefix`."""
+    from servelab.host import processes
+
+    return [p.pid for p in processes.with_marker(prefix=prefix)]
+
+
+def by_label(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["label"]: c for c in result["candidates"]}
+
+
+def test_glm5_story_not_applied_collapse_and_winner(tmp_path: Path) -> None:
+    """The GLM-5 story: trtllm silently replaced (not applied, never benchmarked), the allreduce-fusion
+    flag collapsing throughput with GPU power falling, TP8 vs TP4+PP2 ranked."""
+    study = write_study(tmp_path / "glm5.toml", "glm5", [
+        {"name": "tp8-cutlass", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass"], "baseline": True},
+        {"name": "tp8-trtllm", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_trtllm"]},
+        {"name": "tp4-pp2", "tp": 4, "pp": 2, "args": ["--moe-runner-backend", "flashinfer_cutlass"]},
+        {"name": "arfusion", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass",
+                                                "--enable-flashinfer-allreduce-fusion"]},
+    ], model="GLM-5-NVFP4", gpu="rtx-pro-6000", num_gpus=8, personality="sglang", levels=[1, 8], speed=20,
+        extra_engine={"args": ["--disable-radix-cache"]})
+    res = servelab("tune", str(study), "--json", home=tmp_path / "home")
+    out = json.loads(res.stdout)
+    c = by_label(out)
+    assert out["status"] == "completed"
+
+    trt = c["tp8-trtllm"]
+    assert trt["status"] == "not_applied"
+    [m] = trt["not_applied"]
+    assert (m["key"], m["requested"], m["effective"]) == ("moe_runner_backend", "flashinfer_trtllm",
+                                                          "flashinfer_cutlass")
+    assert "flashinfer_cutlass" in m["evidence"]  # the log line that proves it
+    assert trt["levels"] == []  # never benchmarked, never reported as trtllm
+
+    fusion = c["arfusion"]
+    assert fusion["status"] == "anomalous"
+    kinds = {a["kind"] for a in fusion["anomalies"]}
+    assert "throughput_collapse" in kinds and "power_drop" in kinds
+
+    for label in ("tp8-cutlass", "tp4-pp2"):
+        assert c[label]["status"] == "measured"
+        assert [lv["level"] for lv in c[label]["levels"]] == [1.0, 8.0]
+        assert all(lv["failed"] == 0 for lv in c[label]["levels"])
+    # measured in real-GPU time (speed 20 rescaled): single-stream TPOT near the model's prediction
+    tpot1 = c["tp8-cutlass"]["levels"][0]["tpot_ms_p50"]
+    assert 5 < tpot1 < 100
+    assert out["ranking"]["winner"] in ("tp8-cutlass", "tp4-pp2")
+    assert out["ranking"]["runner_up"] in ("tp8-cutlass", "tp4-pp2")
+
+    # `servelab runs` lists the study with its candidates and outcomes; nothing of it is left running.
+    runs = json.loads(servelab("runs", "--json", home=tmp_path / "home").stdout)
+    [st] = runs["studies"]
+    assert {x["label"]: x["status"] for x in st["candidates"]}["tp8-trtllm"] == "not_applied"
+    assert markers_alive(f"servelab-study:{out['study']}:") == []
+
+
+STARTUP_FAULTS = {
+    "cuda_init": "cuda_init",
+    "oom_init": "oom_init",
+    "worker_init": "nccl_error",  # the root cause under `WorkerProc initialization failed`
+    "port_in_use": "port_in_use",
+    "nccl_shm": "nccl_shm",
+}
+
+
+def test_every_fault_is_diagnosed_and_the_study_goes_on(tmp_path: Path) -> None:
+    cands: list[dict[str, Any]] = [{"name": "healthy", "baseline": True}]
+    cands += [{"name": f"f-{f}", "options": {"faults": [f]}} for f in STARTUP_FAULTS]
+    cands += [
+        {"name": "f-garbage", "options": {"faults": ["garbage"]}},
+        {"name": "f-die", "options": {"faults": ["die_after_ready:22"]}},
+        {"name": "f-drop", "options": {"faults": ["drop_stream:3"]}},
+        {"name": "f-orphan", "options": {"faults": ["orphan"]}},
+        {"name": "f-slow", "options": {"faults": ["slow_start:3000"]}},  # 60 s at speed 50 > 20 s timeout
+    ]
+    study = write_study(tmp_path / "faults.toml", "faults", cands, levels=[4])
+    res = servelab("tune", str(study), "--json", "--startup-timeout", "20", home=tmp_path / "home")
+    out = json.loads(res.stdout)
+    c = by_label(out)
+    assert c["healthy"]["status"] == "measured"
+    for fault, klass in STARTUP_FAULTS.items():
+        cand = c[f"f-{fault}"]
+        assert cand["status"] == "failed", fault
+        assert cand["diagnosis"]["class"] == klass, (fault, cand["diagnosis"])
+        assert cand["diagnosis"]["advice"]
+    assert c["f-garbage"]["status"] == "failed"
+    assert c["f-garbage"]["diagnosis"]["class"] == "wrong_output"
+    assert c["f-die"]["status"] == "failed"
+    assert c["f-die"]["diagnosis"]["class"] == "engine_died_after_ready"
+    assert c["f-die"]["died_during_benchmark"] is True
+    drop = c["f-drop"]
+    assert drop["status"] in ("anomalous", "failed")
+    if drop["status"] == "anomalous":
+        assert "error_rate" in {a["kind"] for a in drop["anomalies"]}
+    assert c["f-slow"]["diagnosis"]["class"] == "startup_timeout"
+    # the orphan fault's child was found and killed by teardown
+    detail = json.loads(servelab("runs", "study", out["study"], "--json", home=tmp_path / "home").stdout)
+    orphan_trials = {x["label"]: x for x in detail["candidates"]}["f-orphan"]["trials"]
+    assert orphan_trials[0]["teardown"]["orphans"], orphan_trials[0]["teardown"]
+    assert orphan_trials[0]["teardown"]["survivors"] == []
+    assert markers_alive(f"servelab-study:{out['study']}:") == []
+    assert out["ranking"]["winner"] == "healthy"
+
+
+def _db_trials(home: Path) -> list[tuple[str, str]]:
+    db = home / "servelab.db"
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        return con.execute("SELECT c.label, t.status FROM study_trials t JOIN study_candidates c"
+                           " ON c.id = t.candidate_id ORDER BY t.id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def test_sigkill_mid_study_then_resume(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    study = write_study(tmp_path / "resume.toml", "resume", [
+        {"name": "first"}, {"name": "second", "max_concurrency": 64}, {"name": "third", "max_concurrency": 32},
+    ], levels=[1, 8, 16], speed=10)
+    env = {**os.environ, "SERVELAB_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "tune", str(study), "--quiet"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        trials = _db_trials(home)
+        if ("first", "measured") in trials and ("second", "benchmarking") in trials:
+            break
+        assert proc.poll() is None, "the study ended before it could be killed"
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"never reached the second candidate's benchmark: {_db_trials(home)}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    con = sqlite3.connect(home / "servelab.db")
+    uid = con.execute("SELECT uid FROM studies").fetchone()[0]
+    con.close()
+    left = markers_alive(f"servelab-study:{uid}:")
+    assert left, "the killed servelab's server should still be running (own session)"
+
+    res = servelab("tune", str(study), "--resume", "--json", home=home)
+    out = json.loads(res.stdout)
+    assert out["study"] == uid and out["status"] == "completed"
+    assert {p["pid"] for p in out["orphans_cleaned"]} >= set(left)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in left)
+    trials = _db_trials(home)
+    assert trials.count(("first", "measured")) == 1  # not redone
+    assert ("second", "interrupted") in trials and ("second", "measured") in trials
+    assert ("third", "measured") in trials
+    assert all(c["status"] == "measured" for c in out["candidates"])
+    # a second --resume has nothing left to do
+    again = servelab("tune", str(study), "--resume", home=home, check=False)
+    assert again.returncode == 2 and "no unfinished study" in again.stderr
+
+
+def test_resume_refuses_a_changed_study_and_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[study]\nname = "x"\n[model]\npath = "m"\n[engine]\nname = "nope"\n[workload]\nnum_requests = 2\n'
+                   '[load]\nconcurrency = [1]\n[[candidates]]\ntp = 1\n')
+    res = servelab("tune", str(bad), home=home, check=False)
+    assert res.returncode == 2
+    assert "unknown engine 'nope'" in res.stderr and "sim" in res.stderr
+    assert "Traceback" not in res.stderr

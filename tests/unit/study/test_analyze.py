@@ -1,0 +1,76 @@
+"""Analysis of study results: SLOs, confidence intervals, anomalies, ranking."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab import analyze
+from servelab.config import AnomalySpec, SLOSpec
+
+
+def _lv(level: float, thr: float, tpot: float = 20.0, ttft: float = 100.0, failed: int = 0, **kw: object) -> dict:
+    return {"level": level, "completed": 100 - failed, "failed": failed, "failure_rate": failed / 100,
+            "output_throughput": thr, "tpot_ms_p50": tpot, "ttft_ms_p99": ttft, **kw}
+
+
+def test_estimate_uses_student_t() -> None:
+    est = analyze.estimate([10.0, 12.0])
+    assert est.mean == pytest.approx(11.0)
+    # sd = 1.414, n = 2, t(1) = 12.706 → half width 12.706 * 1.414 / 1.414
+    assert est.half_width == pytest.approx(12.706)
+    assert analyze.estimate([5.0]).half_width is None
+    assert analyze.estimate([None]).n == 0
+
+
+def test_combine_repeats_averages_per_level() -> None:
+    out = analyze.combine_repeats([[_lv(1, 100), _lv(8, 700)], [_lv(1, 110), _lv(8, 720)]])
+    assert [d["level"] for d in out] == [1.0, 8.0]
+    assert out[1]["output_throughput"] == pytest.approx(710)
+    assert out[1]["ci"]["output_throughput"] > 0
+    assert out[0]["repeats"] == 2
+
+
+def test_slo_failures_name_the_metric_and_success_rate() -> None:
+    slo = SLOSpec(tpot_ms={"p50": 25}, ttft_ms={"p99": 500}, min_success_rate=0.99)
+    assert analyze.slo_failures(_lv(1, 100), slo) == []
+    reasons = analyze.slo_failures(_lv(1, 100, tpot=30, failed=5), slo)
+    assert any("success rate 95.0%" in r for r in reasons)
+    assert any("tpot_ms p50 30.0 > 25" in r for r in reasons)
+
+
+def test_anomalies_against_the_baseline() -> None:
+    base = [_lv(64, 1867, gpu_power_w=420.0)]
+    cand = [_lv(64, 236, gpu_power_w=125.0, failed=3)]
+    kinds = {a.kind for a in analyze.anomalies(cand, base, AnomalySpec())}
+    assert kinds == {"throughput_collapse", "power_drop", "error_rate"}
+    assert analyze.anomalies([_lv(64, 1800, gpu_power_w=410.0)], base, AnomalySpec()) == []
+
+
+def test_rank_picks_best_meeting_slo_and_judges_noise() -> None:
+    slo = SLOSpec(tpot_ms={"p50": 50})
+    a = analyze.score("a", "measured", [_lv(16, 500, ci={"output_throughput": 5.0}),
+                                         _lv(64, 900, tpot=80, ci={"output_throughput": 5.0})], slo, "output_throughput")
+    assert a.value == 500 and a.level == 16  # the faster level misses the TPOT limit
+    b = analyze.score("b", "measured", [_lv(16, 450, ci={"output_throughput": 5.0})], slo, "output_throughput")
+    c = analyze.score("c", "not_applied", [], slo, "output_throughput")
+    r = analyze.rank([b, c, a], "output_throughput")
+    assert r.winner == "a" and r.runner_up == "b"
+    assert r.margin == pytest.approx(50)
+    assert r.significant is True
+    assert [s.label for s in r.ranked] == ["a", "b", "c"]
+    close = analyze.score("d", "measured", [_lv(16, 498, ci={"output_throughput": 20.0})], slo, "output_throughput")
+    r2 = analyze.rank([a, close], "output_throughput")
+    assert r2.significant is False and "within the noise" in r2.verdict
+
+
+def test_rank_with_lower_is_better_and_nothing_valid() -> None:
+    slo = SLOSpec()
+    a = analyze.score("a", "measured", [_lv(1, 10, tpot=12)], slo, "tpot_ms_p50")
+    b = analyze.score("b", "measured", [_lv(1, 10, tpot=10)], slo, "tpot_ms_p50")
+    assert analyze.rank([a, b], "tpot_ms_p50").winner == "b"
+    assert analyze.rank([analyze.score("x", "failed", [], slo, "tpot_ms_p50")], "tpot_ms_p50").winner is None
+
+
+def test_rescale_to_real_time() -> None:
+    d = analyze.rescale({"tpot_ms_p50": 1.0, "output_throughput": 2000.0, "completed": 5}, 20)
+    assert d["tpot_ms_p50"] == 20 and d["output_throughput"] == 100 and d["completed"] == 5

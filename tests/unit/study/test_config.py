@@ -1,0 +1,87 @@
+"""Study files: validation with field paths, matrix expansion, the shipped examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servelab.config import expand_matrix, load_study, parse_study
+from servelab.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _base(**over: object) -> dict:
+    d: dict = {
+        "study": {"name": "s"},
+        "model": {"path": "m"},
+        "engine": {"name": "sim"},
+        "workload": {"num_requests": 8},
+        "load": {"concurrency": [1, 4]},
+        "candidates": [{"tp": 1}],
+    }
+    d.update(over)
+    return d
+
+
+def test_every_error_names_its_field_path() -> None:
+    bad = _base(candidates=[{"tp": 1}, {"tp": 0, "colour": "red"}], slo={"ttft_ms": {"p77": 1}})
+    with pytest.raises(ConfigError) as exc:
+        parse_study(bad)
+    msg = exc.value.message
+    assert "candidates[1].tp" in msg
+    assert "candidates[1].colour: unknown field" in msg
+    assert "slo.ttft_ms: unknown statistic 'p77'" in msg
+
+
+def test_load_needs_exactly_one_kind_and_main_must_be_a_level() -> None:
+    with pytest.raises(ConfigError, match="exactly one of concurrency"):
+        parse_study(_base(load={"concurrency": [1], "rate": [2.0]}))
+    with pytest.raises(ConfigError, match="main = 3 is not one of the levels"):
+        parse_study(_base(load={"concurrency": [1, 4], "main": 3}))
+
+
+def test_workload_size_is_exactly_one_of_three() -> None:
+    with pytest.raises(ConfigError, match="exactly one of num_requests"):
+        parse_study(_base(workload={"num_requests": 4, "duration_s": 3}))
+
+
+def test_matrix_is_a_cartesian_product_with_variants() -> None:
+    got = expand_matrix({
+        "variants": [{"tp": 8}, {"tp": 4, "pp": 2}],
+        "args": [["--moe-runner-backend", "flashinfer_cutlass"], ["--moe-runner-backend", "flashinfer_trtllm"]],
+    })
+    assert [(c.tp, c.pp, c.args[-1]) for c in got] == [
+        (8, 1, "flashinfer_cutlass"), (8, 1, "flashinfer_trtllm"),
+        (4, 2, "flashinfer_cutlass"), (4, 2, "flashinfer_trtllm")]
+    assert len({c.label() for c in got}) == 4
+
+
+def test_matrix_rejects_unknown_axes_and_duplicate_names() -> None:
+    with pytest.raises(ConfigError, match=r"matrix\.flavour is not a candidate field"):
+        parse_study(_base(matrix={"flavour": [1, 2]}))
+    with pytest.raises(ConfigError, match=r"candidate names must be unique; repeated: tp2"):
+        parse_study(_base(candidates=[{"tp": 2}, {"tp": 2}]))
+
+
+def test_bad_toml_and_missing_file_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_study(tmp_path / "nope.toml")
+    p = tmp_path / "bad.toml"
+    p.write_text("[study\nname = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_study(p)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_examples_are_valid(path: Path) -> None:
+    study = load_study(path)
+    assert study.candidates
+    assert study.load.levels
+
+
+def test_slo_turns_into_the_bench_goodput_string() -> None:
+    s = parse_study(_base(slo={"ttft_ms": {"p50": 200, "p99": 900}, "tpot_ms": {"p50": 40}}))
+    assert s.slo.bench_slo() == "ttft_ms<=900,tpot_ms<=40"
+    assert ("ttft_ms", "p99", 900.0) in s.slo.limits()
