@@ -71,8 +71,11 @@ def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
     if study.host.gpu:
         options.setdefault("gpu", study.host.gpu)
         options.setdefault("num_gpus", study.host.num_gpus)
+    model = study.model.path
+    if Path(model).exists():  # a local checkout: engines log the absolute path, so ask for that
+        model = str(Path(model).resolve())
     return Settings(
-        model=study.model.path, served_model_name=study.model.served_name, port=port, tp=cand.tp, pp=cand.pp,
+        model=model, served_model_name=study.model.served_name, port=port, tp=cand.tp, pp=cand.pp,
         ep=cand.ep, dp=cand.dp, quantization=cand.quantization, kv_cache_dtype=cand.kv_cache_dtype,
         max_concurrency=cand.max_concurrency, mem_fraction=cand.mem_fraction, max_model_len=cand.max_model_len,
         extra_args=(*study.engine.args, *cand.args), env={**study.engine.env, **cand.env}, options=options,

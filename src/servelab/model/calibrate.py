@@ -291,9 +291,21 @@ def mape(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - meas) / meas) * 100) if len(meas) else float("nan")
 
 
-def _loss(p: Prepared, f: Factors, ttft_weight: float) -> float:
-    tpot, ttft = predicted_ms(p, f)
+def _loss(
+    p: Prepared,
+    f: Factors,
+    ttft_weight: float,
+    overrides: Sequence[tuple[np.ndarray, dict[str, float]]] = (),
+) -> float:
+    """MAPE of TPOT plus `ttft_weight` × that of TTFT; `overrides` apply per-engine factors to row masks."""
     mt, mf = measured_ms(p)
+    if overrides:
+        tpot, ttft = np.empty(len(mt)), np.empty(len(mt))
+        for mask, over in overrides:
+            t, ff = predicted_ms(p.subset(mask), f.merged(over))
+            tpot[mask], ttft[mask] = t, ff
+    else:
+        tpot, ttft = predicted_ms(p, f)
     lt = np.abs(tpot / mt - 1.0)
     lf = np.abs(ttft / mf - 1.0)
     return float(np.mean(lt) + ttft_weight * np.mean(lf))
@@ -336,8 +348,10 @@ def fit(
     names: Sequence[str] | None = None,
     ttft_weight: float = 1.0,
     iters: int = 800,
+    overrides: Sequence[tuple[np.ndarray, dict[str, float]]] = (),
 ) -> Factors:
-    """Fit the named scalar factors (log space, clipped to FIT_BOUNDS); the others stay as in `start`."""
+    """Fit the named scalar factors (log space, clipped to FIT_BOUNDS); the others stay as in `start`.
+    `overrides` (row mask, factor values) keep per-engine factors fixed on their rows while fitting."""
     start = start or Factors()
     names = list(names or FIT_BOUNDS)
 
@@ -349,10 +363,14 @@ def fit(
         return start.merged(vals)
 
     x0 = np.array([math.log(max(getattr(start, n), 1e-3)) for n in names])
-    best = nelder_mead(lambda x: _loss(p, to_factors(x), ttft_weight), x0, iters=iters)
+
+    def loss(x: np.ndarray) -> float:
+        return _loss(p, to_factors(x), ttft_weight, overrides)
+
+    best = nelder_mead(loss, x0, iters=iters)
     # restarts: Nelder-Mead stalls on the flat directions of ~20 factors
     for step in (0.5, 0.3, 0.2, 0.1, 0.05):
-        best = nelder_mead(lambda x: _loss(p, to_factors(x), ttft_weight), best, iters=iters, step=step)
+        best = nelder_mead(loss, best, iters=iters, step=step)
     return to_factors(best)
 
 
@@ -419,12 +437,19 @@ def fit_observations(
     engines: dict[str, dict[str, float]] = {}
     engine_names = ENGINE_FACTORS
     if per_engine:
-        for eng in sorted({o.engine for o in train.obs if o.engine}):
-            mask = np.array([o.engine == eng for o in train.obs])
-            if mask.sum() < 30:
-                continue
-            f_e = fit(train.subset(mask), glob, engine_names, iters=400)
-            engines[eng] = {n: getattr(f_e, n) for n in engine_names}
+        masks = {
+            eng: np.array([o.engine == eng for o in train.obs])
+            for eng in sorted({o.engine for o in train.obs if o.engine})
+        }
+        masks = {e: m for e, m in masks.items() if m.sum() >= 30}
+        for _ in range(2):  # alternate: engine factors on their rows, then the shared ones under them
+            for eng, mask in masks.items():
+                f_e = fit(train.subset(mask), glob.merged(engines.get(eng, {})), engine_names, iters=400)
+                engines[eng] = {n: getattr(f_e, n) for n in engine_names}
+            shared = [n for n in FIT_BOUNDS if n != "lat_scale" and n not in engine_names]
+            rest = ~np.any(list(masks.values()), axis=0) if masks else np.ones(len(train.obs), bool)
+            overrides = [(m, engines[e]) for e, m in masks.items()] + ([(rest, {})] if rest.any() else [])
+            glob = fit(train, glob, shared, iters=400, overrides=overrides)
     report: dict[str, Any] = {
         "rows": len(prepared.obs),
         "train_rows": int((~test_mask).sum()),

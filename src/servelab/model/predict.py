@@ -137,7 +137,7 @@ def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
     fixed = parts["weights"] + parts["kv_cache"] + pre.ar_n * pre.ar_lat_s * lat
     moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * lat
     # the grouped expert GEMM's floor (rows of every expert) is paid once per batched step, like weights
-    floor = f.expert_rows * pre.expert_pre_s / f.prefill_eff / gen
+    floor = f.expert_rows * pre.expert_pre_s / gen
     fixed = fixed + np.maximum(floor - parts["weights"], 0.0) + moe_lat + parts["other"]
     share = np.minimum(isl / f.prefill_budget, 1.0)
     return np.maximum(flops + comm_bw, 0.0) + fixed * share

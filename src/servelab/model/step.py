@@ -311,7 +311,7 @@ def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
     kv = raw.kv_s / f.bw_eff
     gen = 1.0 + raw.blackwell * (f.blackwell_compute - 1.0)
     # expert GEMM floor: at least `expert_rows` rows for every expert, in decode and in prefill steps
-    floor = f.expert_rows * (raw.expert_dec_s / f.gemm_eff + raw.expert_pre_s / f.prefill_eff)
+    floor = f.expert_rows * (raw.expert_dec_s + raw.expert_pre_s)
     # grouped expert GEMMs (few rows per expert, token permutation) run at `expert_eff` of a dense GEMM
     moe_extra = raw.moe_gemm_s * (1.0 / f.expert_eff - 1.0)
     gemm = (raw.gemm_dec_s / f.gemm_eff + (raw.gemm_pre_s + moe_extra) / f.prefill_eff + floor) / gen
