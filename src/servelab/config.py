@@ -51,6 +51,8 @@ class EngineSpec(_Strict):
     name: str
     python: str | None = None
     startup_timeout_s: float | None = Field(default=None, gt=0)
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="a fixed port (default: a free one)")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)

@@ -75,7 +75,8 @@ def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
     if Path(model).exists():  # a local checkout: engines log the absolute path, so ask for that
         model = str(Path(model).resolve())
     return Settings(
-        model=model, served_model_name=study.model.served_name, port=port, tp=cand.tp, pp=cand.pp,
+        model=model, served_model_name=study.model.served_name, host=study.engine.host,
+        port=port or study.engine.port or 0, tp=cand.tp, pp=cand.pp,
         ep=cand.ep, dp=cand.dp, quantization=cand.quantization, kv_cache_dtype=cand.kv_cache_dtype,
         max_concurrency=cand.max_concurrency, mem_fraction=cand.mem_fraction, max_model_len=cand.max_model_len,
         extra_args=(*study.engine.args, *cand.args), env={**study.engine.env, **cand.env}, options=options,
@@ -216,6 +217,10 @@ class Tuner:
                                   hint="resume with the same file, or run without --resume to start a new study.")
             swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:")
             self.swept = [s.to_dict() if hasattr(s, "to_dict") else s for s in swept]
+            if swept:  # what the killed servers left in /dev/shm, once nothing holds it
+                from servelab.host import shm
+
+                shm.remove_orphaned(min_age_s=5)
             for t in self.repo.open_trials(prev["id"]):
                 self.repo.update_trial(t["id"], status="interrupted", error="servelab stopped during this trial")
             self.repo.set_study_status(prev["id"], "running")
@@ -317,11 +322,11 @@ class Tuner:
             t0 = time.monotonic()
             if not external:
                 cpus = settings.options.get("cpus")
-                server = lifecycle.launch(launch, log_path, marker, cpus=set(cpus) if cpus else None)
-                self.repo.update_trial(tid, pid=server.pid)
                 timeout = (self.opts.startup_timeout_s or self.study.engine.startup_timeout_s
                            or self.engine.startup_timeout_s)
                 try:
+                    server = lifecycle.launch(launch, log_path, marker, cpus=set(cpus) if cpus else None)
+                    self.repo.update_trial(tid, pid=server.pid)
                     await lifecycle.wait_ready(server, self.engine.readiness, timeout, engine=self.engine.name)
                 except EngineError as exc:
                     diag = getattr(exc, "diagnosis", None)

@@ -231,3 +231,26 @@ def test_resume_refuses_a_changed_study_and_bad_input_is_a_clear_error(tmp_path:
     assert res.returncode == 2
     assert "unknown engine 'nope'" in res.stderr and "sim" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_port_already_served_with_so_reuseport_fails_the_candidate(tmp_path: Path) -> None:
+    """vLLM binds with SO_REUSEPORT: a second server on a busy port would silently share it. The study
+    refuses the port and names the process holding it; the study goes on."""
+    from servelab.host.ports import free_port
+
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, str(ROOT / "tests/support/reuseport_server.py"), "--port", str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().startswith("LISTENING")
+        study = write_study(tmp_path / "port.toml", "port", [{"name": "on-busy-port"}], levels=[1],
+                            extra_engine={"port": port})
+        out = json.loads(servelab("tune", str(study), "--json", home=tmp_path / "home").stdout)
+        [cand] = out["candidates"]
+        assert cand["status"] == "failed"
+        assert cand["diagnosis"]["class"] in ("port_in_use", "port_shared")
+        assert str(holder.pid) in json.dumps(cand["diagnosis"])
+        assert holder.poll() is None  # someone else's process: never killed
+    finally:
+        holder.terminate()
+        holder.wait(10)
