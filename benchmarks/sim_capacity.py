@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 PY = sys.executable
@@ -36,7 +37,15 @@ def start(args: list[str], log_dir: Path) -> tuple[subprocess.Popen[bytes], str]
     for _ in range(600):
         for line in err.read_text().splitlines():
             if line.startswith("SIM-PORT "):
-                return proc, f"http://127.0.0.1:{line.split()[1]}"
+                url = f"http://127.0.0.1:{line.split()[1]}"
+                for _ in range(600):  # bound is not ready: vLLM accepts connections only then
+                    with (
+                        contextlib.suppress(OSError),
+                        urllib.request.urlopen(url + "/health", timeout=2) as r,
+                    ):
+                        if r.status == 200:
+                            return proc, url
+                    time.sleep(0.05)
         time.sleep(0.05)
     raise RuntimeError(err.read_text()[-2000:])
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from servelab.bench.config import BenchConfig
 from servelab.bench.runner import BenchResult, run_bench
+from servelab.cli import aio
 from servelab.cli.output import emit, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted
 from servelab.store import open_store
@@ -133,11 +133,6 @@ def result_json(res: BenchResult, cfg: BenchConfig) -> dict[str, Any]:
 
 
 async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    if task is not None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
     with open_store() as store:
         try:
             return await run_bench(cfg, store, observer)
@@ -146,12 +141,7 @@ async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
 
 
 def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
-    try:
-        import uvloop
-
-        return uvloop.run(_main(cfg, observer))
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(_main(cfg, observer))
+    return aio.run(_main(cfg, observer))
 
 
 @click.command()

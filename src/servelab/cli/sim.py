@@ -33,7 +33,8 @@ from servelab.errors import ConfigError
     "--port",
     type=int,
     default=None,
-    help="Port (0: a free one, printed as `SIM-PORT N` on stderr); default: the engine's (8000 / 30000).",
+    help="Port (0: a free one; `SIM-PORT N` on stderr once bound, before it is ready: poll /health); "
+    "default: the engine's (8000 / 30000).",
 )
 @click.option(
     "--speed",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
+from servelab.cli import aio
 from servelab.cli.output import emit, stderr, stdout
 from servelab.config import load_study
 from servelab.store import open_store
@@ -74,11 +73,6 @@ def render(data: dict[str, Any]) -> None:
 
 
 async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    if task is not None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
     with open_store() as store:
         return await tune(study, store, source, opts)
 
@@ -112,5 +106,5 @@ def tune_cmd(study_file: str, resume: bool, retry_failed: bool, startup_timeout:
         return
     opts = TuneOptions(resume=resume, retry_failed=retry_failed, observe=_Progress(quiet or as_json),
                        startup_timeout_s=startup_timeout)
-    outcome = asyncio.run(_main(study, study_file, opts))
+    outcome = aio.run(_main(study, study_file, opts))
     emit(outcome.to_dict(), as_json, render)
