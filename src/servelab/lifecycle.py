@@ -270,7 +270,7 @@ class _LogWatcher:
         return _fatal_in(text, self.engine)
 
 
-def _failed(server: Server, what: str, diag: Diagnosis) -> LaunchFailed:
+def _failed(server: Server | Endpoint, what: str, diag: Diagnosis) -> LaunchFailed:
     evidence = f": {diag.evidence}" if diag.evidence else ""
     tail = ""
     if diag.klass == "unknown" and diag.tail:
@@ -292,8 +292,8 @@ def _exited(server: Server, engine: str | None, rc: int) -> LaunchFailed:
 class _Probe:
     """The readiness rule as a small state machine; each `step` is one round of checks."""
 
-    def __init__(self, server: Server, readiness: Readiness, api_key: str | None, request_timeout_s: float,
-                 engine: str | None) -> None:
+    def __init__(self, server: Server | Endpoint, readiness: Readiness, api_key: str | None,
+                 request_timeout_s: float, engine: str | None) -> None:
         from servelab.bench.client import Client
 
         self.server, self.r, self.engine = server, readiness, engine
@@ -520,6 +520,74 @@ async def wait_ready(
     finally:
         probe.client.close()
     raise _timed_out(server, engine, timeout_s, probe.last)
+
+
+@dataclass
+class Endpoint:
+    """A server known only by its URL (a systemd unit's, a container's): what `_Probe` needs of a Server.
+
+    `log_path` is only quoted in hints ("Full log: ..."), so it may name a command (`journalctl -u X`)."""
+
+    spec: LaunchSpec
+    started_mono: float
+    log_path: str = "the server's log"
+    pid: int | None = None  # when known (systemd's $MAINPID): its exit stops the wait at once
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+
+async def wait_url_ready(
+    endpoint: Endpoint,
+    readiness: Readiness,
+    timeout_s: float,
+    engine: str | None = None,
+    api_key: str | None = None,
+    *,
+    completion: bool = True,
+    poll_s: float = 0.5,
+    request_timeout_s: float = 5.0,
+) -> ReadyReport:
+    """`wait_ready` for a server servelab did not launch: the same `_Probe` rule against a URL, then (with
+    `completion`) one real completion. No log to scan and no port-ownership guard (the process tree is
+    not ours); an `endpoint.pid` that exits ends the wait with LaunchFailed. NotReady after `timeout_s`."""
+    import dataclasses
+
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    probe = _Probe(endpoint, readiness, api_key, request_timeout_s, engine)
+    final = dataclasses.replace(readiness, warmup_request=True) if completion else readiness
+    try:
+        while True:
+            if endpoint.pid is not None and not _pid_alive(endpoint.pid):
+                diag = Diagnosis(klass="process_exited", evidence=f"pid {endpoint.pid} is gone",
+                                 advice="The server exited while starting; read its log", fatal=True)
+                raise _failed(endpoint, f"{engine or 'the server'} exited before it was ready", diag)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if await probe.step(remaining):
+                if probe.r is final:
+                    now = time.monotonic()
+                    return ReadyReport(url=endpoint.url, served_model=endpoint.spec.served_model,
+                                       ready_s=now - endpoint.started_mono, waited_s=now - t0, polls=probe.polls,
+                                       phases=probe.phases, models=probe.models)
+                probe.r = final  # the engine's rule passed: now the real completion
+                continue
+            await asyncio.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+    finally:
+        probe.client.close()
+    exc = NotReady(f"{engine or 'the server'} at {endpoint.url} was not ready after {timeout_s:g} s ({probe.last})",
+                   hint=f"raise --timeout, or read {endpoint.log_path} for where it stopped")
+    exc.diagnosis = Diagnosis(klass="startup_timeout", evidence=probe.last,
+                              advice="Give it more time or read the log for where it stopped", fatal=True)
+    raise exc
+
+
+def _pid_alive(pid: int) -> bool:
+    info = processes.info(pid)
+    return info is not None and info.alive()
 
 
 def _timeout_line(timeout_s: float, last: str) -> str:

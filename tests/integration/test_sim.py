@@ -467,10 +467,11 @@ def test_fidelity_at_speed_one(start_sim, tmp_path):
     all_cpus = sorted(os.sched_getaffinity(0))
     pin = ["--cpu", str(all_cpus[0])] if len(all_cpus) >= 2 else []
     client_cpus = set(all_cpus[1:]) if len(all_cpus) >= 2 else None
-    sim = start_sim(*QWEN, *pin, speed=1)
+    # Predict with the factors the simulator starts with (read just before it).
     setup = make_setup("Qwen3-8B", "h100-sxm", 1, engine="vllm")
-    # Several waves per level at c=16 and c=64, so the median is not that of the first wave alone
-    # (whose requests all arrive before the batch is full); c=1 needs few requests.
+    pred = {c: evaluate(setup, Workload(256, 32, c)) for c in (1, 16, 64)}
+    sim = start_sim(*QWEN, *pin, speed=1)
+    # Several waves per level at c=16 and c=64; c=1 needs few requests.
     for conc, n in ((1, 16), (16, 96), (64, 256)):
         d = run_bench(
             sim.url,
@@ -488,7 +489,7 @@ def test_fidelity_at_speed_one(start_sim, tmp_path):
         )
         lv = d["levels"][0]
         s = lv["summary"]
-        p = evaluate(setup, Workload(256, 32, conc))
+        p = pred[conc]
         assert s["failed"] == 0
         print(
             f"c={conc}: TTFT {s['ttft_ms']['p50']:.2f} vs {p.ttft_ms:.2f} ms, TPOT {s['tpot_ms']['p50']:.3f} vs {p.tpot_ms:.3f} ms"

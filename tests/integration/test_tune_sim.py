@@ -165,7 +165,7 @@ def test_every_fault_is_diagnosed_and_the_study_goes_on(tmp_path: Path) -> None:
     assert orphan_trials[0]["teardown"]["orphans"], orphan_trials[0]["teardown"]
     assert orphan_trials[0]["teardown"]["survivors"] == []
     assert markers_alive(f"servelab-study:{out['study']}:") == []
-    assert out["ranking"]["winner"] == "healthy"
+    assert out["ranking"]["winner"] in ("healthy", "f-orphan")  # the only two that serve correctly
 
 
 def _db_trials(home: Path) -> list[tuple[str, str]]:

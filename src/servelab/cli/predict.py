@@ -335,15 +335,19 @@ def explain(run: str, **kw: Any) -> None:
             hint="pass --gpu, --num-gpus and the layout (--tp/--pp/--ep) it ran with",
         )
     tp = kw["tp"] or layout.get("tp")
-    num = kw["num_gpus"] or host.get("num_gpus") or (tp or 1)
+    pp = kw["pp"] or layout.get("pp", 1)
+    dp = kw["dp"] or layout.get("dp_attention", 1)
+    num = int(kw["num_gpus"] or host.get("num_gpus") or (tp or 1))
+    if tp:  # a bench run measures one server, even on a host with GPUs to spare (no replicas)
+        num = min(num, int(tp) * int(pp) * int(dp))
     setup = make_setup(
         model,
         gpu,
-        int(num),
+        num,
         tp=tp,
-        pp=kw["pp"] or layout.get("pp", 1),
+        pp=pp,
         ep=kw["ep"] or layout.get("ep", 1),
-        dp=kw["dp"] or layout.get("dp_attention", 1),
+        dp=dp,
         quant=kw["quant"] or cfg.get("quant"),
         kv_dtype=kw["kv_dtype"] or cfg.get("kv_dtype"),
         interconnect=kw["interconnect"] or host.get("interconnect"),

@@ -198,6 +198,15 @@ def is_holdout(obs: Observation, fraction: float = 0.3) -> bool:
     return (h % 1000) < fraction * 1000
 
 
+def holdout_mask(obs: Sequence[Observation], fraction: float = 0.3) -> np.ndarray:
+    """Rows held out by `is_holdout`; none when the split would leave nothing to fit (a user's runs of a
+    single configuration are one group, which the hash puts wholly on one side)."""
+    mask = (
+        np.array([is_holdout(o, fraction) for o in obs], bool) if fraction > 0 else np.zeros(len(obs), bool)
+    )
+    return np.zeros(len(obs), bool) if mask.all() else mask
+
+
 @dataclass
 class Prepared:
     """Observations turned into stacked terms (rows the model cannot place are dropped with a reason)."""
@@ -425,11 +434,7 @@ def fit_observations(
     """Fit global factors (and per-engine overhead/queue factors) on a split; report on the held-out rows."""
     start = start or Factors()
     prepared = prepare(observations, start)
-    test_mask = (
-        np.array([is_holdout(o, holdout) for o in prepared.obs])
-        if holdout > 0
-        else np.zeros(len(prepared.obs), bool)
-    )
+    test_mask = holdout_mask(prepared.obs, holdout)
     train = prepared.subset(~test_mask) if test_mask.any() else prepared
     # Collective latency stays at the catalog's physical figure: the published rows are all NVLink, and
     # a scale fitted there would leak into PCIe predictions. `calibrate host` measures it instead.
@@ -469,7 +474,7 @@ def evaluate_split(
     """Error tables on the train and test split with the per-engine factors applied row by row."""
     prepared = prepare(observations, glob)
     out: dict[str, list[GroupError]] = {}
-    test_mask = np.array([is_holdout(o, holdout) for o in prepared.obs])
+    test_mask = holdout_mask(prepared.obs, holdout)
     for name, mask in (("train", ~test_mask), ("test", test_mask)):
         sub = prepared.subset(mask)
         if not sub.obs:

@@ -131,4 +131,45 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX study_trials_candidate ON study_trials(candidate_id);
         """,
     ),
+    (
+        "0004_plan",
+        """
+        CREATE TABLE plans (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,         -- "workspace", or the study's uid
+            kind TEXT NOT NULL,                -- workspace | study
+            study_uid TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE plan_items (
+            id INTEGER PRIMARY KEY,
+            plan_id INTEGER NOT NULL REFERENCES plans(id) ON DELETE CASCADE,
+            key TEXT NOT NULL,                 -- the id users and todowrite see
+            position INTEGER NOT NULL,         -- order in the plan
+            content TEXT NOT NULL,
+            status TEXT NOT NULL,              -- pending | in_progress | completed | cancelled | blocked
+            priority TEXT NOT NULL,            -- high | medium | low
+            worker TEXT,                       -- who holds it while in progress
+            depends_on_json TEXT NOT NULL DEFAULT '[]',
+            notes_json TEXT NOT NULL DEFAULT '[]',
+            binding_json TEXT,                 -- {"study", "candidate", "requested", "predicted", "url", "unit"}
+            evidence_json TEXT NOT NULL DEFAULT '[]',  -- run records: applied or not, mismatches, diagnosis
+            extra_json TEXT NOT NULL DEFAULT '{}',     -- todowrite keys servelab keeps verbatim
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            UNIQUE (plan_id, key)
+        );
+        CREATE TABLE plan_events (
+            id INTEGER PRIMARY KEY,
+            item_id INTEGER NOT NULL REFERENCES plan_items(id) ON DELETE CASCADE,
+            at TEXT NOT NULL,
+            from_status TEXT,                  -- NULL when the item was created
+            to_status TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            detail_json TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX plan_events_item ON plan_events(item_id);
+        """,
+    ),
 ]

@@ -1,0 +1,206 @@
+"""RUN → the exact launch record behind a measured result (what ran, not what the study asked for).
+
+RUN is one of:
+- `STUDY` (uid, numeric id, name or `last`): the study's winner, its latest measured trial;
+- `STUDY:CANDIDATE`: that candidate (its label), its latest measured trial;
+- `trial:ID`: exactly that trial (it must have been measured).
+
+The store redacts secrets (`***`) in argv and env; a deployment cannot run on a mask, so `apply_overrides`
+refuses until each masked value is supplied (`--env NAME=VALUE`, `--arg FLAG=VALUE`) or, for env, left to an
+EnvironmentFile (`--env-file`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from servelab.errors import ConfigError, NotFoundError
+from servelab.redact import MASK
+from servelab.store.db import Store
+from servelab.store.studies import StudyRepo
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One measured trial: its exact command line and environment, and what it measured."""
+
+    study_uid: str
+    study_name: str
+    candidate: str
+    trial_id: int
+    engine: str
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+    served_model: str
+    model_path: str
+    engine_version: str | None
+    ready_s: float | None
+    levels: list[dict[str, Any]] = field(default_factory=list)  # per-level digests of the trial
+    main_level: float | None = None  # the study's level deployment checks use
+    study: dict[str, Any] = field(default_factory=dict)  # the stored study spec
+    effective: dict[str, Any] = field(default_factory=dict)
+    candidate_spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.study_uid}:{self.candidate} (trial {self.trial_id})"
+
+    @property
+    def host(self) -> str:
+        return flag_value(self.argv, "--host") or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        value = flag_value(self.argv, "--port")
+        if value is None or not value.isdigit():
+            raise ConfigError(f"the command line of {self.ref} has no --port", hint="pass --port PORT to deploy")
+        return int(value)
+
+    def main_digest(self) -> dict[str, Any] | None:
+        """The measured digest at the main level (None: not measured at that level)."""
+        for d in self.levels:
+            if self.main_level is not None and float(d.get("level", -1)) == float(self.main_level):
+                return d
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "study": self.study_uid, "study_name": self.study_name, "candidate": self.candidate,
+            "trial": self.trial_id, "engine": self.engine, "engine_version": self.engine_version,
+            "argv": list(self.argv), "env": dict(self.env), "url": self.url, "served_model": self.served_model,
+            "model_path": self.model_path, "ready_s": self.ready_s, "main_level": self.main_level,
+        }
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in argv (`--flag V` or `--flag=V`; the last one wins, as argparse does)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg[len(flag) + 1:]
+    return found
+
+
+def set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """argv with every value of `flag` replaced; ConfigError when the flag is absent."""
+    out, hit = list(argv), False
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1], hit = value, True
+        elif arg.startswith(flag + "="):
+            out[i], hit = f"{flag}={value}", True
+    if not hit:
+        raise ConfigError(f"the run's command line has no {flag} to replace",
+                          hint=f"the engine takes no {flag}; leave that override out")
+    return out
+
+
+def resolve(store: Store, ref: str) -> LaunchRecord:
+    """The launch record RUN names (see the module docstring)."""
+    repo = StudyRepo(store)
+    if ref.startswith("trial:"):
+        tid = ref.removeprefix("trial:")
+        if not tid.isdigit():
+            raise ConfigError(f"{ref!r}: a trial is named trial:ID with a numeric id", hint="e.g. trial:12")
+        return _from_trial(store, repo, int(tid))
+    study_ref, _, label = ref.partition(":")
+    study = repo.resolve(study_ref)
+    cands = repo.candidates(study["id"])
+    if not label:
+        label = ((study.get("result") or {}).get("ranking") or {}).get("winner") or ""
+        if not label:
+            raise NotFoundError(
+                f"study {study['uid']} has no winner (status {study['status']})",
+                hint=f"name a measured candidate: servelab deploy {study['uid']}:LABEL "
+                f"(candidates: {', '.join(c['label'] for c in cands) or 'none'})")
+    cand = next((c for c in cands if c["label"] == label), None)
+    if cand is None:
+        raise NotFoundError(f"study {study['uid']} has no candidate {label!r}",
+                            hint=f"candidates: {', '.join(c['label'] for c in cands) or 'none'}")
+    measured = [t for t in repo.trials(cand["id"]) if t["status"] == "measured"]
+    if not measured:
+        raise NotFoundError(f"candidate {label!r} of study {study['uid']} has no measured trial "
+                            f"(status {cand['status']})",
+                            hint="deploy a candidate that was measured; `servelab runs` shows each one's status")
+    return _record(study, cand, measured[-1])
+
+
+def _from_trial(store: Store, repo: StudyRepo, tid: int) -> LaunchRecord:
+    row = store.conn.execute(
+        "SELECT c.study_id, c.id FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id WHERE t.id = ?",
+        (tid,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no trial {tid} in the store", hint="`servelab runs STUDY` lists the trials of a study")
+    study = repo.resolve(str(row[0]))
+    cand = next(c for c in repo.candidates(study["id"]) if c["id"] == row[1])
+    trial = next(t for t in repo.trials(cand["id"]) if t["id"] == tid)
+    if trial["status"] != "measured":
+        raise ConfigError(f"trial {tid} was not measured (status {trial['status']}): nothing proves it works",
+                          hint="deploy a measured trial, or the candidate (STUDY:CANDIDATE)")
+    return _record(study, cand, trial)
+
+
+def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) -> LaunchRecord:
+    spec = study["spec"] or {}
+    eff = (trial.get("effective") or {}).get("effective") or {}
+    argv = [str(a) for a in trial.get("argv") or []]
+    if not argv:
+        raise ConfigError(f"trial {trial['id']} recorded no command line (an external endpoint?)",
+                          hint="servelab can only deploy a server it launched itself")
+    model = spec.get("model") or {}
+    served = (eff.get("served_model_name") or model.get("served_name") or flag_value(argv, "--served-model-name")
+              or model.get("path") or "")
+    load = spec.get("load") or {}
+    levels = [float(v) for v in (load.get("concurrency") or load.get("rate") or [])]
+    main = load.get("main")
+    return LaunchRecord(
+        study_uid=study["uid"], study_name=study["name"], candidate=cand["label"], trial_id=trial["id"],
+        engine=(spec.get("engine") or {}).get("name", ""), argv=argv,
+        env={str(k): str(v) for k, v in (trial.get("env") or {}).items()}, url=trial.get("url") or "",
+        served_model=str(served), model_path=str(eff.get("model") or flag_value(argv, "--model") or model.get("path")),
+        engine_version=trial.get("engine_version") or eff.get("version"), ready_s=trial.get("ready_s"),
+        levels=list(trial.get("levels") or []), main_level=float(main) if main is not None else
+        (max(levels) if levels else None), study=spec, effective=eff, candidate_spec=cand.get("spec") or {},
+    )
+
+
+def masked(record: LaunchRecord) -> tuple[list[str], list[str]]:
+    """(env names, argv flags) whose stored values are redacted."""
+    env = sorted(k for k, v in record.env.items() if MASK in v)
+    flags = []
+    for i, arg in enumerate(record.argv):
+        if MASK in arg:
+            flags.append(arg.split("=", 1)[0] if arg.startswith("--") and "=" in arg
+                         else (record.argv[i - 1] if i > 0 and record.argv[i - 1].startswith("-") else f"argv[{i}]"))
+    return env, flags
+
+
+def apply_overrides(record: LaunchRecord, env: dict[str, str] | None = None, args: dict[str, str] | None = None,
+                    port: int | None = None, env_file: bool = False) -> LaunchRecord:
+    """The record with supplied secrets and a new port; refuses while a redacted value is left.
+
+    With `env_file`, masked env variables are dropped from the unit (the EnvironmentFile supplies them)."""
+    argv, new_env = list(record.argv), dict(record.env)
+    for flag, value in (args or {}).items():
+        argv = set_flag(argv, flag, value)
+    if port is not None:
+        argv = set_flag(argv, "--port", str(port))
+    new_env.update(env or {})
+    rec = replace(record, argv=argv, env=new_env)
+    env_left, flags_left = masked(rec)
+    if env_file:
+        rec = replace(rec, env={k: v for k, v in rec.env.items() if k not in env_left})
+        env_left = []
+    if env_left or flags_left:
+        what = [f"environment variable {n}" for n in env_left] + [f"argument {f}" for f in flags_left]
+        hints = [f"--env {n}=VALUE" for n in env_left] + [f"--arg {f}=VALUE" for f in flags_left]
+        raise ConfigError(
+            f"the store keeps secrets redacted ('{MASK}'): {', '.join(what)} of {record.ref} cannot be deployed "
+            "as stored",
+            hint=f"supply {'them' if len(hints) > 1 else 'it'}: {' '.join(hints)}"
+            + (" (or --env-file FILE for the environment: the unit then reads them from that file)"
+               if env_left else ""))
+    return rec

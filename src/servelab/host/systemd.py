@@ -1,0 +1,115 @@
+"""State of servelab's systemd units (`servelab deploy` installs them as `servelab-*.service`).
+
+Why `systemctl show` and not `status`: `show` prints stable `Key=value` properties meant for programs;
+`status` is for people and changes between versions. A host without systemd (containers, CI) is reported
+as such, not as an error: `systemctl` may be installed while PID 1 is something else, which
+`/run/systemd/system` tells apart (the check sd_booted() does).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PROPERTIES: tuple[str, ...] = ("Id", "LoadState", "ActiveState", "SubState", "NRestarts", "ExecMainStartTimestamp",
+                               "ExecMainPID", "Result")
+UNIT_PATTERN = "servelab*"
+
+Systemctl = Callable[[list[str]], str | None]
+
+
+@dataclass(frozen=True)
+class UnitState:
+    unit: str
+    active_state: str
+    sub_state: str
+    restarts: int | None
+    since: str | None  # ExecMainStartTimestamp as systemd prints it ("Sun 2026-11-29 18:02:11 UTC")
+    load_state: str = ""
+    main_pid: int | None = None
+    result: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.active_state == "failed" or self.result not in ("", "success")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["failed"] = self.failed
+        return d
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v not in (None, "", "[not set]") else None
+    except ValueError:
+        return None
+
+
+def parse_show(text: str) -> list[UnitState]:
+    """`systemctl show -p ... UNIT...`: one block of Key=value lines per unit, blocks split by a blank line."""
+    out: list[UnitState] = []
+    for block in text.strip().split("\n\n"):
+        props: dict[str, str] = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                props[key.strip()] = value.strip()
+        if "Id" not in props:
+            continue
+        pid = _int(props.get("ExecMainPID"))
+        out.append(UnitState(
+            unit=props["Id"], active_state=props.get("ActiveState", ""), sub_state=props.get("SubState", ""),
+            restarts=_int(props.get("NRestarts")), since=props.get("ExecMainStartTimestamp") or None,
+            load_state=props.get("LoadState", ""), main_pid=pid or None, result=props.get("Result", ""),
+        ))
+    return out
+
+
+def parse_list_units(text: str) -> list[str]:
+    """Unit names from `systemctl list-units --all --plain --no-legend` (first column; a leading '●' dropped)."""
+    names = []
+    for line in text.splitlines():
+        cells = line.replace("●", " ").split()
+        if cells and "." in cells[0]:
+            names.append(cells[0])
+    return names
+
+
+def run_systemctl(args: list[str]) -> str | None:
+    exe = shutil.which("systemctl")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode in (0, 3) else None  # 3: some unit inactive (list/show still print)
+
+
+def booted(run_dir: Path = Path("/run/systemd/system")) -> bool:
+    """Whether systemd is this host's init (sd_booted)."""
+    return run_dir.is_dir()
+
+
+def states(units: list[str] | None = None, run: Systemctl = run_systemctl,
+           is_booted: Callable[[], bool] = booted) -> dict[str, Any]:
+    """{"available": bool, "note": str, "units": [UnitState...]} for `units` (default: every servelab* unit)."""
+    if not is_booted():
+        return {"available": False, "note": "no systemd on this host (PID 1 is not systemd)", "units": []}
+    names = list(units or [])
+    if not names:
+        listed = run(["list-units", "--all", "--plain", "--no-legend", "--no-pager", UNIT_PATTERN])
+        if listed is None:
+            return {"available": False, "note": "systemctl did not answer", "units": []}
+        names = parse_list_units(listed)
+    if not names:
+        return {"available": True, "note": f"no {UNIT_PATTERN} units installed", "units": []}
+    text = run(["show", "--no-pager", "-p", ",".join(PROPERTIES), *names])
+    if text is None:
+        return {"available": False, "note": "systemctl show failed", "units": []}
+    return {"available": True, "note": "", "units": parse_show(text)}
