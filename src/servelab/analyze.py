@@ -167,6 +167,10 @@ def anomalies(levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | Non
         if bthr > 0 and thr < spec.collapse_ratio * bthr:
             out.append(Anomaly(lv, "throughput_collapse",
                                f"{thr:,.0f} tok/s vs the baseline's {bthr:,.0f} tok/s ({thr / bthr:.0%})"))
+        # Lower power at the same throughput is efficiency, not a fault: power and utilization falls
+        # are flagged when throughput fell with them (the GPUs starved: 1,867 → 236 tok/s at ~125 W).
+        if not (bthr > 0 and thr < 0.9 * bthr):
+            continue
         pw, bpw = d.get("gpu_power_w"), b.get("gpu_power_w")
         if pw is not None and bpw and pw < spec.power_drop_ratio * bpw:
             out.append(Anomaly(lv, "power_drop", f"GPU power {pw:.0f} W vs the baseline's {bpw:.0f} W"))

@@ -254,3 +254,29 @@ def test_a_port_already_served_with_so_reuseport_fails_the_candidate(tmp_path: P
     finally:
         holder.terminate()
         holder.wait(10)
+
+
+def test_ctrl_c_tears_down_records_the_interruption_and_resumes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    study = write_study(tmp_path / "int.toml", "interrupt", [{"name": "a"}, {"name": "b", "max_concurrency": 32}],
+                        levels=[1, 8, 16], speed=10)
+    env = {**os.environ, "SERVELAB_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "tune", str(study), "--quiet"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while ("a", "benchmarking") not in _db_trials(home):
+        assert time.monotonic() < deadline and proc.poll() is None, _db_trials(home)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err  # the hint says how to continue
+    con = sqlite3.connect(home / "servelab.db")
+    uid, status = con.execute("SELECT uid, status FROM studies").fetchone()
+    con.close()
+    assert status == "interrupted"
+    assert ("a", "interrupted") in _db_trials(home)
+    assert markers_alive(f"servelab-study:{uid}:") == []  # torn down on the way out, nothing to sweep
+    out = json.loads(servelab("tune", str(study), "--resume", "--json", home=home).stdout)
+    assert out["status"] == "completed" and out["orphans_cleaned"] == []
+    assert {c["label"]: c["status"] for c in out["candidates"]} == {"a": "measured", "b": "measured"}

@@ -26,6 +26,9 @@ COMMANDS: list[tuple[str, str]] = [
     ("servelab.cli.logs", "logs"),
     ("servelab.cli.verify", "verify_output_cmd"),
     ("servelab.cli.tune", "tune_cmd"),
+    ("servelab.cli.plan", "plan"),
+    ("servelab.cli.status", "status_cmd"),
+    ("servelab.cli.status", "doctor_cmd"),
 ]
 
 

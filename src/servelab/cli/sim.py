@@ -17,10 +17,8 @@ from servelab.errors import ConfigError
         "help_option_names": ["-h", "--help"],
     }
 )
-@click.option(
-    "--model", required=True, help="Catalog model name (see `servelab predict --help`) or config path."
-)
-@click.option("--gpu", required=True, help="GPU kind from the catalog, e.g. rtx-pro-6000, h100-sxm.")
+@click.option("--model", help="Catalog model name (see `servelab predict --help`) or config path. Required.")
+@click.option("--gpu", help="GPU kind from the catalog, e.g. rtx-pro-6000, h100-sxm. Required.")
 @click.option("--num-gpus", type=int, default=1, show_default=True, help="GPUs in the simulated box.")
 @click.option("--tp", type=int, default=None, help="Tensor parallel size (or the engine's own flag).")
 @click.option("--pp", type=int, default=None, help="Pipeline parallel size.")
@@ -79,6 +77,10 @@ def sim(ctx: click.Context, **opts: Any) -> None:
         for name, (kind, default, about) in FAULTS.items():
             click.echo(f"{name:16s} {kind:8s} {about}" + (f" (default N={default:g})" if default else ""))
         return
+    missing = [f"--{k}" for k in ("model", "gpu") if not opts[k]]
+    if missing:
+        raise ConfigError(f"servelab sim needs {' and '.join(missing)}",
+                          hint="e.g. servelab sim --model GLM-5-NVFP4 --gpu rtx-pro-6000 --num-gpus 8 --tp 8")
     cfg = build_config(opts, list(ctx.args))
     from servelab.sim.server import run
 

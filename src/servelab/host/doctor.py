@@ -161,7 +161,7 @@ def _power_low(g: Gpu) -> str | None:
 
 
 def check_power(f: Facts) -> Check:
-    return _per_gpu("power limit", f, _power_low, "sudo nvidia-smi -i IDX -pl DEFAULT_WATTS  (or -rpl... see nvidia-smi -h)",
+    return _per_gpu("power limit", f, _power_low, "sudo nvidia-smi -i IDX -pl DEFAULT_WATTS",
                     "every GPU at its default power limit")
 
 

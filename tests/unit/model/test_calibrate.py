@@ -12,6 +12,7 @@ from servelab.model.calibrate import (
     error_table,
     factors_from_probe,
     fit,
+    holdout_mask,
     is_holdout,
     observations_from_csv,
     predicted_ms,
@@ -74,6 +75,19 @@ def test_holdout_split_is_stable_and_by_configuration() -> None:
     # different configurations are split about 30 / 70
     configs = [Observation(**{**o.__dict__, "isl": 1 + i}) for i in range(1000)]
     assert 200 < sum(is_holdout(k) for k in configs) < 400
+
+
+def test_single_configuration_is_not_held_out_entirely() -> None:
+    """A user's runs of one configuration are one group: rather than hold out everything, fit on all."""
+    base = Observation("m", "g", 1, 1, 1, 1, 1, None, None, 1, 1, 1, "e", 1, 1, "k")
+    group = next(
+        Observation(**{**base.__dict__, "isl": i})
+        for i in range(1, 100)
+        if is_holdout(Observation(**{**base.__dict__, "isl": i}))
+    )
+    rows = [Observation(**{**group.__dict__, "concurrency": c}) for c in (1, 2, 4, 8)]
+    assert all(is_holdout(o) for o in rows)
+    assert not holdout_mask(rows).any()
 
 
 def test_concurrency_is_per_server_not_per_rank() -> None:

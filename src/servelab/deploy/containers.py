@@ -1,0 +1,49 @@
+"""What Compose and Kubernetes share: the run's command line inside an image, its mounts and probes.
+
+Inside a container the host's interpreter path means nothing, so argv[0] becomes the image's (`python3` for
+a Python interpreter, else its basename); every other word stays the run's. A local model directory is
+mounted at the same path, read-only, so `--model PATH` keeps working unchanged."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from servelab.deploy.spec import DeploySpec, defaults
+from servelab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    image: str
+    argv: list[str]
+    model_mount: str | None  # host path mounted at the same path (read-only)
+    shm_size: str
+    health_path: str
+    notes: list[str]
+
+
+def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None) -> ContainerPlan:
+    rec, notes = spec.record, list(spec.notes)
+    if image is None:
+        tmpl = defaults()["container"]["images"].get(rec.engine)
+        if tmpl is None:
+            raise ConfigError(f"no default image for engine {rec.engine!r}", hint="pass --image IMAGE")
+        if "{version}" in tmpl and not rec.engine_version:
+            raise ConfigError(f"the run recorded no {rec.engine} version to pick its image",
+                              hint="pass --image IMAGE (the image with the engine version that was measured)")
+        image = tmpl.format(version=rec.engine_version or "")
+        notes.append(f"image {image}: the engine version the study measured ({rec.engine_version or 'n/a'})")
+    exe = os.path.basename(spec.argv[0])
+    inner = "python3" if exe.startswith("python") else exe
+    if inner != spec.argv[0]:
+        notes.append(f"{spec.argv[0]} runs as {inner} inside the image")
+    model = rec.model_path if rec.model_path.startswith("/") else None
+    return ContainerPlan(image=image, argv=[inner, *spec.argv[1:]], model_mount=model,
+                         shm_size=shm_size or str(defaults()["container"]["shm_size"]),
+                         health_path=spec.readiness.health_path or "/v1/models", notes=notes)
+
+
+def dollar_escape(value: str) -> str:
+    """Compose interpolates `$VAR` and Kubernetes expands `$(VAR)`; both read `$$` as one literal `$`."""
+    return value.replace("$", "$$")

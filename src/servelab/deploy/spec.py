@@ -1,0 +1,144 @@
+"""What every deployment target renders: one launch record plus the service's own settings (name, user,
+timeouts, GPUs, how to call servelab), so systemd, Compose and Kubernetes cannot drift apart."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from servelab.deploy.source import LaunchRecord
+from servelab.engines import registry
+from servelab.engines.base import Readiness
+from servelab.errors import ConfigError
+from servelab.host.processes import MARKER_ENV
+
+MARKER_PREFIX = "servelab-deploy:"
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")  # a unit name that is also a DNS-1123 label
+
+
+@cache
+def defaults() -> dict[str, Any]:
+    with open(Path(__file__).with_name("defaults.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    name: str
+    record: LaunchRecord
+    argv: list[str]
+    env: dict[str, str]  # the run's added environment plus the deployment's marker
+    host: str
+    port: int
+    served_model: str
+    readiness: Readiness
+    gpu: bool  # the engine needs GPUs
+    gpu_ids: list[str] | None  # CUDA_VISIBLE_DEVICES of the run (None: all of the box)
+    gpu_count: int
+    start_timeout_s: int
+    stop_timeout_s: int
+    restart_s: int
+    user: str | None = None
+    env_file: str | None = None
+    servelab: list[str] = field(default_factory=list)  # how the unit calls servelab (preflight, wait-ready)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def marker(self) -> str:
+        return MARKER_PREFIX + self.name
+
+    @property
+    def local_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def wait_timeout_s(self) -> int:
+        return max(30, self.start_timeout_s - int(defaults()["timeouts"]["wait_ready_margin_s"]))
+
+    def preflight_args(self, kill_stale: bool = False) -> list[str]:
+        args = ["preflight", "--host", self.host, "--port", str(self.port), "--marker", self.marker,
+                "--gpus", ",".join(self.gpu_ids) if self.gpu_ids else ("all" if self.gpu else "none"),
+                "--engine", self.record.engine]
+        return args + (["--kill-stale"] if kill_stale else [])
+
+    def wait_ready_args(self) -> list[str]:
+        return ["wait-ready", self.local_url, "--engine", self.record.engine, "--model", self.served_model,
+                "--timeout", str(self.wait_timeout_s)]
+
+
+def start_timeout(ready_s: float | None, override: float | None = None) -> int:
+    """TimeoutStartSec from the measured start-up time with a margin (defaults.toml [timeouts])."""
+    if override is not None:
+        if override <= 0:
+            raise ConfigError(f"--start-timeout must be positive (got {override:g})")
+        return math.ceil(override)
+    t = defaults()["timeouts"]
+    if ready_s is None:
+        return int(t["unknown_start_s"])
+    return max(int(t["min_start_s"]), math.ceil(ready_s * float(t["start_factor"]) + float(t["start_extra_s"])))
+
+
+def _gpus(record: LaunchRecord) -> tuple[list[str] | None, int]:
+    ids = record.env.get("CUDA_VISIBLE_DEVICES")
+    eff, cand = record.effective, record.candidate_spec
+    count = 1
+    for key, ckey in (("tp_size", "tp"), ("pp_size", "pp"), ("dp_size", "dp")):
+        v = eff.get(key) or cand.get(ckey) or 1
+        count *= int(v) if str(v).isdigit() else 1
+    if ids:
+        listed = [x.strip() for x in ids.split(",") if x.strip()]
+        return listed, len(listed)
+    return None, count
+
+
+def _absolute(argv: list[str], notes: list[str]) -> list[str]:
+    """systemd wants an absolute executable; resolve a bare name the way the run's PATH did."""
+    exe = argv[0]
+    if exe.startswith("/"):
+        return argv
+    found = shutil.which(exe)
+    if found is None:
+        raise ConfigError(f"the run's executable {exe!r} is not on PATH here",
+                          hint="deploy on the host that ran the study, or install the engine")
+    notes.append(f"{exe} resolved to {found}")
+    return [found, *argv[1:]]
+
+
+def build(record: LaunchRecord, name: str | None = None, *, user: str | None = None,
+          start_timeout_s: float | None = None, stop_timeout_s: float | None = None,
+          env_file: str | None = None, servelab: list[str] | None = None) -> DeploySpec:
+    """The deployment of `record` (after `source.apply_overrides`)."""
+    name = name or _default_name(record)
+    if not NAME_RE.match(name):
+        raise ConfigError(f"invalid deployment name {name!r}",
+                          hint="use lowercase letters, digits and '-', starting and ending with a letter or digit "
+                          "(it names the systemd unit and the Kubernetes objects)")
+    engine = registry.get(record.engine)
+    notes: list[str] = []
+    argv = _absolute(record.argv, notes)
+    gpu_ids, count = _gpus(record)
+    t = defaults()["timeouts"]
+    if env_file is not None and not env_file.startswith("/"):
+        raise ConfigError(f"--env-file must be an absolute path (got {env_file!r})")
+    return DeploySpec(
+        name=name, record=record, argv=argv, env={**record.env, MARKER_ENV: MARKER_PREFIX + name, "SPT_NOENV": "1"},
+        host=record.host, port=record.port, served_model=record.served_model, readiness=engine.readiness,
+        gpu=engine.capabilities.gpu, gpu_ids=gpu_ids, gpu_count=count if engine.capabilities.gpu else 0,
+        start_timeout_s=start_timeout(record.ready_s, start_timeout_s),
+        stop_timeout_s=math.ceil(stop_timeout_s if stop_timeout_s is not None else float(t["stop_s"])),
+        restart_s=int(t["restart_s"]), user=user, env_file=env_file,
+        servelab=list(servelab) if servelab else [sys.executable, "-m", "servelab"], notes=notes,
+    )
+
+
+def _default_name(record: LaunchRecord) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", f"servelab-{record.study_name}".lower()).strip("-")
+    return base[:52].strip("-") or "servelab"

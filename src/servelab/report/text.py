@@ -1,0 +1,63 @@
+"""Making strings from logs safe to show: ANSI/control sequences stripped, then escaped for the target.
+
+Engine logs end up in reports (evidence lines, diagnoses, error messages); a log line is data, never markup.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+# CSI (ESC [ ... final), OSC (ESC ] ... BEL/ST), other two-byte ESC sequences, then the C0/C1 controls left.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]")
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(value: object) -> str:
+    """`value` as text without terminal escape sequences or control characters (newlines and tabs kept)."""
+    text = "" if value is None else str(value)
+    return _CTRL.sub("", _ANSI.sub("", text))
+
+
+def h(value: object) -> str:
+    """Cleaned and HTML-escaped (quotes included): safe in element text and attribute values."""
+    return html.escape(clean(value), quote=True)
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
+
+
+def md(value: object) -> str:
+    """Cleaned, one line, with HTML and Markdown syntax neutralised: safe inline and in table cells."""
+    text = " ".join(clean(value).split())
+    return html.escape(_MD_SPECIAL.sub(r"\\\1", text), quote=False)
+
+
+def md_code(value: object) -> str:
+    """A fenced code block whose fence is longer than any backtick run inside (content shown verbatim)."""
+    text = clean(value).rstrip("\n")
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def md_inline_code(value: object) -> str:
+    """Inline code that survives backticks and pipes inside table cells."""
+    text = " ".join(clean(value).split()).replace("|", "\\|")
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    tick = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{tick}{pad}{text}{pad}{tick}" if text else ""
+
+
+def fmt(value: object, digits: int = 1) -> str:
+    """A number for a table (thousands separated), `-` when missing."""
+    if value is None or isinstance(value, bool):
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        return f"{value:,.{digits}f}"
+    return clean(value)

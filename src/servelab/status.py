@@ -1,0 +1,463 @@
+"""`servelab status`: what is true right now, each finding with its evidence and a next step.
+
+`observe()` gathers GPUs, topology, servers, services, leftovers and the last log into one dict; every
+part degrades to "not available, because ..." rather than failing, so the command answers on a laptop, in
+CI and on a GPU box alike. `servelab plan check` consumes the dict: its top-level keys and the keys of
+`servers[]`, `services[]` and `findings[]` are a stable contract (docs/cli/status.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import orjson
+
+from servelab.bench.client import Client
+from servelab.bench.scrape import detect_engine, parse_prometheus, pick
+from servelab.errors import ConfigError, ServelabError
+from servelab.host import gpus as gpumod
+from servelab.host import ports, processes, shm, systemd, topology
+from servelab.redact import redact
+
+SIM_TELEMETRY = "/servelab/gpus"
+INFO_PATHS = ("/version", "/get_server_info", "/servelab/state")
+STALE_CACHE_DAYS = 14.0
+# Compile caches engines keep between runs; a stale or half-written one breaks the next start-up.
+CACHE_DIRS: tuple[str, ...] = (
+    "~/.cache/vllm/torch_compile_cache", "~/.cache/flashinfer", "~/.triton/cache", "~/.cache/sglang",
+    "/tmp/torchinductor_{user}",
+)
+# The engines' periodic throughput lines (vLLM's "Avg ... throughput", SGLang's "Decode batch").
+THROUGHPUT_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("vllm", re.compile(r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: "
+                        r"(?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs")),
+    ("sglang", re.compile(r"#running-req: (?P<running>\d+).*gen throughput \(token/s\): (?P<gen>[\d.]+), "
+                          r"#queue-req: (?P<waiting>\d+)")),
+)
+CLEAN_SHUTDOWN = ("Application shutdown complete", "Shutting down")
+KEY_SETTINGS = ("moe_runner_backend", "attention_backend", "quantization", "kv_cache_dtype", "tp_size")
+
+
+# -- the last run, from the store ------------------------------------------------------------------
+def last_run() -> dict[str, Any] | None:
+    """The latest study trial (url, pid, marker, log_path, effective, not_applied, diagnosis), else the
+    latest benchmark run's URL; None when the store is empty or absent (observing never creates one)."""
+    from servelab.paths import db_path
+
+    if not db_path().exists():
+        return None
+    from servelab.store.bench import BenchRepo
+    from servelab.store.db import open_store
+    from servelab.store.studies import StudyRepo
+
+    try:
+        store = open_store()
+    except ServelabError:
+        return None
+    try:
+        repo = StudyRepo(store)
+        trial: dict[str, Any] | None = None
+        open_markers: set[str] = set()
+        with contextlib.suppress(ServelabError):
+            study = repo.resolve("last")
+            for cand in repo.candidates(study["id"]):
+                for t in repo.trials(cand["id"]):
+                    if trial is None or t["id"] > trial["id"]:
+                        trial = {**t, "study": study["uid"], "candidate": cand["label"]}
+            open_markers = {t["marker"] for t in repo.open_trials(study["id"]) if t.get("marker")}
+        if trial is not None:
+            trial["open_markers"] = sorted(open_markers)
+            return trial
+        runs = BenchRepo(store).list_runs(1)
+        if runs:
+            return {"url": runs[0]["url"], "bench_run": runs[0]["uid"], "open_markers": []}
+        return None
+    finally:
+        store.close()
+
+
+# -- servers ---------------------------------------------------------------------------------------
+def _json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _probe(url: str) -> dict[str, Any]:
+    c = Client(url, timeout_s=5.0, connect_timeout_s=3.0)
+    try:
+        health = await c.get("/health", 3.0)
+        out: dict[str, Any] = {"url": url, "up": False, "health": health.status, "models": [], "effective": {},
+                               "evidence": {}, "engine": None, "version": None, "running": None, "waiting": None}
+        if health.status == 0:
+            out["error"] = health.error_message or health.error_kind or "unreachable"
+            return out
+        models = await c.get("/v1/models", 5.0)
+        data = _json(models.body) if models.status == 200 else None
+        owned = None
+        if isinstance(data, dict):
+            items = [m for m in data.get("data", []) if isinstance(m, dict)]
+            out["models"] = [m.get("id") for m in items]
+            owned = items[0].get("owned_by") if items else None
+        out["up"] = health.status == 200 or (health.status == 404 and models.status == 200)
+        if not out["up"]:
+            out["error"] = f"/health answered {health.status}"
+        metrics = await c.get("/metrics", 5.0)
+        raw = parse_prometheus(metrics.body.decode("utf-8", "replace")) if metrics.status == 200 else {}
+        picked = pick(raw)
+        out["running"] = int(picked["requests_running"]) if "requests_running" in picked else None
+        out["waiting"] = int(picked["requests_waiting"]) if "requests_waiting" in picked else None
+        info: dict[str, Any] = {}
+        for path in INFO_PATHS:
+            res = await c.get(path, 5.0)
+            obj = _json(res.body) if res.status == 200 else None
+            if isinstance(obj, dict) and path == "/servelab/state":
+                info["_sim_state"] = obj
+            elif isinstance(obj, dict):
+                info.update(obj)
+        tele = await c.get(SIM_TELEMETRY, 5.0)
+        gpu_payload = _json(tele.body) if tele.status == 200 else None
+        out["_telemetry"] = gpu_payload if isinstance(gpu_payload, dict) else None
+        out["_info"] = info
+        personality = detect_engine(raw) or (owned if owned in ("vllm", "sglang") else None)
+        out["personality"] = personality
+        out["engine"] = "sim" if out["_telemetry"] is not None or "_sim_state" in info else (
+            personality or ("llamacpp" if owned == "llamacpp" else None))
+        return out
+    finally:
+        c.close()
+
+
+def _effective(server: dict[str, Any], log_text: str) -> None:
+    """Fill `effective`/`evidence`/`version` through the engine's adapter (log wins where it says more)."""
+    from servelab.engines import registry
+
+    info = {k: v for k, v in server.pop("_info", {}).items() if not k.startswith("_")}
+    name = server.get("engine") or server.get("personality")
+    if name is None:
+        return
+    try:
+        eff = registry.get(name).effective_config(log_text, info or None)
+    except ServelabError:
+        return
+    server["effective"] = redact(eff.effective)
+    server["evidence"] = redact(eff.evidence)
+    server["version"] = eff.effective.get("version") or info.get("version")
+
+
+def servers(urls: list[str], log_for: dict[str, str]) -> list[dict[str, Any]]:
+    async def all_() -> list[dict[str, Any]]:
+        return [await _probe(u) for u in urls]
+
+    found = asyncio.run(all_())
+    for s in found:
+        if s["up"]:
+            _effective(s, log_for.get(s["url"], ""))
+        else:
+            s.pop("_info", None)
+    return found
+
+
+# -- GPUs ------------------------------------------------------------------------------------------
+def _gpu_report(gpu_source: str | None, probed: list[dict[str, Any]]) -> gpumod.GpuReport:
+    if gpu_source and gpu_source.startswith("sim:"):
+        url = gpu_source[4:]
+        tele = next((s.get("_telemetry") for s in probed if s["url"] == url and s.get("_telemetry")), None)
+        if tele is None:
+            tele = asyncio.run(_fetch_telemetry(url))
+        if tele is None:
+            return gpumod.GpuReport(source=gpu_source, available=False,
+                                    note=f"no GPU telemetry at {url}{SIM_TELEMETRY} (is the simulator running?)")
+        return gpumod.from_sim(tele, url)
+    if gpu_source not in (None, "auto", "local", "nvml", "nvidia-smi"):
+        raise ConfigError(f"unknown GPU source {gpu_source!r}",
+                          hint="use auto, nvml, nvidia-smi or sim:URL (a running `servelab sim`)")
+    if gpu_source in (None, "auto"):
+        for s in probed:
+            if s.get("_telemetry"):
+                return gpumod.from_sim(s["_telemetry"], s["url"])
+    if gpu_source == "nvml":
+        return gpumod.read_nvml() or gpumod.GpuReport("nvml", False, note="NVML unavailable (pip install 'servelab[gpu]')")
+    if gpu_source == "nvidia-smi":
+        return gpumod.read_nvidia_smi() or gpumod.GpuReport("nvidia-smi", False, note="nvidia-smi unavailable")
+    return gpumod.read_local()
+
+
+async def _fetch_telemetry(url: str) -> dict[str, Any] | None:
+    c = Client(url, timeout_s=5.0, connect_timeout_s=3.0)
+    try:
+        res = await c.get(SIM_TELEMETRY, 5.0)
+        obj = _json(res.body) if res.status == 200 else None
+        return obj if isinstance(obj, dict) else None
+    finally:
+        c.close()
+
+
+def _owner_state(marker: str | None, open_markers: set[str]) -> str:
+    if marker is None:
+        return "not servelab's"
+    return "live servelab run" if marker in open_markers else "stale servelab run"
+
+
+def gpu_section(rep: gpumod.GpuReport, open_markers: set[str]) -> dict[str, Any]:
+    gpumod.enrich(rep, local=True)  # the simulator runs here too: its pid is local
+    d = rep.to_dict()
+    for g in d["gpus"]:
+        for p in g["processes"]:
+            p["belongs_to"] = _owner_state(p.get("marker"), open_markers)
+    return d
+
+
+# -- leftovers -------------------------------------------------------------------------------------
+def _dir_size(path: Path, limit: int = 20000) -> tuple[int, float, bool]:
+    """Bytes, newest mtime, and whether the walk stopped at `limit` files."""
+    total, newest, n = 0, path.stat().st_mtime, 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            n += 1
+            if n > limit:
+                return total, newest, True
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(root, f))
+                total += st.st_size
+                newest = max(newest, st.st_mtime)
+    return total, newest, False
+
+
+def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS) -> list[dict[str, Any]]:
+    now = now or time.time()
+    user = os.environ.get("USER") or str(os.getuid())
+    out = []
+    for d in dirs:
+        path = Path(os.path.expanduser(d.format(user=user)))
+        if not path.is_dir():
+            continue
+        size, newest, partial = _dir_size(path)
+        age = (now - newest) / 86400
+        out.append({"path": str(path), "bytes": size, "partial": partial, "age_days": round(age, 1),
+                    "stale": age > STALE_CACHE_DAYS})
+    return out
+
+
+def leftovers(urls: list[str], open_markers: set[str]) -> dict[str, Any]:
+    segs = []
+    for s in shm.segments():
+        segs.append({"name": s.name, "bytes": s.size, "uid": s.uid, "owners": list(s.owners),
+                     "owners_alive": bool(s.owners), "ours": s.uid == os.getuid()})
+    held = []
+    for u in urls:
+        port = urlparse(u).port
+        if port is None:
+            continue
+        for lst in ports.listeners(port):
+            held.append({"port": port, "address": lst.address, "pid": lst.pid, "command": lst.cmdline,
+                         "marker": processes.marker_of(lst.pid) if lst.pid else None})
+    marked = [{"pid": p.pid, "marker": p.marker, "command": p.cmdline,
+               "belongs_to": _owner_state(p.marker, open_markers)} for p in processes.with_marker()]
+    return {"shm": segs, "compile_caches": compile_caches(), "ports": held, "marked_processes": marked}
+
+
+# -- the log ---------------------------------------------------------------------------------------
+def read_log(path: str) -> dict[str, Any]:
+    """Tail with highlights: effective configuration, last throughput figures, error signature, diagnosis."""
+    from servelab.engines import registry, signatures
+
+    p = Path(path)
+    if not p.is_file():
+        return {"path": path, "available": False, "note": f"{path} does not exist"}
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as exc:
+        return {"path": path, "available": False, "note": f"cannot read {path}: {exc.strerror}"}
+    engine = signatures.guess_engine(text)
+    eff = registry.get(engine).effective_config(text, None) if engine else None
+    throughput: dict[str, Any] | None = None
+    for line in reversed(text.splitlines()):
+        for name, pat in THROUGHPUT_PATTERNS:
+            m = pat.search(line)
+            if m:
+                throughput = {"engine": name, **{k: float(v) for k, v in m.groupdict().items()}, "line": line.strip()[-300:]}
+                break
+        if throughput:
+            break
+    last = [ln for ln in text.splitlines() if ln.strip()][-5:]
+    diag = signatures.diagnose(text, engine).to_dict()
+    return {
+        "path": path, "available": True, "engine": engine,
+        "effective": redact(eff.effective) if eff else {}, "evidence": redact(eff.evidence) if eff else {},
+        "throughput": throughput, "diagnosis": diag,
+        "clean_shutdown": any(m in ln for ln in last for m in CLEAN_SHUTDOWN),
+        "tail": list(signatures.important_tail(text)),
+    }
+
+
+# -- findings and verdict --------------------------------------------------------------------------
+def _finding(what: str, evidence: str, next_: str) -> dict[str, str]:
+    return {"what": what, "evidence": evidence, "next": next_}
+
+
+def findings(obs: dict[str, Any], run: dict[str, Any] | None) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    g = obs["gpus"]
+    if not g["available"]:
+        out.append(_finding("no GPUs on this host", g["note"],
+                            "nothing to do on a CPU host; point --gpu-source sim:URL at a simulator to see its GPUs"))
+    for gpu in g["gpus"]:
+        if gpu["orphaned_memory"]:
+            out.append(_finding(f"GPU{gpu['index']} holds {gpu['memory_used_mib']} MiB with no live process",
+                                f"processes: {[p['pid'] for p in gpu['processes']] or 'none listed'}",
+                                "wait a few seconds for the driver to free it; if it stays, look for a process in "
+                                "another container, then `sudo nvidia-smi --gpu-reset -i "
+                                f"{gpu['index']}`"))
+        for p in gpu["processes"]:
+            if p.get("belongs_to") == "stale servelab run" and p.get("alive"):
+                out.append(_finding(f"GPU{gpu['index']} is held by pid {p['pid']} of a finished servelab run",
+                                    f"{p.get('command') or p['name']} (SERVELAB_RUN={p['marker']})",
+                                    f"kill {p['pid']}  (SIGKILL if it ignores SIGTERM)"))
+    summ = obs["topology"].get("summary") or {}
+    if summ.get("looks_virtual"):
+        out.append(_finding("every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
+                            f"links {summ.get('link_counts')}", "check P2P with `nvidia-smi topo -p2p r`; "
+                            "expect slower all-reduce than bare metal, prefer fewer GPUs per replica"))
+    for bad in summ.get("p2p_unavailable", [])[:1]:
+        out.append(_finding(f"P2P unavailable between {len(summ['p2p_unavailable'])} GPU pair(s)",
+                            f"{bad['pair'][0]}-{bad['pair'][1]}: {bad['status']} ({bad['meaning']})",
+                            "NCCL copies through host memory; `servelab doctor` lists fixes"))
+    for s in obs["servers"]:
+        if not s["up"]:
+            diag = (obs["log"] or {}).get("diagnosis") or {}
+            nxt = diag.get("advice") if diag.get("class") not in (None, "unknown") else (
+                f"start it again, or read its log: servelab logs diagnose {obs['log']['path']}" if obs.get("log")
+                else "start it again; pass --log FILE to see why it stopped")
+            out.append(_finding(f"server {s['url']} is down", s.get("error", ""), nxt))
+        elif s.get("waiting"):
+            out.append(_finding(f"server {s['url']} has {s['waiting']} requests waiting",
+                                f"running {s['running']}, waiting {s['waiting']} (/metrics)",
+                                "the batch is full: raise max concurrency or add replicas"))
+    for u in obs["services"]:
+        if u["active_state"] == "failed" or (u.get("restarts") or 0) > 0:
+            out.append(_finding(f"service {u['unit']} is {u['active_state']} after {u.get('restarts') or 0} restart(s)",
+                                f"{u['active_state']}/{u['sub_state']} since {u.get('since')}",
+                                f"journalctl -u {u['unit']} -n 200"))
+    lo = obs["leftovers"]
+    orphans = [s for s in lo["shm"] if not s["owners_alive"]]
+    if orphans:
+        mib = sum(s["bytes"] for s in orphans) / 2**20
+        out.append(_finding(f"{len(orphans)} shared-memory segment(s) whose owners are gone ({mib:.0f} MiB)",
+                            ", ".join(s["name"] for s in orphans[:5]),
+                            "rm " + " ".join(f"/dev/shm/{s['name']}" for s in orphans[:5] if s["ours"])))
+    for c in lo["compile_caches"]:
+        if c["stale"]:
+            out.append(_finding(f"compile cache {c['path']} untouched for {c['age_days']:.0f} days",
+                                f"{c['bytes'] / 2**20:.0f} MiB", f"rm -rf {c['path']}  (rebuilt on next start)"))
+    for p in lo["marked_processes"]:
+        if p["belongs_to"] == "stale servelab run":
+            out.append(_finding(f"pid {p['pid']} of a finished servelab run is still alive",
+                                f"SERVELAB_RUN={p['marker']}: {p['command'][:120]}", f"kill {p['pid']}"))
+    log = obs["log"]
+    if log and log.get("available"):
+        d = log["diagnosis"]
+        if d["class"] != "unknown":
+            out.append(_finding(f"the log shows {d['class']}", d["evidence"], d["advice"]))
+    for m in (run or {}).get("not_applied") or []:
+        out.append(_finding(f"requested {m['key']}={m['requested']!r} never took effect",
+                            m.get("evidence", ""), f"the engine ran {m['key']}={m['effective']!r}; check why it "
+                            "rejected the request (version, GPU, quantization)"))
+    return out
+
+
+def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
+    parts: list[str] = []
+    log = obs.get("log") or {}
+    for s in obs["servers"]:
+        if s["up"]:
+            eng = s.get("engine") or "unknown engine"
+            if s.get("engine") == "sim" and s.get("personality"):
+                eng = f"sim ({s['personality']})"
+            ver = f" {s['version']}" if s.get("version") else ""
+            load = f", {s['running']} running / {s['waiting']} waiting" if s.get("running") is not None else ""
+            parts.append(f"server {s['url']} up ({eng}{ver}, serving {', '.join(map(str, s['models'])) or 'no model'}{load})")
+        else:
+            why = ""
+            if log.get("available"):
+                cls = log["diagnosis"]["class"]
+                why = " after a clean shutdown" if log["clean_shutdown"] and cls == "unknown" else (
+                    f" after {cls}" if cls != "unknown" else "")
+            parts.append(f"server {s['url']} down{why}")
+    eff = (log.get("effective") if log.get("available") else None) or ((run or {}).get("effective") or {}).get("effective") or {}
+    used = [f"{k}={eff[k]}" for k in KEY_SETTINGS if k in eff and k != "tp_size"]
+    if used:
+        parts.append("the last run used " + ", ".join(used))
+    for m in (run or {}).get("not_applied") or []:
+        parts.append(f"the requested {m['key']}={m['requested']} never started")
+    g = obs["gpus"]
+    if not g["available"]:
+        parts.append("no GPUs on this host")
+    else:
+        busy = sum(1 for x in g["gpus"] if not x["idle"])
+        parts.append(f"{len(g['gpus'])} GPU(s), {busy} in use")
+    if not obs["servers"]:
+        parts.insert(0, "no server to check (none given, none in the store)")
+    issues = len(obs["findings"])
+    parts.append(f"{issues} finding(s)" if issues else "nothing needs attention")
+    return "; ".join(parts)
+
+
+# -- the service -----------------------------------------------------------------------------------
+def observe(urls: list[str] | None = None, units: list[str] | None = None, log: str | None = None,
+            gpu_source: str | None = None) -> dict[str, Any]:
+    """Everything `servelab status` reports (keys documented in docs/cli/status.md)."""
+    run = last_run()
+    open_markers = set((run or {}).get("open_markers", []))
+    urls = [u.rstrip("/") for u in urls] if urls else ([run["url"].rstrip("/")] if run and run.get("url") else [])
+    log_path = log or ((run or {}).get("log_path"))
+    log_info = read_log(log_path) if log_path else None
+    log_text = ""
+    if log_path and log_info and log_info.get("available"):
+        log_text = Path(log_path).read_text(errors="replace")
+    # The log belongs to a server when it is the run's own, or when one server and one log were given.
+    log_for: dict[str, str] = {}
+    if log_text:
+        owner = (run or {}).get("url") if not log else (urls[0] if len(urls) == 1 else None)
+        if owner:
+            log_for[owner.rstrip("/")] = log_text
+    probed = servers(urls, log_for)
+    rep = _gpu_report(gpu_source, probed)
+    for s in probed:
+        s.pop("_telemetry", None)
+    svc = systemd.states(units)
+    obs: dict[str, Any] = {
+        "time": time.time(),
+        "servers": probed,
+        "services": [u.to_dict() for u in svc["units"]],
+        "services_note": svc["note"],
+        "gpus": gpu_section(rep, open_markers),
+        "topology": topology.read() if not rep.source.startswith("sim:") else {
+            "available": False, "note": "simulated GPUs have no topology matrix", "numa": topology.numa_nodes(),
+            "virtual_machine": topology.is_virtual_machine()},
+        "leftovers": leftovers(urls, open_markers),
+        "log": log_info,
+        "last_run": _run_summary(run),
+    }
+    obs["findings"] = findings(obs, run)
+    obs["verdict"] = verdict(obs, run)
+    return obs
+
+
+def _run_summary(run: dict[str, Any] | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    keys = ("study", "candidate", "status", "url", "pid", "marker", "log_path", "started_at", "finished_at",
+            "engine_version", "bench_run")
+    d = {k: run.get(k) for k in keys if k in run}
+    d["not_applied"] = run.get("not_applied") or []
+    d["diagnosis"] = run.get("diagnosis")
+    return d
