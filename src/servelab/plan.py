@@ -704,6 +704,20 @@ def targets(item: Item, unit_names: list[str] | None = None) -> dict[str, Any]:
     return {"url": url, "unit": unit, "requested": requested, "requested_from": source, "repair": repair}
 
 
+def referenced(items: list[Item] | tuple[Item, ...]) -> tuple[list[str], list[str]]:
+    """(urls, units) the open items name, so `plan check` observes what the plan is about."""
+    urls: list[str] = []
+    units: list[str] = []
+    for it in items:
+        if it.is_open:
+            t = targets(it)
+            if t["url"] and t["url"] not in urls:
+                urls.append(t["url"])
+            if t["unit"] and t["unit"] not in units:
+                units.append(t["unit"])
+    return urls, units
+
+
 def _norm_url(url: str) -> str:
     return url.strip().rstrip("/").lower().removesuffix("/v1")
 
@@ -758,7 +772,7 @@ def _check_server(it: Item, t: dict[str, Any], servers: list[dict[str, Any]]) ->
     up = [s for s in pool if s.get("up")]
     results = []
     for s in up:
-        mism, unconfirmed = compare(t["requested"], dict(s.get("effective") or {}), {})
+        mism, unconfirmed = compare(t["requested"], dict(s.get("effective") or {}), dict(s.get("evidence") or {}))
         results.append((s, mism, unconfirmed))
     if any(not m and not u for _s, m, u in results) or not results:
         return out

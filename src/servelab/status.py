@@ -64,20 +64,21 @@ def last_run() -> dict[str, Any] | None:
     try:
         repo = StudyRepo(store)
         trial: dict[str, Any] | None = None
-        open_markers: set[str] = set()
+        markers: dict[str, str] = {}  # marker -> its trial's status, for the last study's trials
         with contextlib.suppress(ServelabError):
             study = repo.resolve("last")
             for cand in repo.candidates(study["id"]):
                 for t in repo.trials(cand["id"]):
+                    if t.get("marker"):
+                        markers[t["marker"]] = t["status"]
                     if trial is None or t["id"] > trial["id"]:
                         trial = {**t, "study": study["uid"], "candidate": cand["label"]}
-            open_markers = {t["marker"] for t in repo.open_trials(study["id"]) if t.get("marker")}
         if trial is not None:
-            trial["open_markers"] = sorted(open_markers)
+            trial["markers"] = markers
             return trial
         runs = BenchRepo(store).list_runs(1)
         if runs:
-            return {"url": runs[0]["url"], "bench_run": runs[0]["uid"], "open_markers": []}
+            return {"url": runs[0]["url"], "bench_run": runs[0]["uid"], "markers": {}}
         return None
     finally:
         store.close()
@@ -201,18 +202,25 @@ async def _fetch_telemetry(url: str) -> dict[str, Any] | None:
         c.close()
 
 
-def _owner_state(marker: str | None, open_markers: set[str]) -> str:
+FINISHED = ("measured", "not_applied", "failed", "interrupted")
+
+
+def _owner_state(marker: str | None, markers: dict[str, str]) -> str:
+    """Whose process: "not servelab's", "live servelab run", "stale servelab run" (its trial has ended), or
+    "other servelab run" (a marker this store does not know: another SERVELAB_HOME, an older study)."""
     if marker is None:
         return "not servelab's"
-    return "live servelab run" if marker in open_markers else "stale servelab run"
+    if marker not in markers:
+        return "other servelab run"
+    return "stale servelab run" if markers[marker] in FINISHED else "live servelab run"
 
 
-def gpu_section(rep: gpumod.GpuReport, open_markers: set[str]) -> dict[str, Any]:
+def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> dict[str, Any]:
     gpumod.enrich(rep, local=True)  # the simulator runs here too: its pid is local
     d = rep.to_dict()
     for g in d["gpus"]:
         for p in g["processes"]:
-            p["belongs_to"] = _owner_state(p.get("marker"), open_markers)
+            p["belongs_to"] = _owner_state(p.get("marker"), markers)
     return d
 
 
@@ -247,7 +255,7 @@ def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS)
     return out
 
 
-def leftovers(urls: list[str], open_markers: set[str]) -> dict[str, Any]:
+def leftovers(urls: list[str], markers: dict[str, str]) -> dict[str, Any]:
     segs = []
     for s in shm.segments():
         segs.append({"name": s.name, "bytes": s.size, "uid": s.uid, "owners": list(s.owners),
@@ -261,7 +269,7 @@ def leftovers(urls: list[str], open_markers: set[str]) -> dict[str, Any]:
             held.append({"port": port, "address": lst.address, "pid": lst.pid, "command": lst.cmdline,
                          "marker": processes.marker_of(lst.pid) if lst.pid else None})
     marked = [{"pid": p.pid, "marker": p.marker, "command": p.cmdline,
-               "belongs_to": _owner_state(p.marker, open_markers)} for p in processes.with_marker()]
+               "belongs_to": _owner_state(p.marker, markers)} for p in processes.with_marker()]
     return {"shm": segs, "compile_caches": compile_caches(), "ports": held, "marked_processes": marked}
 
 
@@ -288,13 +296,13 @@ def read_log(path: str) -> dict[str, Any]:
                 break
         if throughput:
             break
-    last = [ln for ln in text.splitlines() if ln.strip()][-5:]
     diag = signatures.diagnose(text, engine).to_dict()
     return {
         "path": path, "available": True, "engine": engine,
         "effective": redact(eff.effective) if eff else {}, "evidence": redact(eff.evidence) if eff else {},
         "throughput": throughput, "diagnosis": diag,
-        "clean_shutdown": any(m in ln for ln in last for m in CLEAN_SHUTDOWN),
+        # Uvicorn's shutdown lines, with no fatal signature anywhere: stopped on purpose (SIGTERM, Ctrl-C).
+        "clean_shutdown": any(m in text for m in CLEAN_SHUTDOWN) and not diag["fatal"],
         "tail": list(signatures.important_tail(text)),
     }
 
@@ -323,7 +331,7 @@ def findings(obs: dict[str, Any], run: dict[str, Any] | None) -> list[dict[str, 
                                     f"{p.get('command') or p['name']} (SERVELAB_RUN={p['marker']})",
                                     f"kill {p['pid']}  (SIGKILL if it ignores SIGTERM)"))
     summ = obs["topology"].get("summary") or {}
-    if summ.get("looks_virtual"):
+    if summ.get("vm_all_phb"):
         out.append(_finding("every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
                             f"links {summ.get('link_counts')}", "check P2P with `nvidia-smi topo -p2p r`; "
                             "expect slower all-reduce than bare metal, prefer fewer GPUs per replica"))
@@ -388,9 +396,8 @@ def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
         else:
             why = ""
             if log.get("available"):
-                cls = log["diagnosis"]["class"]
-                why = " after a clean shutdown" if log["clean_shutdown"] and cls == "unknown" else (
-                    f" after {cls}" if cls != "unknown" else "")
+                d = log["diagnosis"]
+                why = f" after {d['class']}" if d["fatal"] else (" after a clean shutdown" if log["clean_shutdown"] else "")
             parts.append(f"server {s['url']} down{why}")
     eff = (log.get("effective") if log.get("available") else None) or ((run or {}).get("effective") or {}).get("effective") or {}
     used = [f"{k}={eff[k]}" for k in KEY_SETTINGS if k in eff and k != "tp_size"]
@@ -416,7 +423,7 @@ def observe(urls: list[str] | None = None, units: list[str] | None = None, log: 
             gpu_source: str | None = None) -> dict[str, Any]:
     """Everything `servelab status` reports (keys documented in docs/cli/status.md)."""
     run = last_run()
-    open_markers = set((run or {}).get("open_markers", []))
+    markers: dict[str, str] = (run or {}).get("markers", {})
     urls = [u.rstrip("/") for u in urls] if urls else ([run["url"].rstrip("/")] if run and run.get("url") else [])
     log_path = log or ((run or {}).get("log_path"))
     log_info = read_log(log_path) if log_path else None
@@ -439,11 +446,11 @@ def observe(urls: list[str] | None = None, units: list[str] | None = None, log: 
         "servers": probed,
         "services": [u.to_dict() for u in svc["units"]],
         "services_note": svc["note"],
-        "gpus": gpu_section(rep, open_markers),
+        "gpus": gpu_section(rep, markers),
         "topology": topology.read() if not rep.source.startswith("sim:") else {
             "available": False, "note": "simulated GPUs have no topology matrix", "numa": topology.numa_nodes(),
             "virtual_machine": topology.is_virtual_machine()},
-        "leftovers": leftovers(urls, open_markers),
+        "leftovers": leftovers(urls, markers),
         "log": log_info,
         "last_run": _run_summary(run),
     }

@@ -391,8 +391,10 @@ def _observe(urls: tuple[str, ...], units: tuple[str, ...]) -> dict[str, Any]:
 
 
 @plan.command("check")
-@click.option("--url", "urls", multiple=True, help="A server to observe (repeatable).")
-@click.option("--unit", "units", multiple=True, help="A systemd unit to observe (repeatable).")
+@click.option("--url", "urls", multiple=True,
+              help="A server to observe (repeatable; default: the servers the open items name).")
+@click.option("--unit", "units", multiple=True,
+              help="A systemd unit to observe (repeatable; default: the units the open items name).")
 @click.option("--observation", default=None, metavar="FILE",
               help="Use this observation (the JSON `servelab status --json` prints) instead of observing now.")
 @_plan_option
@@ -408,7 +410,8 @@ def check(urls: tuple[str, ...], units: tuple[str, ...], observation: str | None
         if not isinstance(obs, dict):
             raise ConfigError(f"{observation} is not an observation object", hint="use `servelab status --json`.")
     else:
-        obs = _observe(urls, units)
+        named_urls, named_units = P.referenced(p.items)
+        obs = _observe(urls or tuple(named_urls), units or tuple(named_units))
     found = P.check(p.items, obs)
     data = {"plan": name, "checked": sum(1 for i in p.items if i.is_open),
             "observed": {"servers": len(obs.get("servers") or []), "services": len(obs.get("services") or [])},

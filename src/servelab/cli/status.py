@@ -48,7 +48,7 @@ def _render_status(obs: dict[str, Any]) -> None:
     if topo.get("available"):
         summ = topo["summary"]
         stdout.print(f"[bold]topology:[/bold] links {summ['link_counts']}, worst {summ['worst_link']}, "
-                     f"NUMA nodes {summ['numa_nodes']}{', looks virtual' if summ['looks_virtual'] else ''}")
+                     f"NUMA nodes {summ['numa_nodes']}{', looks virtual' if summ['vm_all_phb'] else ''}")
     else:
         stdout.print(f"[bold]topology:[/bold] {escape(topo.get('note', 'not available'))}; "
                      f"NUMA nodes {sorted(topo.get('numa', {}))}; VM: {topo.get('virtual_machine')}")

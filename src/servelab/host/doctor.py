@@ -120,7 +120,7 @@ def check_p2p(f: Facts) -> Check:
                      f"{len(bad)} GPU pair(s) without P2P, e.g. {first['pair'][0]}-{first['pair'][1]}: {first['meaning']}",
                      "NCCL will copy through host memory; on bare metal enable ACS/IOMMU passthrough "
                      "(iommu=pt) in BIOS/kernel; in a VM ask for a P2P-capable (NVLink or clique-enabled) instance")
-    if summary.get("looks_virtual"):
+    if summary.get("vm_all_phb"):
         return Check("GPU P2P", "warn", "every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
                      "run `nvidia-smi topo -p2p r` to see whether P2P works; expect slower all-reduce than bare metal")
     if not summary.get("p2p_checked"):

@@ -220,7 +220,9 @@ def attach_processes(gpus: list[Gpu], procs: list[GpuProcess]) -> None:
 
 
 # -- nvidia-smi -q ---------------------------------------------------------------------------------
-_Q_LINE = re.compile(r"^(\s*)([^:]+?)\s*(?::\s*(.*))?$")
+# "Key<spaces>: value" (the colon always follows a space); a line without one is a section header,
+# including "GPU 00000000:03:00.0" whose own colons belong to the bus id.
+_Q_LINE = re.compile(r"^(\s*)(\S.*?)(?:\s+:\s*(.*))?$")
 
 
 def _q_tree(text: str) -> list[tuple[list[str], str | None]]:
@@ -241,6 +243,11 @@ def _q_tree(text: str) -> list[tuple[list[str], str | None]]:
         if value is None or value == "":
             stack.append((indent, key))
     return out
+
+
+def _uncorrected(sub: list[str]) -> bool:
+    """Volatile uncorrectable counters: "Double Bit / Total" (drivers before ~525) or "* Uncorrectable*"."""
+    return ("Double Bit" in sub and sub[-1] == "Total") or "Uncorrectable" in sub[-1]
 
 
 def parse_q(text: str) -> GpuReport:
@@ -284,9 +291,8 @@ def parse_q(text: str) -> GpuReport:
             name = sub[-1]
             if name in ("Power Draw", "Average Power Draw", "Instantaneous Power Draw") and gpu.power_w is None:
                 gpu.power_w = number(value)
-            elif name in ("Enforced Power Limit", "Current Power Limit"):
-                gpu.power_limit_w = number(value)
-            elif name == "Power Limit" and gpu.power_limit_w is None:
+            elif name in ("Enforced Power Limit", "Current Power Limit") or (
+                    name == "Power Limit" and gpu.power_limit_w is None):
                 gpu.power_limit_w = number(value)
             elif name == "Default Power Limit":
                 gpu.default_power_limit_w = number(value)
@@ -296,18 +302,22 @@ def parse_q(text: str) -> GpuReport:
             gpu.clock_mem_mhz = _int(value)
         elif key == "Max Clocks / SM":
             gpu.clock_sm_max_mhz = _int(value)
-        elif key == "PCI / GPU Link Info / PCIe Generation / Max":
-            gpu.pcie_gen_max = _int(value)
-        elif key == "PCI / GPU Link Info / PCIe Generation / Current":
-            gpu.pcie_gen = _int(value)
-        elif key == "PCI / GPU Link Info / Link Width / Max":
-            gpu.pcie_width_max = _int(value)
-        elif key == "PCI / GPU Link Info / Link Width / Current":
-            gpu.pcie_width = _int(value)
-        elif key == "Ecc Mode / Current":
+        elif "GPU Link Info" in sub:  # under "PCI" in most drivers, directly under the GPU in some
+            link = " / ".join(sub[sub.index("GPU Link Info") + 1:])
+            if link == "PCIe Generation / Max":
+                gpu.pcie_gen_max = _int(value)
+            elif link == "PCIe Generation / Current":
+                gpu.pcie_gen = _int(value)
+            elif link == "Link Width / Max":
+                gpu.pcie_width_max = _int(value)
+            elif link == "Link Width / Current":
+                gpu.pcie_width = _int(value)
+        elif key.lower() == "ecc mode / current":
             gpu.ecc = _flag(value)
-        elif sub[0] == "ECC Errors" and sub[1:2] == ["Volatile"] and sub[-1] == "Total" and "Double Bit" in sub:
-            gpu.ecc_uncorrected = _int(value)
+        elif sub[0] == "ECC Errors" and sub[1:2] == ["Volatile"] and _uncorrected(sub):
+            n = _int(value)
+            if n is not None:
+                gpu.ecc_uncorrected = (gpu.ecc_uncorrected or 0) + n
         elif sub[0] == "Processes":
             if sub[-1] == "Process ID":
                 pid = _int(value)

@@ -67,7 +67,7 @@ def parse_topo(text: str) -> Topology:
     # Columns are separated by tabs in real output, by runs of spaces when pasted; "CPU Affinity" has a space.
     header_norm = header.replace("CPU Affinity", "CPU_Affinity").replace("NUMA Affinity", "NUMA_Affinity").replace(
         "GPU NUMA ID", "GPU_NUMA_ID")
-    cols = header_norm.split()
+    cols = ["NUMA_Affinity" if c == "NUMA" else c for c in header_norm.split()]  # some pastes shorten it
     devices = [c for c in cols if c not in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID")]
     for ln in lines[header_i + 1:]:
         if not ln.strip():
@@ -111,7 +111,7 @@ def analyze(topo: Topology, virtual_machine: bool | None = None) -> dict[str, An
     pairs = topo.gpu_pairs()
     counts = Counter(kind(link) for _, _, link in pairs)
     worst = max((kind(link) for _, _, link in pairs), key=LINK_ORDER.index, default=None)
-    all_phb = len(topo.gpus) > 2 and bool(pairs) and set(counts) == {"PHB"}
+    all_phb = len(topo.gpus) >= 2 and bool(pairs) and set(counts) == {"PHB"}
     p2p_pairs = [(a, b, v) for a, row in topo.p2p.items() for b, v in row.items() if a < b]
     p2p_bad = [(a, b, v) for a, b, v in p2p_pairs if v != P2P_OK]
     numa = sorted(set(topo.numa_affinity.values()) - {"N/A"})
@@ -122,7 +122,8 @@ def analyze(topo: Topology, virtual_machine: bool | None = None) -> dict[str, An
         "worst_link": worst,
         "all_phb": all_phb,
         "virtual_machine": virtual_machine,
-        "looks_virtual": bool(all_phb or (virtual_machine and counts.get("PHB"))),
+        # All-PHB alone is also what some bare-metal boards show; a VM is called out when the CPU says so.
+        "vm_all_phb": bool(all_phb and virtual_machine),
         "p2p_checked": bool(p2p_pairs),
         "p2p_unavailable": [{"pair": [a, b], "status": v, "meaning": P2P_LEGEND.get(v, v)} for a, b, v in p2p_bad],
         "numa_nodes": numa,

@@ -147,11 +147,27 @@ def _pattern_regex(pattern: str) -> str:
     return f"(?:^|\\.){re.escape(pattern)}(?:\\.|\\Z)"
 
 
+_PROBE_LAYERS = (4, 5, 6, 7)
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def _may_hit_probes(pattern: str) -> bool:
+    """False for a pattern pinned to a layer the probes never name (`model.layers.12.mlp*`)."""
+    if pattern.startswith("re:"):
+        return True
+    literal = (
+        re.split(r"[*?\[]", pattern, maxsplit=1)[0] if any(c in pattern for c in "*?[") else pattern + "."
+    )
+    m = _LAYER.search(literal)
+    return m is None or int(m.group(1)) in _PROBE_LAYERS
+
+
 @lru_cache(maxsize=64)
 def _exclusion_matcher(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    """All of a checkpoint's exclusion patterns as one compiled regex (GLM-5 lists hundreds: matching
-    them one by one took ~45 ms of every cold prediction)."""
-    return re.compile("|".join(f"(?:{_pattern_regex(p)})" for p in patterns) or "(?!)", re.S)
+    """A checkpoint's exclusion patterns that can match a probe name, as one compiled regex (GLM-5 lists
+    471, mostly pinned to single layers: matching them one by one took ~45 ms of a cold prediction)."""
+    parts = [f"(?:{_pattern_regex(p)})" for p in patterns if _may_hit_probes(p)]
+    return re.compile("|".join(parts) or "(?!)", re.S)
 
 
 def _excluded(part: str, patterns: list[str]) -> bool:
@@ -159,12 +175,8 @@ def _excluded(part: str, patterns: list[str]) -> bool:
     matcher = _exclusion_matcher(tuple(patterns))
     if part == "lm_head":
         return matcher.search("lm_head") is not None
-    layers = [4, 5, 6, 7]
-    hits = 0
-    for layer in layers:
-        if any(matcher.search(n) for n in _probe_names(part, layer)):
-            hits += 1
-    return hits * 2 >= len(layers)
+    hits = sum(1 for layer in _PROBE_LAYERS if any(matcher.search(n) for n in _probe_names(part, layer)))
+    return hits * 2 >= len(_PROBE_LAYERS)
 
 
 def _scheme(fmt: str, excludes: list[str], kv: str, only_experts: bool = False) -> QuantScheme:

@@ -172,4 +172,35 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX plan_events_item ON plan_events(item_id);
         """,
     ),
+    (
+        "0005_deployments",
+        """
+        CREATE TABLE deployments (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,                -- the systemd unit / Compose service / Kubernetes objects' name
+            created_at TEXT NOT NULL,
+            target TEXT NOT NULL,              -- systemd | compose | kubernetes
+            source TEXT NOT NULL,              -- STUDY_UID:CANDIDATE
+            trial_id INTEGER REFERENCES study_trials(id),
+            path TEXT,                         -- where the unit / manifest was written
+            installed INTEGER NOT NULL DEFAULT 0,
+            spec_json TEXT NOT NULL,           -- argv, env names, port, timeouts (redacted)
+            status TEXT NOT NULL               -- written | installed | ready | failed
+        );
+        CREATE INDEX deployments_name ON deployments(name);
+        CREATE TABLE deployment_checks (
+            id INTEGER PRIMARY KEY,
+            deployment_id INTEGER NOT NULL REFERENCES deployments(id) ON DELETE CASCADE,
+            created_at TEXT NOT NULL,
+            ok INTEGER NOT NULL,               -- 1: verified and within tolerance of the tuned result
+            tolerance REAL NOT NULL,           -- relative, e.g. 0.1 for ±10 %
+            level REAL,                        -- the study's main load level
+            tuned_json TEXT,                   -- the trial's digest at that level
+            measured_json TEXT,                -- the deployment's digest at that level
+            verify_json TEXT,
+            bench_run_id INTEGER REFERENCES bench_runs(id),
+            verdict TEXT NOT NULL
+        );
+        """,
+    ),
 ]

@@ -68,3 +68,16 @@ def test_glm5_pcie_example_stays_in_the_published_neighbourhood() -> None:
     assert 45 <= (p.per_user_tok_s or 0) <= 70
     assert 0.45 <= (p.allreduce_share or 0) <= 0.75
     assert 100 <= (p.single_stream_ceiling_tok_s or 0) <= 140
+
+
+def test_exclusion_patterns_pinned_to_other_layers_are_ignored() -> None:
+    """The one-regex matcher keeps `_matches` semantics and drops patterns the probe layers never hit."""
+    from servelab.model.quant import _excluded, _exclusion_matcher, _matches
+
+    assert _excluded("attention", ["model.layers.*.self_attn*"])
+    assert _excluded("attention", [f"model.layers.{i}.self_attn.o_proj" for i in range(4, 8)])
+    assert not _excluded("attention", [f"model.layers.{i}.self_attn.o_proj" for i in range(10, 60)])
+    assert _excluded("lm_head", ["lm_head"]) and not _excluded("lm_head", ["re:.*gate.*"])
+    for pattern in ("model.layers.5.mlp", "*.o_proj", "re:.*experts.*", "layers.1", "model.layers.1*"):
+        for name in ("model.layers.5.mlp.experts.0.down_proj", "model.layers.5.self_attn.o_proj"):
+            assert bool(_exclusion_matcher((pattern,)).search(name)) == _matches(pattern, name)

@@ -1,0 +1,263 @@
+"""`servelab deploy`, `servelab preflight`, `servelab wait-ready` (see docs/cli/deploy.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from servelab.cli.output import emit, stderr, stdout
+from servelab.errors import ConfigError
+from servelab.redact import redact
+
+TARGETS = ("systemd", "compose", "kubernetes")
+
+
+def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        name, sep, value = v.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"{what} {v!r} is not NAME=VALUE", hint=f"e.g. {what} HF_TOKEN=hf_...")
+        out[name] = value
+    return out
+
+
+@click.command("deploy")
+@click.argument("run")
+@click.option("--target", type=click.Choice(TARGETS), default="systemd", show_default=True)
+@click.option("--name", default=None, help="Unit / service name (default: servelab-STUDYNAME).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to write the file (default: $SERVELAB_HOME/deployments/NAME).")
+@click.option("--install", is_flag=True, help="systemd only: install, enable and start the unit, then verify and "
+              "benchmark it against the tuned result.")
+@click.option("--dry-run", is_flag=True, help="Print what would be written and done; write and record nothing.")
+@click.option("--user", default=None, help="User= for the unit / user for the container.")
+@click.option("--port", type=int, default=None, help="Serve on this port instead of the run's.")
+@click.option("--env", "env_values", multiple=True, metavar="NAME=VALUE",
+              help="Set an environment variable (supplies a value the store redacted). Repeatable.")
+@click.option("--arg", "arg_values", multiple=True, metavar="FLAG=VALUE",
+              help="Replace the value of an engine flag (e.g. --arg --api-key=KEY for a redacted one). Repeatable.")
+@click.option("--env-file", default=None, help="EnvironmentFile= (systemd) / env_file (Compose) / a Secret "
+              "NAME-env (Kubernetes) that supplies the redacted variables.")
+@click.option("--start-timeout", type=float, default=None,
+              help="TimeoutStartSec in seconds (default: measured start-up × 3 + 120, at least 300).")
+@click.option("--stop-timeout", type=float, default=None, help="TimeoutStopSec in seconds (default 60).")
+@click.option("--kill-stale", is_flag=True, help="The unit's preflight ends leftover processes in its way.")
+@click.option("--no-hardening", is_flag=True, help="Leave out the systemd hardening lines.")
+@click.option("--image", default=None, help="Container image (default: the engine's image at the measured version).")
+@click.option("--shm-size", default=None, help="/dev/shm size for containers (default 16g).")
+@click.option("--namespace", default=None, help="Kubernetes namespace.")
+@click.option("--tolerance", type=float, default=0.10, show_default=True,
+              help="--install: largest relative shortfall against the tuned result that still passes.")
+@click.option("--json", "as_json", is_flag=True, help="The result as JSON (keys in docs/cli/deploy.md).")
+def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_run: bool, as_json: bool,
+               **opts: Any) -> None:
+    """Deploy RUN (STUDY for its winner, STUDY:CANDIDATE, or trial:ID) as a systemd unit, a Docker Compose
+    service or a Kubernetes Deployment + Service, from the exact command line and environment it ran with."""
+    from servelab.deploy import install as inst
+    from servelab.deploy import source
+    from servelab.deploy import spec as specmod
+    from servelab.paths import data_home
+    from servelab.store import open_store
+
+    if install and target != "systemd":
+        raise ConfigError(f"--install installs systemd units, not {target}",
+                          hint="apply the file yourself: `docker compose -f FILE up -d` / `kubectl apply -f FILE`")
+    if install and not dry_run:
+        inst.require_systemd()  # before anything is read, written or recorded
+    if not 0 <= opts["tolerance"] < 1:
+        raise ConfigError(f"--tolerance must be in [0, 1) (got {opts['tolerance']})")
+    with open_store() as store:
+        rec = source.resolve(store, run)
+        rec = source.apply_overrides(rec, env=_pairs(opts["env_values"], "--env"),
+                                     args=_pairs(opts["arg_values"], "--arg"), port=opts["port"],
+                                     env_file=opts["env_file"] is not None)
+        spec = specmod.build(rec, opts["name"], user=opts["user"], start_timeout_s=opts["start_timeout"],
+                             stop_timeout_s=opts["stop_timeout"], env_file=opts["env_file"])
+        text, filename, notes = _render(spec, target, opts)
+        out = (out_dir or data_home() / "deployments" / spec.name) / filename
+        result: dict[str, Any] = {
+            "name": spec.name, "target": target, "source": redact(rec.to_dict()), "file": str(out),
+            "dry_run": dry_run, "start_timeout_s": spec.start_timeout_s, "stop_timeout_s": spec.stop_timeout_s,
+            "url": spec.local_url, "notes": notes, "verify": None, "install": None,
+        }
+        if dry_run:
+            result["content"] = text
+            result["actions"] = _actions(spec, target, out, install)
+            emit(result, as_json, _render_result)
+            return
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        if target == "systemd":
+            result["verify"] = _verify(out)
+        from servelab.deploy.records import DeploymentRepo
+
+        dep_id = DeploymentRepo(store).add(spec.name, target, f"{rec.study_uid}:{rec.candidate}", rec.trial_id,
+                                           str(out), {**result, "argv": spec.argv, "env": sorted(spec.env)})
+        result["deployment_id"] = dep_id
+        if install:
+            def observe(event: str, data: dict[str, Any]) -> None:
+                if not as_json and event == "systemctl":
+                    stderr.print(f"systemctl {' '.join(data['args'])}")
+
+            result["install"] = asyncio.run(inst.install(spec, text, store, dep_id, tolerance=opts["tolerance"],
+                                                         observe=observe))
+    emit(result, as_json, _render_result)
+    if result["install"] and not result["install"]["check"]["ok"]:
+        sys.exit(1)
+
+
+def _render(spec: Any, target: str, opts: dict[str, Any]) -> tuple[str, str, list[str]]:
+    from servelab.deploy import compose, containers, kubernetes, systemd
+
+    if target == "systemd":
+        return (systemd.render_unit(spec, kill_stale=opts["kill_stale"], hardening=not opts["no_hardening"]),
+                f"{spec.name}.service", list(spec.notes))
+    cp = containers.plan(spec, opts["image"], opts["shm_size"])
+    if target == "compose":
+        return compose.dump(compose.render(spec, cp)), "compose.yaml", cp.notes
+    notes = [*cp.notes, "--host is 0.0.0.0 in the pod (probes and the Service reach the pod's IP)"]
+    if spec.user:
+        notes.append("--user is not applied to Kubernetes (set securityContext.runAsUser to a numeric uid)")
+    return kubernetes.dump(kubernetes.render(spec, cp, opts["namespace"])), f"{spec.name}.k8s.yaml", notes
+
+
+def _verify(path: Path) -> dict[str, Any]:
+    from servelab.deploy import systemd
+    from servelab.errors import HostError
+
+    try:
+        problems = systemd.verify_unit(path)
+    except HostError as exc:
+        return {"ok": None, "problems": [], "note": exc.message}
+    return {"ok": not problems, "problems": problems}
+
+
+def _actions(spec: Any, target: str, out: Path, install: bool) -> list[str]:
+    acts = [f"write {out}", "record the deployment in the store"]
+    if target == "systemd":
+        acts.append(f"systemd-analyze verify {out}")
+    if install:
+        acts += [f"write /etc/systemd/system/{spec.name}.service", "systemctl daemon-reload",
+                 f"systemctl enable {spec.name}.service", f"systemctl start {spec.name}.service",
+                 f"wait-ready {spec.local_url}", "verify-output",
+                 f"benchmark at the study's main level ({spec.record.main_level})",
+                 "compare with the tuned result and record the check"]
+    return acts
+
+
+def _render_result(d: dict[str, Any]) -> None:
+    src = d["source"]
+    stdout.print(f"[bold]{escape(d['name'])}[/bold] ({d['target']}) from study {escape(src['study'])}, "
+                 f"candidate {escape(src['candidate'])}, trial {src['trial']}: {escape(src['engine'])} "
+                 f"{escape(str(src['engine_version'] or '?'))}, model {escape(src['model_path'])}")
+    stdout.print(f"serves {escape(d['url'])}; start timeout {d['start_timeout_s']} s, stop timeout "
+                 f"{d['stop_timeout_s']} s")
+    for n in d["notes"]:
+        stdout.print(f"note: {escape(n)}")
+    if d["dry_run"]:
+        stdout.print(f"[yellow]dry run[/yellow]: nothing written. Would: {escape('; '.join(d['actions']))}")
+        stdout.print(escape(d["content"]), soft_wrap=True)
+        return
+    stdout.print(f"wrote {escape(d['file'])}")
+    v = d.get("verify")
+    if v is not None:
+        if v["ok"] is None:
+            stdout.print(f"[yellow]not verified[/yellow]: {escape(v['note'])}")
+        elif v["ok"]:
+            stdout.print("systemd-analyze verify: [green]ok[/green]")
+        else:
+            stdout.print("[red]systemd-analyze verify found problems:[/red]\n  " + escape("\n  ".join(v["problems"])))
+    ins = d.get("install")
+    if ins:
+        c = ins["check"]
+        color = "green" if c["ok"] else "red"
+        stdout.print(f"installed {escape(ins['unit'])}; state {escape(str(ins['status'].get('state')))}")
+        stdout.print(f"deployment check: [{color}]{escape(c['verdict'])}[/{color}]")
+    elif d["target"] == "systemd":
+        stdout.print(f"install: sudo cp {escape(d['file'])} /etc/systemd/system/ && sudo systemctl daemon-reload && "
+                     f"sudo systemctl enable --now {escape(d['name'])}.service (or servelab deploy --install)")
+
+
+@click.command("preflight")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, required=True, help="The port the server will listen on.")
+@click.option("--gpus", default="all", show_default=True, help="GPUs the server uses: all, none, or indices 0,1.")
+@click.option("--marker", default="", help="This unit's SERVELAB_RUN value (its own leftovers count as stale).")
+@click.option("--engine", default=None, help="Engine name (picks the compile caches to reset).")
+@click.option("--kill-stale", is_flag=True, help="End the processes in the way that are not live servelab units.")
+@click.option("--reset-compile-cache", is_flag=True, help="Empty the engine's compile caches.")
+@click.option("--compile-cache", "compile_caches", multiple=True, help="A compile cache directory (repeatable).")
+@click.option("--json", "as_json", is_flag=True)
+def preflight_cmd(as_json: bool, **opts: Any) -> None:
+    """Refuse to start a server while its port or GPUs are held, and clean stale /dev/shm segments.
+
+    Exits 1 with the reasons when the server must not start (systemd's ExecStartPre then stops the start)."""
+    from servelab.deploy.preflight import preflight
+
+    report = preflight(opts["host"], opts["port"], gpus=opts["gpus"], marker=opts["marker"] or
+                       os.environ.get("SERVELAB_RUN", ""), kill_stale=opts["kill_stale"], engine=opts["engine"],
+                       reset_compile_cache=opts["reset_compile_cache"], compile_caches=opts["compile_caches"])
+    emit(report.to_dict(), as_json, _render_preflight)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _render_preflight(d: dict[str, Any]) -> None:
+    for k in d["killed"]:
+        stdout.print(f"ended pid {k['pid']} ({escape(k['cmdline'][:100])}) with {k['killed']}: it held {k['what']}")
+    if d["shm_removed"]:
+        stdout.print(f"removed stale /dev/shm segments: {escape(', '.join(d['shm_removed']))}")
+    if d["shm_held"]:
+        stdout.print(f"/dev/shm segments in use (left alone): {escape(', '.join(d['shm_held']))}")
+    for c in d["caches_reset"]:
+        stdout.print(f"reset compile cache {escape(c)}")
+    for n in d["notes"]:
+        stdout.print(f"note: {escape(n)}")
+    if d["ok"]:
+        stdout.print(f"[green]preflight ok[/green]: port {d['host']}:{d['port']} free, GPUs {d['gpus']} free")
+    else:
+        stdout.print("[red]preflight refuses to start the server:[/red]")
+        for r in d["refusals"]:
+            stdout.print(f"  - {escape(r)}")
+
+
+@click.command("wait-ready")
+@click.argument("url")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds to wait.")
+@click.option("--engine", default=None, help="Engine whose readiness rule applies (default: /health 200 + model).")
+@click.option("--model", required=True, help="The served model name /v1/models must list.")
+@click.option("--pid", type=int, envvar="MAINPID", default=None,
+              help="Stop at once if this process exits (default: systemd's $MAINPID when set).")
+@click.option("--api-key", envvar="SERVELAB_API_KEY", default=None, help="Bearer token; never stored.")
+@click.option("--no-completion", is_flag=True, help="Skip the real completion after the engine's rule passed.")
+@click.option("--json", "as_json", is_flag=True)
+def wait_ready_cmd(url: str, timeout_s: float, engine: str | None, model: str, pid: int | None,
+                   api_key: str | None, no_completion: bool, as_json: bool) -> None:
+    """Wait until the server at URL is ready by its engine's rule and answers a real completion.
+
+    Exits 0 when ready, 1 when it timed out or the process exited (the reason on stderr)."""
+    import time
+    from urllib.parse import urlsplit
+
+    from servelab import lifecycle
+    from servelab.engines import registry
+    from servelab.engines.base import LaunchSpec, Readiness
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        raise ConfigError(f"{url!r} is not an http(s)://HOST:PORT URL", hint="e.g. http://127.0.0.1:8000")
+    readiness = registry.get(engine).readiness if engine else Readiness()
+    ep = lifecycle.Endpoint(LaunchSpec([], {}, parts.hostname, parts.port, model, scheme=parts.scheme),
+                            time.monotonic(), pid=pid or None)
+    report = asyncio.run(lifecycle.wait_url_ready(ep, readiness, timeout_s, engine, api_key,
+                                                  completion=not no_completion))
+    emit(report.to_dict(), as_json, lambda d: stdout.print(
+        f"[green]ready[/green]: {escape(d['url'])} serves {escape(d['served_model'])} after {d['waited_s']:.1f} s "
+        f"({', '.join(f'{k} {v:.1f} s' for k, v in d['phases'].items())})"))

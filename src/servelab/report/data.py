@@ -1,0 +1,300 @@
+"""A study's findings as one plain, JSON-ready dict: the store is read once (`load`), the rest is `build`.
+
+Markdown, HTML, the web UI and `servelab report --json` all render this one model, so they cannot
+disagree about a number. Strings are kept as stored (the renderers escape them); numbers are not rounded.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from servelab import analyze
+from servelab.store.db import Store
+from servelab.store.studies import StudyRepo
+
+OUTCOME_TEXT = {
+    "measured": "measured",
+    "anomalous": "measured, anomalous",
+    "not_applied": "not applied (the engine ran something else)",
+    "failed": "failed",
+    "pending": "not yet run",
+    "running": "running",
+}
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool = True) -> dict[str, Any]:
+    """Everything the report needs about study `ref` (uid, id, name or `last`).
+
+    `host` is what `report.host.gather()` saw on this machine (None: not gathered); `model=False` skips the
+    performance model (the decode-step breakdown)."""
+    repo = StudyRepo(store)
+    st = repo.resolve(ref)
+    cands = [c | {"trials": repo.trials(c["id"])} for c in repo.candidates(st["id"])]
+    return build(st, cands, plan=load_plan(store, st["uid"]), host=host, model=model)
+
+
+def load_plan(store: Store, name: str) -> dict[str, Any]:
+    """The plan named `name` (a study's plan is named by its uid), when the plan module is installed."""
+    try:
+        from servelab.store.plans import PlanRepo
+    except ImportError:
+        return {"available": False, "note": "plans are not available in this servelab", "items": []}
+    try:
+        plan = PlanRepo(store).load(name)
+    except Exception as exc:  # an older store without the plan tables, or a plan module mid-change
+        return {"available": False, "note": f"the plan could not be read: {exc}", "items": []}
+    items = [i.to_dict() for i in plan.items]
+    note = "" if items else f"no plan stored under {name!r} (`servelab plan --plan {name}` makes one)"
+    return {"available": bool(items), "note": note, "name": name, "items": items}
+
+
+def build(st: dict[str, Any], cands: list[dict[str, Any]], plan: dict[str, Any] | None = None,
+          host: dict[str, Any] | None = None, model: bool = True) -> dict[str, Any]:
+    """The report model from a study row and its candidates (each with `trials`)."""
+    spec = st.get("spec") or {}
+    result = st.get("result") or {}
+    ranking = result.get("ranking") or None
+    baseline = result.get("baseline") or _baseline_label(spec)
+    slo = _slo(spec)
+    candidates = [_candidate(c, ranking, baseline) for c in cands]
+    model_view = _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
+    return {
+        "format": "servelab-report/1",
+        "study": _study(st, spec, baseline),
+        "host": _host(spec, candidates, host),
+        "candidates": candidates,
+        "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
+        "pareto": pareto(candidates, slo),
+        "ranking": ranking,
+        "winner": _winner(ranking, candidates),
+        "explain": model_view,
+        "plan_state": plan_state(candidates),
+        "plan": plan or {"available": False, "note": "not loaded", "items": []},
+    }
+
+
+def _baseline_label(spec: dict[str, Any]) -> str | None:
+    cs = spec.get("candidates") or []
+    for c in cs:
+        if c.get("baseline"):
+            return str(c.get("name") or "")
+    return str(cs[0].get("name") or "") if cs else None
+
+
+def _slo(spec: dict[str, Any]) -> Any:
+    from servelab.config import SLOSpec
+
+    try:
+        return SLOSpec.model_validate(spec.get("slo") or {})
+    except ValueError:
+        return None
+
+
+def _study(st: dict[str, Any], spec: dict[str, Any], baseline: str | None) -> dict[str, Any]:
+    eng = spec.get("engine") or {}
+    load_ = spec.get("load") or {}
+    mode = "rate" if load_.get("rate") else "concurrency"
+    levels = load_.get("rate") or load_.get("concurrency") or []
+    src = st.get("source")
+    return {
+        "uid": st["uid"], "name": st["name"], "status": st["status"], "created_at": st["created_at"],
+        "finished_at": st.get("finished_at"), "source": src,
+        "description": (spec.get("study") or {}).get("description") or "",
+        "objective": spec.get("objective"), "repeats": spec.get("repeats", 1), "baseline": baseline,
+        "model": (spec.get("model") or {}).get("path"),
+        "engine": {"name": eng.get("name"), "personality": (eng.get("options") or {}).get("personality"),
+                   "args": eng.get("args") or []},
+        "workload": spec.get("workload") or {},
+        "load": {"mode": mode, "levels": levels, "main": load_.get("main")},
+        "command": shlex.join(["servelab", "tune", src]) if src else None,
+    }
+
+
+def _host(spec: dict[str, Any], cands: list[dict[str, Any]], gathered: dict[str, Any] | None) -> dict[str, Any]:
+    h = spec.get("host") or {}
+    versions = sorted({t["engine_version"] for c in cands for t in c["trials"] if t.get("engine_version")})
+    out: dict[str, Any] = {"gpu": h.get("gpu"), "num_gpus": h.get("num_gpus"), "interconnect": None,
+                           "gpu_memory_gb": None, "engine_versions": versions, "this_machine": gathered}
+    if h.get("gpu"):
+        try:
+            from servelab.model.hardware import make_host
+
+            hs = make_host(h["gpu"], int(h.get("num_gpus") or 1), h.get("interconnect"))
+            out["interconnect"] = f"{hs.interconnect.name} ({hs.interconnect.description})"
+            out["gpu_name"] = hs.gpu.description
+            out["gpu_memory_gb"] = hs.gpu.memory_gb
+        except Exception:  # an unknown GPU kind: the report still shows what was declared
+            pass
+    return out
+
+
+def _last(trials: list[dict[str, Any]], key: str) -> Any:
+    for t in reversed(trials):
+        if t.get(key):
+            return t[key]
+    return None
+
+
+def _candidate(c: dict[str, Any], ranking: dict[str, Any] | None, baseline: str | None) -> dict[str, Any]:
+    trials = c.get("trials") or []
+    outcome = c.get("outcome") or {}
+    levels = outcome.get("levels")
+    if levels is None:  # a study still running: combine what the trials measured so far
+        levels = analyze.combine_repeats([t["levels"] for t in trials if t.get("levels")])
+    eff = _last(trials, "effective") or {}
+    mismatches = {m.get("key"): m for m in (_last(trials, "not_applied") or [])}
+    requested = _last(trials, "requested") or {}
+    config = [{"key": k, "requested": v, "effective": (eff.get("effective") or {}).get(k, None),
+               "evidence": (eff.get("evidence") or {}).get(k), "applied": k not in mismatches,
+               "confirmed": k in (eff.get("effective") or {})} for k, v in requested.items()]
+    diag = _last(trials, "diagnosis")
+    status = c["status"]
+    return {
+        "label": c["label"], "idx": c.get("idx"), "status": status,
+        "outcome": OUTCOME_TEXT.get(status, status), "baseline": c["label"] == baseline,
+        "winner": bool(ranking and ranking.get("winner") == c["label"]),
+        "settings": _settings(c.get("spec") or {}),
+        "predicted": c.get("predicted"),
+        "config": config,
+        "not_applied": list(mismatches.values()),
+        "diagnosis": diag,
+        "anomalies": outcome.get("anomalies") or [],
+        "score": outcome.get("score"),
+        "levels": levels,
+        "command": _command(trials),
+        "trials": [_trial(t) for t in trials],
+    }
+
+
+def _settings(spec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("tp", "pp", "ep", "dp", "quantization", "kv_cache_dtype", "max_concurrency", "mem_fraction",
+            "max_model_len")
+    d = {k: spec[k] for k in keys if spec.get(k) not in (None, 1) or k == "tp"}
+    if spec.get("args"):
+        d["args"] = list(spec["args"])
+    if spec.get("env"):
+        d["env"] = dict(spec["env"])
+    return d
+
+
+def _command(trials: list[dict[str, Any]]) -> str | None:
+    """The last launch as one shell line (env first), to start the same server by hand."""
+    for t in reversed(trials):
+        if t.get("argv"):
+            env = [f"{k}={shlex.quote(str(v))}" for k, v in sorted((t.get("env") or {}).items())]
+            return " ".join([*env, shlex.join(t["argv"])])
+    return None
+
+
+def _trial(t: dict[str, Any]) -> dict[str, Any]:
+    runs = [lv.get("bench_run") for lv in t.get("levels") or [] if lv.get("bench_run")]
+    verify = t.get("verify")
+    return {
+        "repeat": t["repeat"], "status": t["status"], "started_at": t.get("started_at"),
+        "finished_at": t.get("finished_at"), "url": t.get("url"), "log_path": t.get("log_path"),
+        "engine_version": t.get("engine_version"), "ready_s": t.get("ready_s"), "error": t.get("error"),
+        "bench_runs": runs, "verify_ok": None if verify is None else bool(verify.get("ok")),
+        "teardown": _teardown_text(t.get("teardown")),
+        "levels_done": len(t.get("levels") or []),
+    }
+
+
+def _teardown_text(td: Any) -> str | None:
+    if not isinstance(td, dict):
+        return None if td is None else str(td)
+    parts = [f"{k}={v}" for k, v in td.items() if isinstance(v, str | int | float | bool) and v not in ("", None)]
+    return ", ".join(parts[:8]) or None
+
+
+def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
+    """Throughput against TPOT p50 over every measured level; the front of the levels that meet the SLOs
+    (no other SLO-meeting point has more throughput at a lower TPOT)."""
+    points = []
+    for c in cands:
+        if c["status"] not in ("measured", "anomalous"):
+            continue
+        for lv in c["levels"]:
+            x, y = lv.get("output_throughput"), lv.get("tpot_ms_p50")
+            if x is None or y is None:
+                continue
+            ok = not analyze.slo_failures(lv, slo) if slo is not None else True
+            points.append({"label": c["label"], "level": lv["level"], "output_throughput": x, "tpot_ms_p50": y,
+                           "meets_slo": ok})
+    good = [p for p in points if p["meets_slo"]]
+    front = [p for p in good if not any(
+        q is not p and q["output_throughput"] >= p["output_throughput"] and q["tpot_ms_p50"] <= p["tpot_ms_p50"]
+        and (q["output_throughput"] > p["output_throughput"] or q["tpot_ms_p50"] < p["tpot_ms_p50"]) for q in good)]
+    front.sort(key=lambda p: p["output_throughput"])
+    return {"points": points, "front": front}
+
+
+def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict[str, Any]:
+    if not ranking:
+        return {"label": None, "why": "no ranking yet: the study has not finished", "significant": None}
+    w = ranking.get("winner")
+    score = next((c["score"] for c in cands if c["label"] == w), None) or {}
+    sig = ranking.get("significant")
+    noise = {True: "exceeds the noise", False: "is within the noise",
+             None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)"}[sig]
+    return {"label": w, "runner_up": ranking.get("runner_up"), "margin": ranking.get("margin"),
+            "margin_pct": ranking.get("margin_pct"), "significant": sig, "noise": noise,
+            "objective": ranking.get("objective"), "value": score.get("value"), "half_width": score.get("half_width"),
+            "level": score.get("level"), "why": ranking.get("verdict")}
+
+
+def plan_state(cands: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The study's own todo list: what was done, what the engine did not apply, what is not done yet."""
+    out: dict[str, list[str]] = {"done": [], "not_applied": [], "failed": [], "not_yet_done": []}
+    for c in cands:
+        key = {"measured": "done", "anomalous": "done", "not_applied": "not_applied", "failed": "failed"}.get(
+            c["status"], "not_yet_done")
+        out[key].append(c["label"])
+    return out
+
+
+def _explain(spec: dict[str, Any], cands: list[dict[str, Any]], ranking: dict[str, Any] | None) -> dict[str, Any]:
+    """`servelab explain` for the winner (or the baseline): measured beside predicted at every level, and
+    the predicted decode step at the main level split into its parts."""
+    pick = next((c for c in cands if c["winner"]), None) or next(
+        (c for c in cands if c["baseline"] and c["levels"]), None)
+    if pick is None or not pick["levels"]:
+        return {"available": False, "note": "no measured candidate to set beside the model"}
+    host = spec.get("host") or {}
+    if not host.get("gpu"):
+        return {"available": False, "note": "the study does not name its GPU ([host] gpu), so there is no prediction"}
+    try:
+        from servelab.model.explain import explain_levels
+        from servelab.model.factors import default_factors
+        from servelab.model.predict import Workload, evaluate, make_setup
+
+        s = pick["settings"]
+        tp, pp, dp = int(s.get("tp") or 1), int(s.get("pp") or 1), int(s.get("dp") or 1)
+        eng = spec.get("engine") or {}
+        personality = (eng.get("options") or {}).get("personality") or eng.get("name")
+        setup = make_setup((spec.get("model") or {}).get("config") or (spec.get("model") or {}).get("path"),
+                           host["gpu"], min(int(host.get("num_gpus") or tp), tp * pp * dp), tp=tp, pp=pp,
+                           ep=int(s.get("ep") or 1), dp=dp, quant=s.get("quantization"),
+                           kv_dtype=s.get("kv_cache_dtype"), factors=default_factors(personality))
+        w = spec.get("workload") or {}
+        isl, osl = int(w.get("input_len") or 1024), int(w.get("output_len") or 128)
+        runs = [{"concurrency": int(lv["level"]), "summary": {
+            "median_tpot_ms": lv.get("tpot_ms_p50"), "median_ttft_ms": lv.get("ttft_ms_p50"),
+            "output_throughput": lv.get("output_throughput")}} for lv in pick["levels"]]
+        ex = explain_levels(setup, runs, isl, osl)
+        main = int((spec.get("load") or {}).get("main") or max(int(lv["level"]) for lv in pick["levels"]))
+        main_lv = min(pick["levels"], key=lambda lv: abs(float(lv["level"]) - main))
+        p = evaluate(setup, Workload(isl, osl, int(main_lv["level"])))
+    except Exception as exc:  # the model's gaps (unknown model, GPU) must not stop the report
+        return {"available": False, "note": f"the performance model cannot describe this setup: {exc}"}
+    return {
+        "available": True, "label": pick["label"], "largest_gap": ex.largest_gap,
+        "levels": [{"concurrency": lv.concurrency, "measured": lv.measured, "predicted": lv.predicted,
+                    "error_pct": lv.error_pct, "attribution": lv.attribution, "gap": lv.largest_gap}
+                   for lv in ex.levels],
+        "decode": {"concurrency": int(main_lv["level"]), "predicted_step_ms": p.decode_step_ms,
+                   "predicted_tpot_ms": p.tpot_ms, "predicted_breakdown_ms": dict(p.decode_breakdown_ms),
+                   "measured_tpot_ms": main_lv.get("tpot_ms_p50"), "bottleneck": p.bottleneck,
+                   "allreduce_share": p.allreduce_share},
+    }
