@@ -12,16 +12,23 @@ fitted factors in src/servelab/data/model_factors.json (the defaults every predi
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from servelab.model.calibrate import (
     Observation,
+    Prepared,
+    apply_engine,
     evaluate_split,
     fit_observations,
+    holdout_mask,
     observations_from_csv,
+    predicted_ms,
     prepare,
 )
 from servelab.model.calibrate import _engine_table as engine_table
@@ -67,12 +74,76 @@ def leave_one_model_out(obs: list[Observation]) -> list[dict[str, float | str | 
     return out
 
 
+def _row_predictions(p: Prepared, glob: Factors, engines: dict[str, dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted (TPOT, TTFT) ms per row, each row with its engine's factors."""
+    tpot, ttft = np.zeros(len(p.obs)), np.zeros(len(p.obs))
+    for eng in {o.engine for o in p.obs}:
+        mask = np.array([o.engine == eng for o in p.obs])
+        tpot[mask], ttft[mask] = predicted_ms(p.subset(mask), apply_engine(glob, engines, eng))
+    return tpot, ttft
+
+
+def _mape_scale(ratio: np.ndarray) -> float:
+    """The multiplicative correction s minimising mean |s·pred − meas| / meas over rows with meas/pred = ratio:
+    the median of the ratios weighted by pred/meas."""
+    order = np.argsort(ratio)
+    r, w = ratio[order], 1.0 / ratio[order]
+    cum = np.cumsum(w)
+    return float(r[np.searchsorted(cum, cum[-1] / 2.0)])
+
+
+def diagnose(
+    obs: list[Observation], glob: Factors, engines: dict[str, dict[str, float]], csv_path: str
+) -> dict[str, dict[str, float]]:
+    """What bounds the held-out MAPE: how far an (impossible) per-configuration offset, or a per-engine-release
+    correction learnt on the training rows, would move it; and the share of the rows the memory model caps."""
+    p = prepare(obs, glob)
+    tpot, ttft = _row_predictions(p, glob, engines)
+    meas = {"tpot": np.array([o.tpot_ms for o in p.obs]), "ttft": np.array([o.ttft_ms for o in p.obs])}
+    pred = {"tpot": tpot, "ttft": ttft}
+    with open(csv_path, newline="") as fh:
+        version = {r["id"]: r.get("backend_version") or "unknown" for r in csv.DictReader(fh)}
+    release = np.array([f"{o.engine}:{version.get(o.key, 'unknown')}" for o in p.obs])
+    config = np.array([o.group for o in p.obs])
+    test = holdout_mask(p.obs)
+    capped = np.array(p.terms.running) < np.array([o.concurrency for o in p.obs])
+    out: dict[str, dict[str, float]] = {}
+    for k in ("tpot", "ttft"):
+        m, q = meas[k][test], pred[k][test]
+        err = np.abs(q - m) / m
+        # oracle: each held-out configuration's own median log-ratio (the floor left by the concurrency shape)
+        lr = np.log(m / q)
+        off = np.zeros_like(lr)
+        for c in set(config[test]):
+            ix = config[test] == c
+            off[ix] = np.median(lr[ix])
+        shape = np.abs(q * np.exp(off) - m) / m
+        # a per-(engine, release) scale fitted on the training rows only, applied to the held-out rows
+        scales = {
+            r: _mape_scale(meas[k][~test & (release == r)] / pred[k][~test & (release == r)])
+            for r in set(release[~test])
+        }
+        s = np.array([scales.get(r, 1.0) for r in release[test]])
+        by_release = np.abs(q * s - m) / m
+        out[k] = {
+            "held_out": float(err.mean() * 100),
+            "per_configuration_oracle": float(shape.mean() * 100),
+            "per_release_scale_from_train": float(by_release.mean() * 100),
+            "kv_capped_rows": int(capped[test].sum()),
+            "kv_capped_share_of_mape": float(err[capped[test]].sum() / len(err) * 100),
+            "rows_off_3x": int(((m / q) >= 3.0).sum() + ((q / m) >= 3.0).sum()),
+            "rows_off_3x_share_of_mape": float(err[((m / q) >= 3.0) | ((q / m) >= 3.0)].sum() / len(err) * 100),
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--csv", default=str(DEFAULT_CSV))
     ap.add_argument("--write", action="store_true", help="write the fitted factors as the defaults")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--by-model", action="store_true", help="also run the leave-one-model-out check (~1 min)")
+    ap.add_argument("--diagnose", action="store_true", help="also report what bounds the held-out MAPE")
     args = ap.parse_args()
     obs = observations_from_csv(args.csv)
     glob, engines, report = fit_observations(obs, START)
@@ -101,6 +172,8 @@ def main() -> None:
     }
     if args.by_model:
         out["leave_one_model_out"] = leave_one_model_out(obs)
+    if args.diagnose:
+        out["diagnose"] = diagnose(obs, glob, engines, args.csv)
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -116,6 +189,16 @@ def main() -> None:
         print("\nleave one model out (fit on the other models, score all rows of this one)")
         for r in out["leave_one_model_out"]:
             print(f"  {r['model']:20s} {r['rows']:5d} {r['tpot_mape']:7.1f} {r['ttft_mape']:7.1f}")
+    if args.diagnose:
+        print("\nwhat bounds the held-out MAPE (%)")
+        for k, v in out["diagnose"].items():
+            print(
+                f"  {k.upper()}: {v['held_out']:.1f}; with a per-configuration oracle offset "
+                f"{v['per_configuration_oracle']:.1f}; with a per-engine-release scale fitted on the training rows "
+                f"{v['per_release_scale_from_train']:.1f}; KV-capped rows {v['kv_capped_rows']} "
+                f"({v['kv_capped_share_of_mape']:.1f} points); rows off by 3x or more {v['rows_off_3x']} "
+                f"({v['rows_off_3x_share_of_mape']:.1f} points)"
+            )
     t = out["timings"]
     print(
         f"\none prediction {t['predict_ms']:.2f} ms; --compare-layouts on 8 GPUs {t['compare_layouts_8gpu_ms']:.0f} ms"

@@ -7,6 +7,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 bash scripts/install-engines.sh
+# tests/unit/deploy verify generated units with systemd-analyze: install Debian's systemd when it is
+# missing (as root, non-interactive, idempotent; the tests fail, never skip, without it).
+if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
+fi
 .venv/bin/ruff check src tests benchmarks examples
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

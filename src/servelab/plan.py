@@ -85,9 +85,9 @@ class Item:
             id=_id(d["id"], where), content=_content(d["content"], where),
             status=check_status(d.get("status", "pending"), where),
             priority=check_priority(d.get("priority", "medium"), where),
-            worker=d.get("worker"), depends_on=tuple(_id(x, where) for x in _list(d, "depends_on", where)),
+            worker=_worker(d.get("worker"), where), depends_on=tuple(_id(x, where) for x in _list(d, "depends_on", where)),
             notes=tuple(str(n) for n in _list(d, "notes", where)), binding=_binding(d.get("binding"), where),
-            evidence=tuple(_list(d, "evidence", where)), extra=dict(d.get("extra") or {}),
+            evidence=tuple(_objects(d, "evidence", where)), extra=dict(d.get("extra") or {}),
             created_at=str(d.get("created_at") or ""), updated_at=str(d.get("updated_at") or ""),
         )
 
@@ -162,7 +162,7 @@ class Finding:
 
 
 _JSON_HINT = "`servelab plan export --format json` shows the expected shape."
-_TODO_HINT = 'todowrite is a JSON list of {"content": ..., "status": ..., "priority": ..., "id": ...} objects.'
+TODO_HINT = 'todowrite is a JSON list of {"content": ..., "status": ..., "priority": ..., "id": ...} objects.'
 
 
 # -- validation helpers -------------------------------------------------------------------------------
@@ -181,13 +181,13 @@ def check_priority(value: Any, where: str = "priority") -> str:
 def _id(value: Any, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip() or any(
             c.isspace() for c in str(value)):
-        raise ConfigError(f"{where}: id {value!r} must be a non-empty string without spaces", hint=_TODO_HINT)
+        raise ConfigError(f"{where}: id {value!r} must be a non-empty string without spaces", hint=TODO_HINT)
     return str(value)
 
 
 def _content(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: content must be non-empty text", hint=_TODO_HINT)
+        raise ConfigError(f"{where}: content must be non-empty text", hint=TODO_HINT)
     return value
 
 
@@ -195,6 +195,19 @@ def _list(d: dict[str, Any], key: str, where: str) -> list[Any]:
     v = d.get(key) or []
     if not isinstance(v, list):
         raise ConfigError(f"{where}: {key} must be a list", hint=_JSON_HINT)
+    return v
+
+
+def _worker(value: Any, where: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ConfigError(f"{where}: worker must be a name or null", hint=_JSON_HINT)
+    return value
+
+
+def _objects(d: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    v = _list(d, key, where)
+    if not all(isinstance(x, dict) for x in v):
+        raise ConfigError(f"{where}: every entry of {key} must be an object", hint=_JSON_HINT)
     return v
 
 
@@ -540,14 +553,14 @@ def parse_todowrite(data: Any) -> list[dict[str, Any]]:
     if isinstance(data, dict) and isinstance(data.get("todos"), list):
         data = data["todos"]
     if not isinstance(data, list):
-        raise ConfigError("a todowrite file holds a JSON list of todo objects", hint=_TODO_HINT)
+        raise ConfigError("a todowrite file holds a JSON list of todo objects", hint=TODO_HINT)
     out = []
     for n, raw in enumerate(data):
         where = f"todo #{n + 1}"
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where} is not an object", hint=_TODO_HINT)
+            raise ConfigError(f"{where} is not an object", hint=TODO_HINT)
         if "content" not in raw or "status" not in raw:
-            raise ConfigError(f"{where} needs content and status", hint=_TODO_HINT)
+            raise ConfigError(f"{where} needs content and status", hint=TODO_HINT)
         entry = {"content": _content(raw["content"], where), "status": check_status(raw["status"], where),
                  "priority": check_priority(raw.get("priority", "medium"), where),
                  "id": _id(raw["id"], where) if raw.get("id") is not None else None,
@@ -575,6 +588,7 @@ def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool
     events: list[Event] = []
     info: dict[str, list[str]] = {"added": [], "updated": [], "unchanged": [], "missing": [], "pruned": []}
     seen: set[str] = set()
+    reserved = {e["id"] for e in entries if e["id"] is not None}  # numbers for id-less todos skip these
     why = f"imported from {source}"
 
     def status_change(it: Item, to: str) -> dict[str, Any]:
@@ -587,9 +601,7 @@ def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool
         cur = Plan(plan.name, tuple(items))
         it = cur.find(e["id"]) if e["id"] is not None else _by_content(cur, e["content"], seen)
         if it is None:
-            key = e["id"] if e["id"] is not None else cur.next_id()
-            if cur.find(key):
-                key = cur.next_id()
+            key = e["id"] if e["id"] is not None else _free_id(cur, reserved)
             new = Item(id=key, content=e["content"], priority=e["priority"], extra=e["extra"], created_at=now,
                        updated_at=now)
             new = replace(new, **status_change(new, e["status"]))
@@ -623,6 +635,13 @@ def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool
     after = replace(plan, items=tuple(items))
     _validate(plan, after)
     return Outcome(after, tuple(events), info)
+
+
+def _free_id(plan: Plan, reserved: set[str]) -> str:
+    n = int(plan.next_id())
+    while str(n) in reserved:
+        n += 1
+    return str(n)
 
 
 def _by_content(plan: Plan, content: str, seen: set[str]) -> Item | None:

@@ -29,6 +29,7 @@ from servelab.redact import redact
 SIM_TELEMETRY = "/servelab/gpus"
 INFO_PATHS = ("/version", "/get_server_info", "/servelab/state")
 STALE_CACHE_DAYS = 14.0
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
 # Compile caches engines keep between runs; a stale or half-written one breaks the next start-up.
 CACHE_DIRS: tuple[str, ...] = (
     "~/.cache/vllm/torch_compile_cache", "~/.cache/flashinfer", "~/.triton/cache", "~/.cache/sglang",
@@ -41,8 +42,14 @@ THROUGHPUT_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("sglang", re.compile(r"#running-req: (?P<running>\d+).*gen throughput \(token/s\): (?P<gen>[\d.]+), "
                           r"#queue-req: (?P<waiting>\d+)")),
 )
+# normalized key -> the simulator's /servelab/state "effective" key
+SIM_STATE_KEYS: dict[str, str] = {
+    "tp_size": "tp", "pp_size": "pp", "dp_size": "dp", "ep_size": "ep", "moe_runner_backend": "moe_runner_backend",
+    "attention_backend": "attention_backend", "max_running_requests": "max_running",
+    "max_num_batched_tokens": "max_batched_tokens", "mem_fraction": "mem_fraction", "max_model_len": "max_model_len",
+}
 CLEAN_SHUTDOWN = ("Application shutdown complete", "Shutting down")
-KEY_SETTINGS = ("moe_runner_backend", "attention_backend", "quantization", "kv_cache_dtype", "tp_size")
+KEY_SETTINGS = ("moe_runner_backend", "attention_backend", "quantization", "kv_cache_dtype")
 
 
 # -- the last run, from the store ------------------------------------------------------------------
@@ -141,7 +148,8 @@ def _effective(server: dict[str, Any], log_text: str) -> None:
     """Fill `effective`/`evidence`/`version` through the engine's adapter (log wins where it says more)."""
     from servelab.engines import registry
 
-    info = {k: v for k, v in server.pop("_info", {}).items() if not k.startswith("_")}
+    raw_info = server.pop("_info", {})
+    info = {k: v for k, v in raw_info.items() if not k.startswith("_")}
     name = server.get("engine") or server.get("personality")
     if name is None:
         return
@@ -149,6 +157,11 @@ def _effective(server: dict[str, Any], log_text: str) -> None:
         eff = registry.get(name).effective_config(log_text, info or None)
     except ServelabError:
         return
+    # The simulator also states its configuration outright; it fills what the log did not show.
+    sim_eff = (raw_info.get("_sim_state") or {}).get("effective") or {}
+    for ours, theirs in SIM_STATE_KEYS.items():
+        if ours not in eff.effective and sim_eff.get(theirs) is not None:
+            eff.set(ours, sim_eff[theirs], f"GET /servelab/state: {theirs}={sim_eff[theirs]!r}")
     server["effective"] = redact(eff.effective)
     server["evidence"] = redact(eff.evidence)
     server["version"] = eff.effective.get("version") or info.get("version")
@@ -262,9 +275,10 @@ def leftovers(urls: list[str], markers: dict[str, str]) -> dict[str, Any]:
                      "owners_alive": bool(s.owners), "ours": s.uid == os.getuid()})
     held = []
     for u in urls:
-        port = urlparse(u).port
-        if port is None:
-            continue
+        parsed = urlparse(u)
+        port = parsed.port
+        if port is None or parsed.hostname not in LOCAL_HOSTS:
+            continue  # a remote server's port says nothing about this host
         for lst in ports.listeners(port):
             held.append({"port": port, "address": lst.address, "pid": lst.pid, "command": lst.cmdline,
                          "marker": processes.marker_of(lst.pid) if lst.pid else None})
@@ -400,8 +414,8 @@ def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
                 why = f" after {d['class']}" if d["fatal"] else (" after a clean shutdown" if log["clean_shutdown"] else "")
             parts.append(f"server {s['url']} down{why}")
     eff = (log.get("effective") if log.get("available") else None) or ((run or {}).get("effective") or {}).get("effective") or {}
-    used = [f"{k}={eff[k]}" for k in KEY_SETTINGS if k in eff and k != "tp_size"]
-    if used:
+    used = [f"{k}={eff[k]}" for k in KEY_SETTINGS if str(eff.get(k)).lower() not in ("none", "auto", "")]
+    if used and not any(s["up"] for s in obs["servers"]):  # a live server's own configuration is in servers[]
         parts.append("the last run used " + ", ".join(used))
     for m in (run or {}).get("not_applied") or []:
         parts.append(f"the requested {m['key']}={m['requested']} never started")

@@ -36,6 +36,8 @@ from servelab.store.studies import StudyRepo
 Observer = Callable[[str, dict[str, Any]], None]
 MARKER_PREFIX = "servelab-study"
 DEATH_CLASSES = ("engine_died_after_ready", "oom_runtime")
+# Requested keys that describe where a server runs, not what is being tried: not part of a plan item.
+_NOT_PLANNED = ("port", "host", "model", "served_model_name")
 
 
 @dataclass
@@ -225,15 +227,21 @@ class Tuner:
                 self.repo.update_trial(t["id"], status="interrupted", error="servelab stopped during this trial")
             self.repo.set_study_status(prev["id"], "running")
             self.notify("study_resumed", {"uid": prev["uid"], "orphans": self.swept})
-            return prev["id"], prev["uid"], self.repo.candidates(prev["id"])
+            cands = self.repo.candidates(prev["id"])
+            self._fill_plan(prev["uid"], cands)
+            return prev["id"], prev["uid"], cands
         sid, uid = self.repo.create_study(self.study.study.name, self.source, self.study.model_dump(mode="json"), h)
         for idx, (cand, pred) in enumerate(order_candidates(self.study)):
             self.repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred)
         self.notify("study_started", {"uid": uid, "candidates": len(self.study.candidates)})
-        return sid, uid, self.repo.candidates(sid)
+        cands = self.repo.candidates(sid)
+        self._fill_plan(uid, cands)
+        return sid, uid, cands
 
     async def run(self) -> StudyOutcome:
         self.swept: list[dict[str, Any]] = []
+        self._effective: dict[str, Any] | None = None
+        self._current: tuple[str, str, int] = ("", "", 0)
         sid, uid, cands = self._open()
         self._sid = sid
         specs = {c.label(): c for c in self.study.candidates}
@@ -243,6 +251,9 @@ class Tuner:
         except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
             for t in self.repo.open_trials(sid):
                 self.repo.update_trial(t["id"], status="interrupted", error="interrupted by the user")
+                label = next((c["label"] for c in cands if c["id"] == t["candidate_id"]), None)
+                if label:
+                    self._plan(uid, label, "interrupted", {"trial": t["id"]})
             self.repo.set_study_status(sid, "interrupted")
             raise Interrupted(f"study {uid} interrupted; every finished step is stored",
                               hint=f"`servelab tune {self.source or 'STUDY.toml'} --resume` continues it.") from None
@@ -266,6 +277,7 @@ class Tuner:
             flags = analyze.anomalies(levels, None if c["label"] == base_label else baseline, self.study.anomalies)
             if status == "measured" and flags:
                 status = "anomalous"
+                self._plan(uid, c["label"], "anomalous", {"anomalies": [a.to_dict() for a in flags]})
             outcome = dict(c["outcome"] or {})
             outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
             s = analyze.score(c["label"], status, levels, self.study.slo, self.study.objective)
@@ -305,6 +317,9 @@ class Tuner:
         marker = f"{MARKER_PREFIX}:{uid}:{label}:{repeat}"
         tid = self.repo.start_trial(cand["id"], repeat, marker)
         self.notify("trial_started", {"label": label, "repeat": repeat})
+        self._current = (uid, label, tid)
+        self._effective = None
+        self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
         settings = settings_for(self.study, spec)
         external = not self.engine.capabilities.launches
         server = None
@@ -344,6 +359,7 @@ class Tuner:
             mism, unconfirmed = compare(req, eff.effective, eff.evidence)
             self.repo.update_trial(tid, requested=req, effective=eff.to_dict(), engine_version=eff.effective.get(
                 "version"), not_applied=[m.to_dict() for m in mism])
+            self._effective = eff.to_dict()
             if mism:
                 self.notify("not_applied", {"label": label, "mismatches": [m.sentence() for m in mism]})
                 return self._fail(tid, "not_applied", {"not_applied": [m.to_dict() for m in mism],
@@ -392,6 +408,7 @@ class Tuner:
             return self._fail(tid, "failed", {"diagnosis": diag, "died_during_benchmark": True},
                               diagnosis=diag)
         self.repo.update_trial(tid, levels=levels, status="measured")
+        self._plan_current("measured", {"effective": self._effective})
         return "measured", {}
 
     def _fail(self, tid: int, status: str, outcome: dict[str, Any], diagnosis: dict[str, Any] | None = None) -> tuple[
@@ -400,7 +417,37 @@ class Tuner:
             self.repo.update_trial(tid, diagnosis=diagnosis)
         self.repo.update_trial(tid, status=status)
         self.notify("trial_finished", {"status": status, **outcome})
+        self._plan_current(status, {"effective": self._effective, **outcome})
         return status, outcome
+
+    # -- the plan: one item per candidate, moved as trials run ------------------------------------
+    def _fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
+        specs = {c.label(): c for c in self.study.candidates}
+        rows = []
+        for c in cands:
+            req = self.engine.requested(settings_for(self.study, specs[c["label"]]))
+            own = {k: v for k, v in req.items() if k not in _NOT_PLANNED}
+            rows.append((c["label"], (c["predicted"] or {}).get("output_throughput"), own))
+        from servelab.store import plans
+
+        self._plan_call(lambda: plans.fill_from_study(self.store, uid, rows))
+
+    def _plan(self, uid: str, label: str, status: str, evidence: dict[str, Any]) -> None:
+        from servelab.store import plans
+
+        self._plan_call(lambda: plans.on_trial(self.store, uid, label, status, evidence))
+
+    def _plan_current(self, status: str, evidence: dict[str, Any]) -> None:
+        uid, label, tid = self._current
+        ref = {"trial": tid, "run": f"{uid}/{label}/t{tid}"}
+        self._plan(uid, label, status, {**ref, **{k: v for k, v in evidence.items() if v is not None}})
+
+    def _plan_call(self, fn: Callable[[], Any]) -> None:
+        """Plan bookkeeping never stops a study; a refusal is reported and the study goes on."""
+        try:
+            fn()
+        except ServelabError as exc:
+            self.notify("plan_warning", {"message": exc.message})
 
     async def _bench(self, tid: int, url: str, model: str, server: Any, label: str, log_path: Path) -> tuple[
             list[dict[str, Any]], bool]:

@@ -119,6 +119,16 @@ def test_glm5_story_not_applied_collapse_and_winner(tmp_path: Path) -> None:
     assert {x["label"]: x["status"] for x in st["candidates"]}["tp8-trtllm"] == "not_applied"
     assert markers_alive(f"servelab-study:{out['study']}:") == []
 
+    # The study's plan is the todo list: one item per candidate, moved by what the runs showed.
+    plan = json.loads(servelab("plan", "--plan", out["study"], "--json", home=tmp_path / "home").stdout)
+    items = {i["binding"]["candidate"]: i for i in plan["items"]}
+    assert items["tp8-cutlass"]["status"] == "completed"
+    assert items["tp8-cutlass"]["evidence"][-1]["applied"] is True
+    trt_item = items["tp8-trtllm"]
+    assert trt_item["status"] == "pending"  # reopened: the experiment never ran
+    assert trt_item["evidence"][-1]["applied"] is False
+    assert trt_item["binding"]["requested"]["moe_runner_backend"] == "flashinfer_trtllm"
+
 
 STARTUP_FAULTS = {
     "cuda_init": "cuda_init",

@@ -390,3 +390,18 @@ def test_recognizers_are_narrow() -> None:
     assert P.targets(P.Item("1", "compare flashinfer against triton"))["requested"] == {}
     assert P.targets(P.Item("1", "see http://h:1/metrics."))["url"] == "http://h:1/metrics"
     assert P.referenced([P.Item("1", "check http://h:1 and foo.service")]) == (["http://h:1"], ["foo.service"])
+
+
+def test_numbers_for_todos_without_ids_skip_ids_the_list_names() -> None:
+    o = P.import_todowrite(P.Plan("w"), [{"content": "x", "status": "pending"},
+                                         {"id": "1", "content": "y", "status": "pending"}], **KW)
+    assert [(i.id, i.content) for i in o.plan.items] == [("2", "x"), ("1", "y")]
+
+
+def test_json_import_checks_field_types() -> None:
+    for item, msg in [({"id": "1", "content": "a", "evidence": ["b-1"]}, "must be an object"),
+                      ({"id": "1", "content": "a", "worker": 3}, "worker must be"),
+                      ({"id": "1", "content": "a", "depends_on": "2"}, "must be a list"),
+                      ({"id": "a b", "content": "a"}, "without spaces")]:
+        with pytest.raises(ConfigError, match=msg):
+            P.import_json(P.Plan("w"), {"format": P.JSON_FORMAT, "items": [item]}, **KW)

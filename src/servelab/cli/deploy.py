@@ -74,8 +74,9 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
     if not 0 <= opts["tolerance"] < 1:
         raise ConfigError(f"--tolerance must be in [0, 1) (got {opts['tolerance']})")
     with open_store() as store:
-        rec = source.resolve(store, run)
-        rec = source.apply_overrides(rec, env=_pairs(opts["env_values"], "--env"),
+        stored = source.resolve(store, run)  # as stored: secrets masked, so safe to show and record
+        secrets = bool(opts["env_values"] or opts["arg_values"])
+        rec = source.apply_overrides(stored, env=_pairs(opts["env_values"], "--env"),
                                      args=_pairs(opts["arg_values"], "--arg"), port=opts["port"],
                                      env_file=opts["env_file"] is not None)
         spec = specmod.build(rec, opts["name"], user=opts["user"], start_timeout_s=opts["start_timeout"],
@@ -83,7 +84,7 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
         text, filename, notes = _render(spec, target, opts)
         out = (out_dir or data_home() / "deployments" / spec.name) / filename
         result: dict[str, Any] = {
-            "name": spec.name, "target": target, "source": redact(rec.to_dict()), "file": str(out),
+            "name": spec.name, "target": target, "source": redact(stored.to_dict()), "file": str(out),
             "dry_run": dry_run, "start_timeout_s": spec.start_timeout_s, "stop_timeout_s": spec.stop_timeout_s,
             "url": spec.local_url, "notes": notes, "verify": None, "install": None,
         }
@@ -94,12 +95,15 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
             return
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
+        if secrets:  # values given on the command line are in the file: owner-only
+            out.chmod(0o600)
+            result["notes"].append(f"{out.name} holds the values given with --env/--arg: written mode 0600")
         if target == "systemd":
             result["verify"] = _verify(out)
         from servelab.deploy.records import DeploymentRepo
 
         dep_id = DeploymentRepo(store).add(spec.name, target, f"{rec.study_uid}:{rec.candidate}", rec.trial_id,
-                                           str(out), {**result, "argv": spec.argv, "env": sorted(spec.env)})
+                                           str(out), {**result, "argv": stored.argv, "env": sorted(spec.env)})
         result["deployment_id"] = dep_id
         if install:
             def observe(event: str, data: dict[str, Any]) -> None:
@@ -107,7 +111,7 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
                     stderr.print(f"systemctl {' '.join(data['args'])}")
 
             result["install"] = asyncio.run(inst.install(spec, text, store, dep_id, tolerance=opts["tolerance"],
-                                                         observe=observe))
+                                                         observe=observe, private=secrets))
     emit(result, as_json, _render_result)
     if result["install"] and not result["install"]["check"]["ok"]:
         sys.exit(1)

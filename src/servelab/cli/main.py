@@ -32,6 +32,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("servelab.cli.plan", "plan"),
     ("servelab.cli.status", "status_cmd"),
     ("servelab.cli.status", "doctor_cmd"),
+    ("servelab.cli.report", "report"),
+    ("servelab.cli.ui", "ui"),
 ]
 
 

@@ -29,7 +29,13 @@ def _actor() -> str:
 
 
 def _plan_name(store: Store, ref: str | None) -> tuple[str, str | None]:
-    """(plan name, study uid): the workspace plan, or the plan of the study `ref` names."""
+    """(plan name, study uid): the workspace plan, or the plan of the study `ref` names.
+
+    `servelab plan --plan X start 1` works like `servelab plan start 1 --plan X`: the group's option is
+    the default of every subcommand's."""
+    ctx = click.get_current_context(silent=True)
+    if not ref and ctx is not None:
+        ref = (ctx.find_root().obj or {}).get("plan_ref")
     if ref in (None, "", WORKSPACE):
         return WORKSPACE, None
     from servelab.store.studies import StudyRepo
@@ -80,6 +86,7 @@ def plan(ctx: click.Context, plan_ref: str | None, as_json: bool) -> None:
     """A persistent todo list (per workspace or study) with dependencies, evidence and history.
 
     Without a subcommand: show the plan."""
+    ctx.find_root().ensure_object(dict)["plan_ref"] = plan_ref
     if ctx.invoked_subcommand is None:
         ctx.invoke(show, plan_ref=plan_ref, as_json=as_json)
 
@@ -112,7 +119,7 @@ def _change(plan_ref: str | None, as_json: bool, op: Callable[[Store, P.Plan], P
         for e in d["events"]:
             move = (f"added ({e['to_status']})" if e["from_status"] is None
                     else f"{e['from_status']} → {e['to_status']}" if e["from_status"] != e["to_status"]
-                    else e["reason"])
+                    else f"{e['reason']} {escape(e['detail'].get('note', ''))}".strip())
             stdout.print(f"item {e['item']}: {move}" + (f" — {escape(e['reason'])}" if e["from_status"] is not None
                                                         and e["from_status"] != e["to_status"] else ""))
 
@@ -320,7 +327,7 @@ def _read_json(path: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}", hint=P._TODO_HINT) from None
+        raise ConfigError(f"{path} is not valid JSON: {exc}", hint=P.TODO_HINT) from None
 
 
 @plan.command("import")

@@ -39,6 +39,7 @@ class _Progress:
             f"tok/s, TPOT p50 {_fmt(d['digest'].get('tpot_ms_p50'), 2)} ms, TTFT p50 "
             f"{_fmt(d['digest'].get('ttft_ms_p50'), 1)} ms, {d['digest'].get('failed', 0)} failed"
             + (" [red](server died)[/red]" if d["digest"].get("died") else ""),
+            "plan_warning": lambda: f"  [yellow]plan:[/yellow] {escape(d['message'])}",
             "stopped_early": lambda: f"  [yellow]stopped early[/yellow]: {escape(d['reason'])}",
             "server_died": lambda: f"  [red]server died[/red]: {escape(str(d['diagnosis'].get('class')))}",
             "candidate_skipped": lambda: f"{escape(d['label'])}: already {d['status']}, skipped",

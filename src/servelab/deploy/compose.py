@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from servelab.deploy.containers import ContainerPlan, dollar_escape
+from servelab.deploy.containers import ContainerPlan, dollar_escape, dump_yaml
 from servelab.deploy.spec import DeploySpec
 
 
@@ -47,4 +45,4 @@ def render(spec: DeploySpec, cp: ContainerPlan) -> dict[str, Any]:
 
 
 def dump(doc: dict[str, Any]) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, width=10_000)
+    return dump_yaml([doc])

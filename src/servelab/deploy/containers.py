@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
+
+import yaml
 
 from servelab.deploy.spec import DeploySpec, defaults
 from servelab.errors import ConfigError
@@ -47,3 +50,14 @@ def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None
 def dollar_escape(value: str) -> str:
     """Compose interpolates `$VAR` and Kubernetes expands `$(VAR)`; both read `$$` as one literal `$`."""
     return value.replace("$", "$$")
+
+
+class _Dumper(yaml.SafeDumper):
+    """No `&id001` anchors: a file people read and edit spells every value out."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(docs: list[Any]) -> str:
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=10_000)

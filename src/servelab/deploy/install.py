@@ -26,8 +26,9 @@ DEFAULT_TOLERANCE = 0.10
 CHECKED: dict[str, int] = {"output_throughput": 1, "tpot_ms_p50": -1, "ttft_ms_p50": -1}
 
 
-def systemd_missing(unit_dir: Path = UNIT_DIR, runtime: Path = SYSTEMD_RUNTIME) -> str | None:
+def systemd_missing(unit_dir: Path | None = None, runtime: Path | None = None) -> str | None:
     """Why units cannot be installed here (None: they can)."""
+    unit_dir, runtime = unit_dir or UNIT_DIR, runtime or SYSTEMD_RUNTIME
     if not runtime.is_dir():
         return f"systemd is not running on this host ({runtime} does not exist: a container or CI?)"
     if shutil.which("systemctl") is None:
@@ -37,7 +38,7 @@ def systemd_missing(unit_dir: Path = UNIT_DIR, runtime: Path = SYSTEMD_RUNTIME) 
     return None
 
 
-def require_systemd(unit_dir: Path = UNIT_DIR, runtime: Path = SYSTEMD_RUNTIME) -> None:
+def require_systemd(unit_dir: Path | None = None, runtime: Path | None = None) -> None:
     reason = systemd_missing(unit_dir, runtime)
     if reason:
         raise HostError(f"--install needs systemd: {reason}; nothing was written, installed or started",
@@ -128,8 +129,10 @@ def unit_status(name: str) -> dict[str, Any]:
 
 
 async def install(spec: DeploySpec, unit_text: str, store: Any, dep_id: int, *, tolerance: float = DEFAULT_TOLERANCE,
-                  unit_dir: Path = UNIT_DIR, observe: Any = None) -> dict[str, Any]:
-    """Install and start the unit, then verify and benchmark it; returns the steps and the check."""
+                  unit_dir: Path | None = None, observe: Any = None, private: bool = False) -> dict[str, Any]:
+    """Install and start the unit, then verify and benchmark it; returns the steps and the check.
+
+    `private`: the unit holds secrets given on the command line, so it is written mode 0600."""
     from servelab import analyze, lifecycle, tune
     from servelab.bench.runner import run_bench
     from servelab.config import parse_study
@@ -139,11 +142,13 @@ async def install(spec: DeploySpec, unit_text: str, store: Any, dep_id: int, *, 
     from servelab.verify import verify_output
 
     require_systemd(unit_dir)
+    unit_dir = unit_dir or UNIT_DIR
     notify = observe or (lambda _e, _d: None)
     repo = DeploymentRepo(store)
     steps: list[dict[str, Any]] = []
     path = unit_dir / f"{spec.name}.service"
     path.write_text(unit_text)
+    path.chmod(0o600 if private else 0o644)
     steps.append({"step": "write", "path": str(path)})
     for args in (("daemon-reload",), ("enable", f"{spec.name}.service"),
                  ("start", f"{spec.name}.service")):
@@ -159,17 +164,19 @@ async def install(spec: DeploySpec, unit_text: str, store: Any, dep_id: int, *, 
     engine = registry.get(spec.record.engine)
     endpoint = lifecycle.Endpoint(LaunchSpec([], {}, spec.host, spec.port, spec.served_model), time.monotonic(),
                                   log_path=f"`journalctl -u {spec.name}`")
-    ready = await lifecycle.wait_url_ready(endpoint, engine.readiness, spec.wait_timeout_s, engine.name)
+    ready = await lifecycle.wait_url_ready(endpoint, engine.readiness, spec.wait_timeout_s, engine.name,
+                                           spec.api_key)
     steps.append({"step": "wait-ready", **ready.to_dict()})
     try:
         study = parse_study(spec.record.study)
     except ServelabError as exc:
         raise ConfigError(f"the stored study of {spec.record.ref} no longer validates: {exc.message}") from exc
     url = spec.local_url
-    vres = await verify_output(url, spec.served_model, api=study.workload.api, **tune._verify_kwargs(study, engine))
+    vres = await verify_output(url, spec.served_model, api=study.workload.api, api_key=spec.api_key,
+                               **tune._verify_kwargs(study, engine))
     steps.append({"step": "verify-output", "ok": vres.ok})
     level = spec.record.main_level
-    cfg = tune.bench_config(study, url, spec.served_model).model_copy(update={"levels": [level]})
+    cfg = tune.bench_config(study, url, spec.served_model, spec.api_key).model_copy(update={"levels": [level]})
     res = await run_bench(cfg, store, lambda e, d: notify(f"bench_{e}", d))
     speed = float(study.engine.options.get("speed", 1.0) or 1.0)
     measured = analyze.rescale(analyze.level_digest(res.levels[0]["summary"], level or 0.0), speed)

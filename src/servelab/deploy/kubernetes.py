@@ -9,9 +9,7 @@ import math
 import re
 from typing import Any
 
-import yaml
-
-from servelab.deploy.containers import ContainerPlan, dollar_escape
+from servelab.deploy.containers import ContainerPlan, dollar_escape, dump_yaml
 from servelab.deploy.source import flag_value, set_flag
 from servelab.deploy.spec import DeploySpec
 
@@ -86,4 +84,4 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
 
 
 def dump(docs: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(docs, sort_keys=False, width=10_000)
+    return dump_yaml(docs)

@@ -30,6 +30,7 @@ class GpuProcess:
     pid: int
     gpu: str  # the GPU's index
     used_mib: int | None
+    uuid: str | None = None  # CUDA_VISIBLE_DEVICES may name GPUs by UUID
 
 
 GpuProcReader = Callable[[], list[GpuProcess] | None]
@@ -59,7 +60,7 @@ def nvidia_smi_compute_apps() -> list[GpuProcess] | None:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and parts[0].isdigit():
             used = int(parts[2]) if parts[2].isdigit() else None
-            out.append(GpuProcess(int(parts[0]), index.get(parts[1], parts[1]), used))
+            out.append(GpuProcess(int(parts[0]), index.get(parts[1], parts[1]), used, parts[1]))
     return out
 
 
@@ -156,7 +157,7 @@ def _gpu_holders(gpus: str, reader: GpuProcReader, own_marker: str, state: Calla
     wanted = None if gpus == "all" else {g.strip() for g in gpus.split(",") if g.strip()}
     out = []
     for g in found:
-        if wanted is None or g.gpu in wanted:
+        if wanted is None or g.gpu in wanted or (g.uuid is not None and g.uuid in wanted):
             mem = f" ({g.used_mib} MiB)" if g.used_mib is not None else ""
             out.append(_holder(g.pid, f"GPU {g.gpu}{mem}", own_marker, state))
     return out

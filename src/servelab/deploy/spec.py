@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from servelab.deploy.source import LaunchRecord
+from servelab.deploy.source import LaunchRecord, flag_value
 from servelab.engines import registry
 from servelab.engines.base import Readiness
 from servelab.errors import ConfigError
@@ -40,7 +40,7 @@ class DeploySpec:
     served_model: str
     readiness: Readiness
     gpu: bool  # the engine needs GPUs
-    gpu_ids: list[str] | None  # CUDA_VISIBLE_DEVICES of the run (None: all of the box)
+    gpu_ids: list[str] | None  # CUDA_VISIBLE_DEVICES of the run (None: the first gpu_count GPUs)
     gpu_count: int
     start_timeout_s: int
     stop_timeout_s: int
@@ -60,13 +60,23 @@ class DeploySpec:
         return f"http://{host}:{self.port}"
 
     @property
+    def api_key(self) -> str | None:
+        """The key the server demands (its --api-key, or vLLM's VLLM_API_KEY), for wait-ready and the checks."""
+        return flag_value(self.argv, "--api-key") or self.env.get("VLLM_API_KEY")
+
+    @property
     def wait_timeout_s(self) -> int:
         return max(30, self.start_timeout_s - int(defaults()["timeouts"]["wait_ready_margin_s"]))
 
     def preflight_args(self, kill_stale: bool = False) -> list[str]:
+        if not self.gpu:
+            gpus = "none"
+        elif self.gpu_ids:
+            gpus = ",".join(self.gpu_ids)
+        else:  # no CUDA_VISIBLE_DEVICES: the engine takes the first TP×PP×DP GPUs
+            gpus = ",".join(str(i) for i in range(max(1, self.gpu_count)))
         args = ["preflight", "--host", self.host, "--port", str(self.port), "--marker", self.marker,
-                "--gpus", ",".join(self.gpu_ids) if self.gpu_ids else ("all" if self.gpu else "none"),
-                "--engine", self.record.engine]
+                "--gpus", gpus, "--engine", self.record.engine]
         return args + (["--kill-stale"] if kill_stale else [])
 
     def wait_ready_args(self) -> list[str]:
@@ -128,8 +138,12 @@ def build(record: LaunchRecord, name: str | None = None, *, user: str | None = N
     t = defaults()["timeouts"]
     if env_file is not None and not env_file.startswith("/"):
         raise ConfigError(f"--env-file must be an absolute path (got {env_file!r})")
+    env = {**record.env, MARKER_ENV: MARKER_PREFIX + name, "SPT_NOENV": "1"}
+    key = flag_value(argv, "--api-key")
+    if key:  # wait-ready (ExecStartPost) reads it from there; it is in the unit's argv anyway
+        env["SERVELAB_API_KEY"] = key
     return DeploySpec(
-        name=name, record=record, argv=argv, env={**record.env, MARKER_ENV: MARKER_PREFIX + name, "SPT_NOENV": "1"},
+        name=name, record=record, argv=argv, env=env,
         host=record.host, port=record.port, served_model=record.served_model, readiness=engine.readiness,
         gpu=engine.capabilities.gpu, gpu_ids=gpu_ids, gpu_count=count if engine.capabilities.gpu else 0,
         start_timeout_s=start_timeout(record.ready_s, start_timeout_s),

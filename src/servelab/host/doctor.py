@@ -128,10 +128,13 @@ def check_p2p(f: Facts) -> Check:
     return Check("GPU P2P", "ok", f"P2P OK between all pairs; links: {summary['link_counts']}")
 
 
-def _per_gpu(name: str, f: Facts, bad: Callable[[Gpu], str | None], fix: str, ok: str, status: str = "warn") -> Check:
+def _per_gpu(name: str, f: Facts, bad: Callable[[Gpu], str | None], fix: str, ok: str, status: str = "warn",
+             needs: Callable[[Gpu], object] | None = None) -> Check:
     skip = _no_gpus(name, f)
     if skip is not None:
         return skip
+    if needs is not None and not any(needs(g) is not None for g in f.gpus.gpus):
+        return Check(name, "skip", f"not reported by {f.gpus.source}")
     found = [f"GPU{g.index}: {why}" for g in f.gpus.gpus if (why := bad(g))]
     if found:
         return Check(name, status, "; ".join(found), fix)
@@ -151,7 +154,7 @@ def _pcie_low(g: Gpu) -> str | None:
 def check_pcie(f: Facts) -> Check:
     return _per_gpu("PCIe link", f, _pcie_low,
                     "reseat the card or move it to a full x16 slot; check BIOS PCIe settings and risers",
-                    "every link at its maximum width")
+                    "every link at its maximum width", needs=lambda g: g.pcie_width_max)
 
 
 def _power_low(g: Gpu) -> str | None:
@@ -162,7 +165,7 @@ def _power_low(g: Gpu) -> str | None:
 
 def check_power(f: Facts) -> Check:
     return _per_gpu("power limit", f, _power_low, "sudo nvidia-smi -i IDX -pl DEFAULT_WATTS",
-                    "every GPU at its default power limit")
+                    "every GPU at its default power limit", needs=lambda g: g.default_power_limit_w)
 
 
 def _ecc_bad(g: Gpu) -> str | None:

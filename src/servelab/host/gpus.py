@@ -372,10 +372,8 @@ def read_nvidia_smi(run: Runner = run_nvidia_smi) -> GpuReport | None:
     if text is None:
         return None
     gpus = parse_query_gpu(text, QUERY_FIELDS)
-    driver = None
-    with contextlib.suppress(StopIteration):
-        row = next(iter(_csv_rows(text)))
-        driver = row[QUERY_FIELDS.index("driver_version")] if len(row) == len(QUERY_FIELDS) else None
+    first = dict(zip(QUERY_FIELDS, (_csv_rows(text) or [[]])[0], strict=False))
+    driver = first.get("driver_version")
     apps = run([f"--query-compute-apps={','.join(APPS_FIELDS)}", "--format=csv,noheader,nounits"])
     if apps:
         attach_processes(gpus, parse_compute_apps(apps, APPS_FIELDS))

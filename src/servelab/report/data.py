@@ -46,7 +46,7 @@ def load_plan(store: Store, name: str) -> dict[str, Any]:
     except Exception as exc:  # an older store without the plan tables, or a plan module mid-change
         return {"available": False, "note": f"the plan could not be read: {exc}", "items": []}
     items = [i.to_dict() for i in plan.items]
-    note = "" if items else f"no plan stored under {name!r} (`servelab plan --plan {name}` makes one)"
+    note = "" if items else f"nothing stored in the plan of {name} (`servelab plan --plan {name} add ...` adds items)"
     return {"available": bool(items), "note": note, "name": name, "items": items}
 
 

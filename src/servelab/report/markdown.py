@@ -19,7 +19,7 @@ LEVEL_HEAD = ("level", "ok", "failed", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT
 def _table(head: tuple[str, ...] | list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out + [""]
+    return [*out, ""]
 
 
 def _value(v: Any) -> str:
@@ -34,7 +34,7 @@ def level_row(lv: dict[str, Any]) -> list[str]:
     ci = lv.get("ci") or {}
     errors = ", ".join(f"{md(k)}: {v}" for k, v in sorted((lv.get("errors") or {}).items())) or "-"
     return [fmt(lv.get("level"), 0) if float(lv.get("level") or 0).is_integer() else fmt(lv.get("level"), 2),
-            fmt(lv.get("completed")), fmt(lv.get("failed")),
+            fmt(lv.get("completed"), 0), fmt(lv.get("failed"), 0),
             _pm(lv.get("ttft_ms_p50"), ci.get("ttft_ms_p50")), fmt(lv.get("ttft_ms_p99")),
             _pm(lv.get("tpot_ms_p50"), ci.get("tpot_ms_p50"), 2), fmt(lv.get("tpot_ms_p99"), 2),
             fmt(lv.get("itl_ms_p50"), 2), fmt(lv.get("itl_ms_p99"), 2),

@@ -150,7 +150,7 @@ def line_chart(title: str, series: Sequence[Series], *, x_label: str, y_label: s
     if front:
         path = " ".join(f"{_num(fx(x))},{_num(fy(y))}" for x, y in front)
         body.append(f'<polyline class="front" points="{path}" fill="none" stroke="{FRONT}" stroke-width="7" '
-                    f'stroke-opacity="0.25" stroke-linejoin="round"/>')
+                    f'stroke-opacity="0.35" stroke-linejoin="round"/>')
     legend: list[tuple[str, str, bool]] = []
     for i, s in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
@@ -172,7 +172,7 @@ def line_chart(title: str, series: Sequence[Series], *, x_label: str, y_label: s
     if any(s.marks for s in series):
         legend.append(("anomaly", ANOMALY, False))
     if front:
-        legend.append(("Pareto front (SLOs met)", "#aaaaaa", False))
+        legend.append(("Pareto front", "#aaaaaa", False))
     return _frame(title, x_label, y_label, legend, body, ident)
 
 

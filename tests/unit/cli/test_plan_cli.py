@@ -245,3 +245,32 @@ def test_check_observes_the_servers_the_items_name(monkeypatch: pytest.MonkeyPat
     d = ok("plan", "check")
     assert seen["urls"] == [url]
     assert [f["kind"] for f in d["findings"]] == ["server_down"]
+
+
+def test_done_with_a_bench_run_uses_the_trial_that_made_it() -> None:
+    from servelab.store.bench import BenchRepo
+
+    uid = make_trial("measured", {"moe_runner_backend": "flashinfer_trtllm"}, [])
+    with open_store() as s:
+        run_id, run_uid = BenchRepo(s).create_run("http://h:1", "m", "chat", {}, None)
+        _, plain_uid = BenchRepo(s).create_run("http://h:2", "m", "chat", {}, None)
+        s.conn.execute("UPDATE study_trials SET bench_run_id = ?", (run_id,))
+    ok("plan", "add", "plain item")
+    d = ok("plan", "done", "1", "--run", plain_uid)  # an unbound item takes any run as evidence
+    assert d["item"]["evidence"][0]["run"] == plain_uid and d["item"]["evidence"][0]["applied"] is None
+    ok("plan", "add", "run trtllm", "--requested", "moe_runner_backend=flashinfer_trtllm")
+    r = run("plan", "done", "2", "--run", plain_uid)
+    assert r.exit_code == 2 and "does not show" in r.stderr
+    d = ok("plan", "done", "2", "--run", run_uid)
+    assert d["item"]["status"] == "completed" and d["item"]["evidence"][-1]["trial"] is not None
+    assert run("plan", "done", "2", "--run", "b-missing").exit_code == 2
+    assert uid
+
+
+def test_plan_option_before_the_subcommand_applies_to_it() -> None:
+    with open_store() as s:
+        _, uid = StudyRepo(s).create_study("glm", None, {}, "h")
+    r = run("plan", "--plan", "glm", "add", "study item")
+    assert r.exit_code == 0, r.output
+    assert [i.content for i in stored(uid)[0].items] == ["study item"] and stored()[0].items == ()
+    assert "note pid 1" in run("plan", "--plan", uid, "note", "1", "pid 1").stdout

@@ -147,3 +147,39 @@ def test_read_local_without_gpus_says_so(monkeypatch) -> None:  # type: ignore[n
     monkeypatch.setattr(gpus.shutil, "which", lambda name: None)
     rep = gpus.read_local()
     assert not rep.available and rep.source == "none" and "no GPUs" in rep.note
+
+
+def test_nvml_mapping_with_a_stand_in_binding() -> None:
+    """NVML cannot run here (no driver); a stand-in with NVML's function names checks the unit conversions
+    (mW -> W, bytes -> MiB) and that an unsupported query leaves its field empty instead of failing."""
+    from types import SimpleNamespace
+
+    class NotSupported(Exception):
+        pass
+
+    def unsupported(*a: object) -> None:
+        raise NotSupported
+
+    nv = SimpleNamespace(
+        NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlSystemGetCudaDriverVersion=lambda: 12040,
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3", nvmlDeviceGetUUID=lambda h: "GPU-1",
+        nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=b"00000000:18:00.0"),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=3 * 2**20, total=81559 * 2**20),
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=7),
+        nvmlDeviceGetPowerUsage=lambda h: 69500, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
+        nvmlDeviceGetPowerManagementDefaultLimit=lambda h: 700000, nvmlDeviceGetEccMode=lambda h: (1, 1),
+        nvmlDeviceGetTemperature=lambda h, s: 31, nvmlDeviceGetClockInfo=lambda h, c: 345 if c == 1 else 2619,
+        nvmlDeviceGetMaxClockInfo=lambda h, c: 1980, nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 5,
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 5, nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetMaxPcieLinkWidth=unsupported, nvmlDeviceGetPersistenceMode=lambda h: 1,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=77, usedGpuMemory=512 * 2**20)],
+    )
+    rep = gpus._nvml_report(nv)
+    assert rep.available and rep.driver_version == "550.54.15" and rep.cuda_version == "12.4"
+    (g,) = rep.gpus
+    assert (g.memory_used_mib, g.memory_total_mib, g.power_w, g.power_limit_w) == (3, 81559, 69.5, 700.0)
+    assert g.bus_id == "00000000:18:00.0" and g.persistence is True and g.ecc is True
+    assert g.pcie_width == 16 and g.pcie_width_max is None
+    assert [(p.pid, p.used_mib) for p in g.processes] == [(77, 512)]

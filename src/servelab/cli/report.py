@@ -1,0 +1,70 @@
+"""`servelab report STUDY`: the findings document of a study, as self-contained HTML and/or Markdown."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from servelab.cli.output import emit, stdout
+from servelab.errors import UserError
+from servelab.store import open_store
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}",
+                        hint="choose a file in a directory you can write to") from exc
+
+
+@click.command("report")
+@click.argument("study", default="last")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write one self-contained HTML file (plots inline, opens without a network).")
+@click.option("--md", "md_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write Markdown; the plots go beside it as SVG files in FILE_STEM_files/.")
+@click.option("--host-checks/--no-host-checks", default=True, show_default=True,
+              help="Run `servelab doctor`'s checks on this machine for the Host section.")
+@click.option("--json", "as_json", is_flag=True, help="The report model as JSON (see docs/cli/report.md).")
+def report(study: str, html_file: Path | None, md_file: Path | None, host_checks: bool, as_json: bool) -> None:
+    """The findings of STUDY (uid, name or `last`): host, every candidate tried, performance at every load level
+    with plots, the decode step measured against predicted, the winner and why, and the plan's state.
+
+    Without --html or --md the Markdown goes to stdout."""
+    from servelab.report import data
+    from servelab.report import html as html_report
+    from servelab.report import markdown as md_report
+    from servelab.report.host import gather
+
+    host = gather() if host_checks else None
+    with open_store() as store:
+        model = data.load(store, study, host=host)
+    written: list[str] = []
+    if html_file is not None:
+        _write(html_file, html_report.render(model))
+        written.append(str(html_file))
+    if md_file is not None:
+        try:
+            written += [str(p) for p in md_report.write(model, md_file)]
+        except OSError as exc:
+            raise UserError(f"cannot write {md_file}: {exc.strerror or exc}",
+                            hint="choose a file in a directory you can write to") from exc
+    if as_json:
+        emit({**model, "written": written}, True)
+        return
+    if not written:
+        sys.stdout.write(md_report.render(model))
+        return
+
+    def show(d: dict[str, Any]) -> None:
+        for p in d["written"]:
+            stdout.print(f"wrote {escape(p)}")
+        stdout.print(escape(d["winner"]["why"] or ""))
+
+    emit({**model, "written": written}, False, show)

@@ -1,0 +1,30 @@
+"""What `servelab doctor` finds on this machine, for the report's Host section (when the host checks exist).
+
+A study records the host it declared; the machine writing the report may be a different one, so the report
+says "this machine when the report was written" beside these findings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def gather() -> dict[str, Any] | None:
+    """Doctor findings and the GPU topology summary of this machine; None when the checks are not installed."""
+    try:
+        from servelab.host import doctor, gpus, topology
+    except ImportError:
+        return None
+    try:
+        rep = gpus.read_local()
+        topo = topology.read()
+        result = doctor.report(doctor.gather(rep, topo))
+    except Exception as exc:  # a check that breaks must not take the report down with it
+        return {"summary": "the host checks failed", "checks": [], "note": f"{type(exc).__name__}: {exc}"}
+    g = result.get("gpus") or {}
+    summary = f"{g.get('count', 0)} GPU(s) via {g.get('source')}; worst check: {result.get('worst')}"
+    note = g.get("note") or ""
+    topo_summary = topo.get("summary") if isinstance(topo, dict) else None
+    if not topo_summary and isinstance(topo, dict) and topo.get("note"):
+        note = f"{note}; {topo['note']}" if note else str(topo["note"])
+    return {"summary": summary, "checks": result.get("checks") or [], "note": note, "topology": topo_summary}

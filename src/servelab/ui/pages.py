@@ -1,0 +1,267 @@
+"""The web UI's pages and JSON endpoints: pure functions of a path, a query and an open store.
+
+Every page is a self-contained document (the report's CSS, inline SVG, no external URL); the study page of a
+running study polls `/api/study/UID/progress` and reloads itself when something finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from servelab import analyze
+from servelab.errors import NotFoundError, UserError
+from servelab.report import data
+from servelab.report.html import levels_table, page, plan_items, study_body, table
+from servelab.report.text import fmt, h
+from servelab.store.bench import BenchRepo
+from servelab.store.db import Store
+from servelab.store.studies import StudyRepo
+
+NAV = ('<nav><a href="/">studies</a><a href="/runs">runs</a><a href="/compare">compare two runs</a>'
+       '<a href="/plans">plans</a></nav>')
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _html(title: str, body: str, script: str = "", status: int = 200) -> Response:
+    return Response(status, page(title, body, script, NAV).encode())
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY),
+                    "application/json")
+
+
+def route(store: Store, path: str, query: dict[str, str]) -> Response:
+    """Dispatch one GET. Unknown paths are 404; a missing study or run is a 404 page with the hint."""
+    parts = [p for p in path.split("/") if p]
+    try:
+        match parts:
+            case []:
+                return studies_page(store)
+            case ["runs"]:
+                return runs_page(store)
+            case ["study", ref]:
+                return study_page(store, ref)
+            case ["run", ref]:
+                return run_page(store, ref)
+            case ["compare"]:
+                return compare_page(store, query.get("a", ""), query.get("b", ""))
+            case ["plans"]:
+                return plans_page(store)
+            case ["plan", name]:
+                return plan_page(store, name)
+            case ["api", "studies"]:
+                return _json({"studies": [_study_row(store, s) for s in StudyRepo(store).list_studies(200)]})
+            case ["api", "study", ref]:
+                return _json(data.load(store, ref))
+            case ["api", "study", ref, "progress"]:
+                return _json(progress(store, ref))
+            case ["api", "run", ref]:
+                return _json(_run(store, ref))
+    except NotFoundError as exc:
+        if parts and parts[0] == "api":
+            return _json(exc.to_dict(), 404)
+        return _html("not found", f"<h1>Not found</h1><p>{h(exc.message)}</p><p class=note>{h(exc.hint)}</p>",
+                     status=404)
+    except UserError as exc:
+        return _html("bad request", f"<h1>Bad request</h1><p>{h(exc.message)}</p>", status=400)
+    return _html("not found", f"<h1>Not found</h1><p>nothing at {h(path)}</p>", status=404)
+
+
+def _study_row(store: Store, st: dict[str, Any]) -> dict[str, Any]:
+    cands = StudyRepo(store).candidates(st["id"])
+    ranking = (st["result"] or {}).get("ranking") or {}
+    return {"uid": st["uid"], "name": st["name"], "status": st["status"], "created_at": st["created_at"],
+            "winner": ranking.get("winner"), "candidates": len(cands),
+            "finished_candidates": sum(c["status"] in ("measured", "anomalous", "not_applied", "failed")
+                                       for c in cands)}
+
+
+def studies_page(store: Store) -> Response:
+    rows = [_study_row(store, s) for s in StudyRepo(store).list_studies(200)]
+    body = "<h1>servelab studies</h1>" + (table(
+        ["study", "name", "status", "created", "candidates", "winner"],
+        [[f'<a href="/study/{quote(r["uid"])}">{h(r["uid"])}</a>', h(r["name"]), h(r["status"]),
+          h(r["created_at"][:19]), f"{r['finished_candidates']}/{r['candidates']}", h(r["winner"] or "-")]
+         for r in rows], "studies") if rows else "<p>no studies stored yet; <code>servelab tune STUDY.toml</code> "
+                                                 "runs one.</p>")
+    return _html("servelab studies", body)
+
+
+def runs_page(store: Store) -> Response:
+    runs = BenchRepo(store).list_runs(200)
+    body = "<h1>Benchmark runs</h1>" + table(
+        ["run", "created", "status", "model", "engine", "url", "levels"],
+        [[f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>', h(r["created_at"][:19]), h(r["status"]),
+          h(r["model"]), h(r["engine"] or "-"), h(r["url"]), str(len((r["summary"] or {}).get("levels", [])))]
+         for r in runs], "runs")
+    return _html("servelab runs", body)
+
+
+def progress(store: Store, ref: str) -> dict[str, Any]:
+    """What a running study has done so far: per candidate its status, trials and levels measured."""
+    repo = StudyRepo(store)
+    st = repo.resolve(ref)
+    levels = ((st["spec"] or {}).get("load") or {}).get("concurrency") or \
+        ((st["spec"] or {}).get("load") or {}).get("rate") or []
+    cands = []
+    for c in repo.candidates(st["id"]):
+        trials = repo.trials(c["id"])
+        last = trials[-1] if trials else None
+        cands.append({"label": c["label"], "status": c["status"], "trials": len(trials),
+                      "trial_status": last["status"] if last else None,
+                      "levels_done": len((last or {}).get("levels") or []),
+                      "last_level": ((last or {}).get("levels") or [{}])[-1].get("level") if last and last["levels"]
+                      else None})
+    done = sum(c["status"] in ("measured", "anomalous", "not_applied", "failed") for c in cands)
+    return {"study": st["uid"], "status": st["status"], "candidates": cands, "finished": done, "total": len(cands),
+            "levels_per_candidate": len(levels),
+            "measured_levels": sum(c["levels_done"] for c in cands)}
+
+
+# Polls the progress endpoint; reloads when a level or a candidate finished, stops when the study ended.
+PROGRESS_JS = """
+(function(){
+  var box=document.getElementById('progress'); if(!box) return;
+  var url=box.getAttribute('data-url'), seen=box.getAttribute('data-seen');
+  function tick(){
+    fetch(url,{cache:'no-store'}).then(function(r){return r.json();}).then(function(p){
+      var lines=p.candidates.map(function(c){return c.label+': '+c.status+(c.trial_status?' ('+c.trial_status+
+        ', '+c.levels_done+'/'+p.levels_per_candidate+' levels)':'');});
+      box.textContent='study '+p.status+': '+p.finished+'/'+p.total+' candidates finished\\n'+lines.join('\\n');
+      var key=p.status+':'+p.finished+':'+p.measured_levels;
+      if(key!==seen){location.reload();return;}
+      if(p.status==='running') setTimeout(tick,2000);
+    }).catch(function(){setTimeout(tick,5000);});
+  }
+  setTimeout(tick,2000);
+})();
+"""
+
+
+def study_page(store: Store, ref: str) -> Response:
+    model = data.load(store, ref)
+    uid = model["study"]["uid"]
+    script = ""
+    top = ""
+    if model["study"]["status"] == "running":
+        p = progress(store, uid)
+        seen = f"{p['status']}:{p['finished']}:{p['measured_levels']}"
+        lines = "\n".join(f"{c['label']}: {c['status']}" for c in p["candidates"])
+        top = (f'<h2>Live progress</h2><pre id="progress" data-url="/api/study/{quote(uid)}/progress" '
+               f'data-seen="{h(seen)}">study running: {p["finished"]}/{p["total"]} candidates finished\n'
+               f"{h(lines)}</pre>")
+        script = PROGRESS_JS
+    links = (f'<p><a href="/plan/{quote(uid)}">the plan</a> · <a href="/api/study/{quote(uid)}">JSON</a></p>')
+    return _html(f"study {model['study']['name']}", top + study_body(model, ui=True) + links, script)
+
+
+def _run(store: Store, ref: str) -> dict[str, Any]:
+    repo = BenchRepo(store)
+    r = repo.resolve(ref)
+    levels = [analyze.level_digest(lv["summary"], lv["value"]) for lv in repo.levels(r["id"]) if lv["summary"]]
+    return {"uid": r["uid"], "created_at": r["created_at"], "status": r["status"], "url": r["url"],
+            "model": r["model"], "engine": r["engine"], "workload": (r["config"] or {}).get("workload_info", {}),
+            "warnings": r["warnings"], "levels": levels, "study": _study_of_run(store, r["uid"])}
+
+
+def _study_of_run(store: Store, uid: str) -> dict[str, Any] | None:
+    """The study trial that made this run, and the clock scale its study applied (the simulator's speed)."""
+    row = store.conn.execute(
+        "SELECT s.uid, c.label, t.levels_json FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+        " JOIN studies s ON s.id = c.study_id WHERE t.levels_json LIKE ? LIMIT 1", (f'%"{uid}"%',)).fetchone()
+    if row is None:
+        return None
+    scale = next((lv.get("time_scale") for lv in orjson.loads(row["levels_json"] or "[]")
+                  if lv.get("bench_run") == uid), None)
+    return {"uid": row["uid"], "label": row["label"], "time_scale": scale}
+
+
+def _run_meta(r: dict[str, Any]) -> str:
+    w = r["workload"] or {}
+    return table(["", ""], [["run", f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>'], ["created", h(r["created_at"])],
+                            ["status", h(r["status"])], ["model", h(r["model"])], ["engine", h(r["engine"] or "-")],
+                            ["url", h(r["url"])], ["workload", h(", ".join(f"{k}={v}" for k, v in w.items()) or "-")]],
+                 "meta")
+
+
+def run_page(store: Store, ref: str) -> Response:
+    r = _run(store, ref)
+    warn = "".join(f'<p class="bad">{h(w)}</p>' for w in r["warnings"] or [])
+    st = r["study"]
+    if st:
+        warn += (f'<p>Measured for candidate {h(st["label"])} of study <a href="/study/{quote(st["uid"])}">'
+                 f'{h(st["uid"])}</a>.</p>')
+        if st.get("time_scale") and st["time_scale"] != 1:
+            warn += (f'<p class="note">The simulator ran its clock {fmt(st["time_scale"], 0)}× faster: these are the '
+                     "numbers as measured; the study shows them in real-GPU time (latencies × "
+                     f'{fmt(st["time_scale"], 0)}, throughputs ÷ {fmt(st["time_scale"], 0)}).</p>')
+    body = (f"<h1>Run {h(r['uid'])}</h1>{_run_meta(r)}{warn}<h2>Every level</h2>{levels_table(r['uid'], r['levels'])}"
+            f'<p><a href="/compare?a={quote(r["uid"])}">compare with another run</a></p>')
+    return _html(f"run {r['uid']}", body)
+
+
+def _run_picker(store: Store, a: str, b: str) -> str:
+    runs = BenchRepo(store).list_runs(200)
+
+    def select(name: str, cur: str) -> str:
+        opts = "".join(f'<option value="{h(r["uid"])}"{" selected" if r["uid"] == cur else ""}>{h(r["uid"])} '
+                       f"{h(r['created_at'][:19])} {h(r['model'])}</option>" for r in runs)
+        return f'<select name="{name}">{opts}</select>'
+
+    return (f'<form method="get" action="/compare">{select("a", a)} against {select("b", b)} '
+            '<button type="submit">compare</button></form>')
+
+
+def compare_page(store: Store, a: str, b: str) -> Response:
+    picker = _run_picker(store, a, b)
+    if not a or not b:
+        return _html("compare runs", f"<h1>Compare two runs</h1>{picker}")
+    ra, rb = _run(store, a), _run(store, b)
+    by_b = {float(lv["level"]): lv for lv in rb["levels"]}
+    rows = []
+    for la in ra["levels"]:
+        lb = by_b.get(float(la["level"]))
+        if lb is None:
+            continue
+        for key, label, digits in (("output_throughput", "output tok/s", 1), ("tpot_ms_p50", "TPOT p50 ms", 2),
+                                   ("ttft_ms_p50", "TTFT p50 ms", 1), ("e2e_ms_p99", "E2E p99 ms", 0)):
+            va, vb = la.get(key), lb.get(key)
+            delta = f"{(vb - va) / va * 100:+.1f} %" if va and vb is not None else "-"
+            rows.append([h(fmt(la["level"], 0)), h(label), h(fmt(va, digits)), h(fmt(vb, digits)), h(delta)])
+    diff = table(["level", "metric", h(ra["uid"]), h(rb["uid"]), "change"], rows, "diff") if rows else \
+        '<p class="note">the two runs share no load level</p>'
+    body = (f"<h1>Compare {h(ra['uid'])} and {h(rb['uid'])}</h1>{picker}<h2>At the levels both ran</h2>{diff}"
+            f'<div class="cols"><div class="run-a"><h2>{h(ra["uid"])}</h2>{_run_meta(ra)}'
+            f'{levels_table(ra["uid"], ra["levels"])}</div><div class="run-b"><h2>{h(rb["uid"])}</h2>{_run_meta(rb)}'
+            f'{levels_table(rb["uid"], rb["levels"])}</div></div>')
+    return _html("compare runs", body)
+
+
+def plans_page(store: Store) -> Response:
+    try:
+        from servelab.store.plans import PlanRepo
+
+        plans = PlanRepo(store).plans()
+    except Exception as exc:  # no plan module or tables in this servelab
+        return _html("plans", f"<h1>Plans</h1><p class=note>not available: {h(exc)}</p>")
+    body = "<h1>Plans</h1>" + (table(["plan", "items", "open", "study"], [
+        [f'<a href="/plan/{quote(p["name"])}">{h(p["name"])}</a>', str(p["items"]), str(p["open"]),
+         h(p.get("study_uid") or "-")] for p in plans], "plans") if plans else "<p>no plans stored yet</p>")
+    return _html("plans", body)
+
+
+def plan_page(store: Store, name: str) -> Response:
+    plan = data.load_plan(store, name)
+    return _html(f"plan {name}", f"<h1>Plan {h(name)}</h1>{plan_items(plan)}")

@@ -1,0 +1,251 @@
+"""`servelab wait-ready` against the simulator in each start-up fault, and a generated unit's commands run for
+real: preflight, the server exactly as ExecStart says, wait-ready (with the unit's own $MAINPID rule)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servelab import lifecycle
+from servelab.engines import registry
+from servelab.engines.base import LaunchSpec
+from servelab.errors import LaunchFailed, NotReady
+from servelab.host.ports import free_port
+
+pytestmark = pytest.mark.integration
+
+MODEL = "Qwen3-30B-A3B"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sims() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        p.wait(10)
+
+
+def start_sim(procs: list[subprocess.Popen[bytes]], port: int, *args: str, fast: bool = True,
+              personality: str = "vllm") -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "servelab", "sim", "--model", MODEL, "--gpu", "h100-sxm", "--num-gpus", "1",
+            "--port", str(port), "--speed", "50", "--cpu", "0", "--personality", personality, *args]
+    if fast:
+        argv.append("--fast-start")
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    procs.append(p)
+    return p
+
+
+def wait(port: int, timeout_s: float, pid: int | None = None) -> lifecycle.ReadyReport:
+    ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=pid)
+    return asyncio.run(lifecycle.wait_url_ready(ep, registry.get("sim").readiness, timeout_s, "sim",
+                                                request_timeout_s=2.0))
+
+
+def test_healthy_server_is_ready_after_a_real_completion(sims: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    p = start_sim(sims, port)
+    report = wait(port, 60, pid=p.pid)
+    assert report.models == [MODEL]
+    assert list(report.phases) == ["port", "health", "models", "warmup"]  # the engine's rule, then a completion
+
+
+@pytest.mark.parametrize("fault", ["cuda_init", "oom_init", "worker_init", "port_in_use", "nccl_shm"])
+def test_crash_at_start(fault: str, sims: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    p = start_sim(sims, port, "--fault", fault)
+    # With the server's pid (systemd's $MAINPID): the exit ends the wait at once.
+    t0 = time.monotonic()
+    with pytest.raises(LaunchFailed, match="exited before it was ready") as info:
+        wait(port, 60, pid=p.pid)
+    assert info.value.diagnosis.klass == "process_exited" and time.monotonic() - t0 < 30
+    # By URL alone: nothing ever answers, so it times out and says what it last saw.
+    with pytest.raises(NotReady, match="port not open yet") as info2:
+        wait(port, 1.5)
+    assert info2.value.diagnosis.klass == "startup_timeout"
+
+
+def test_slow_start_needs_its_time(sims: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    p = start_sim(sims, port, "--fault", "slow_start:250", fast=False)
+    with pytest.raises(NotReady, match="port not open yet"):
+        wait(port, 2.0, pid=p.pid)
+    assert wait(port, 90, pid=p.pid).models == [MODEL]
+
+
+def test_sglang_slow_start_reports_loading(sims: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    p = start_sim(sims, port, "--fault", "slow_start:250", fast=False, personality="sglang")
+    ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=p.pid)
+    rule = registry.get("sglang").readiness  # SGLang's /health answers 503 while it loads
+    with pytest.raises(NotReady, match=r"loading \(/health answers HTTP 503\)"):
+        asyncio.run(lifecycle.wait_url_ready(ep, rule, 2.5, "sglang"))
+    assert asyncio.run(lifecycle.wait_url_ready(ep, rule, 90, "sglang")).models == [MODEL]
+
+
+def test_hang_is_not_ready(sims: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    p = start_sim(sims, port, "--fault", "hang")
+    with pytest.raises(NotReady) as info:
+        wait(port, 8, pid=p.pid)
+    assert "did not answer" in info.value.message or "warm-up" in info.value.message
+    assert p.poll() is None
+
+
+def test_orphan_fault_server_still_becomes_ready(sims: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    p = start_sim(sims, port, "--fault", "orphan")
+    assert wait(port, 60, pid=p.pid).models == [MODEL]
+
+
+def test_wait_ready_cli(sims: list[subprocess.Popen[bytes]]) -> None:
+    """The command the unit's ExecStartPost runs, with $MAINPID as systemd sets it."""
+    port = free_port()
+    p = start_sim(sims, port)
+    cmd = [sys.executable, "-m", "servelab", "wait-ready", f"http://127.0.0.1:{port}", "--engine", "sim",
+           "--model", MODEL, "--timeout", "60", "--json"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "MAINPID": str(p.pid)})
+    assert res.returncode == 0, res.stderr
+    assert '"warmup"' in res.stdout
+    dead = start_sim(sims, free_port(), "--fault", "cuda_init")
+    res = subprocess.run([*cmd[:4], f"http://127.0.0.1:{free_port()}", *cmd[5:]], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env={**os.environ, "MAINPID": str(dead.pid)})
+    assert res.returncode == 1 and "exited before it was ready" in res.stderr
+
+
+def test_unit_commands_run_for_real(sims: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    """ExecStartPre, ExecStart and ExecStartPost of a generated unit, read back by systemd's rules and run
+    with the unit's Environment=: preflight passes, the server starts, wait-ready passes; then the server left
+    running is what the next start's preflight refuses, and `--kill-stale` ends it."""
+    from tests.unit.deploy.systemd_reader import unquote_words
+
+    from servelab.deploy import spec, systemd
+    from servelab.deploy.source import LaunchRecord
+    from servelab.engines.base import Settings
+
+    port = free_port()
+    launch = registry.get("sim").command(Settings(model=MODEL, port=port, options={
+        "gpu": "h100-sxm", "speed": 50, "fast_start": True, "python": sys.executable}))
+    rec = LaunchRecord("s-x", "it", "tp1", 1, "sim", launch.argv, {"ODD": 'a "b" 5% $HOME'}, launch.url, MODEL,
+                       MODEL, "0.1", 3.0, [], 1.0)
+    text = systemd.render_unit(spec.build(rec, "it-unit"))
+    (tmp_path / "it-unit.service").write_text(text)
+    assert systemd.verify_unit(tmp_path / "it-unit.service") == []
+
+    def line(key: str) -> list[str]:
+        (v,) = [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith(key + "=")]
+        return unquote_words(v, dollar=key.startswith("Exec"))
+
+    env = {**os.environ}
+    for ln in text.splitlines():
+        if ln.startswith("Environment="):
+            k, _, v = unquote_words(ln.removeprefix("Environment="), dollar=False)[0].partition("=")
+            env[k] = v
+    assert env["ODD"] == 'a "b" 5% $HOME'
+    assert subprocess.run(line("ExecStartPre"), env=env, capture_output=True, timeout=60, cwd=ROOT).returncode == 0
+    server = subprocess.Popen([*line("ExecStart"), "--cpu", "0"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    sims.append(server)
+    post = subprocess.run(line("ExecStartPost"), env={**env, "MAINPID": str(server.pid)}, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert post.returncode == 0, post.stderr
+    assert b"SERVELAB_RUN=servelab-deploy:it-unit" in Path(f"/proc/{server.pid}/environ").read_bytes()
+
+    again = subprocess.run(line("ExecStartPre"), env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 1 and f"held by pid {server.pid}" in again.stdout and "--kill-stale" in again.stdout
+    kill = subprocess.run([*line("ExecStartPre"), "--kill-stale"], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert kill.returncode == 0, kill.stdout + kill.stderr
+    assert f"ended pid {server.pid}" in kill.stdout and server.wait(10) is not None
+
+
+class FakeSystemd:
+    """Stands in for systemctl only (this host runs no systemd): `start` does what systemd does with the
+    written unit — ExecStartPre, ExecStart (in its own session, with Environment=), ExecStartPost with
+    $MAINPID — so everything after it (wait-ready, verify-output, the benchmark, the check) is real."""
+
+    def __init__(self, unit_dir: Path) -> None:
+        self.unit_dir = unit_dir
+        self.calls: list[tuple[str, ...]] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        from tests.unit.deploy.systemd_reader import unquote_words
+
+        self.calls.append(args)
+        if args[0] != "start":
+            return subprocess.CompletedProcess(list(args), 0, "ActiveState=active\nSubState=running\n", "")
+        text = (self.unit_dir / args[1]).read_text()
+        env = dict(os.environ)
+        cmds: dict[str, list[str]] = {}
+        for ln in text.splitlines():
+            key, _, value = ln.partition("=")
+            if key == "Environment":
+                k, _, v = unquote_words(value, dollar=False)[0].partition("=")
+                env[k] = v
+            elif key.startswith("ExecStart"):
+                cmds[key] = unquote_words(value, dollar=True)
+        pre = subprocess.run(cmds["ExecStartPre"], env=env, capture_output=True, text=True, timeout=60)
+        if pre.returncode:
+            return subprocess.CompletedProcess(list(args), 1, "", pre.stdout)
+        server = subprocess.Popen([*cmds["ExecStart"], "--cpu", "0"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(server)
+        post = subprocess.run(cmds["ExecStartPost"], env={**env, "MAINPID": str(server.pid)}, capture_output=True,
+                              text=True, timeout=timeout)
+        return subprocess.CompletedProcess(list(args), post.returncode, "", post.stderr)
+
+
+@pytest.mark.parametrize("tuned_tps,ok", [(1.0, True), (1e9, False)])
+def test_install_checks_the_deployment_against_the_tuned_result(
+        tuned_tps: float, ok: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from click.testing import CliRunner
+    from tests.unit.deploy.stored import DIGEST, store_study
+
+    from servelab.cli.deploy import deploy_cmd
+    from servelab.deploy import install
+    from servelab.deploy.records import DeploymentRepo
+    from servelab.store import open_store
+
+    unit_dir, runtime = tmp_path / "units", tmp_path / "run-systemd"
+    unit_dir.mkdir()
+    runtime.mkdir()
+    fake = FakeSystemd(unit_dir)
+    monkeypatch.setattr(install, "UNIT_DIR", unit_dir)
+    monkeypatch.setattr(install, "SYSTEMD_RUNTIME", runtime)
+    monkeypatch.setattr(install, "_systemctl", fake)
+    digest = {**DIGEST, "output_throughput": tuned_tps, "tpot_ms_p50": None, "ttft_ms_p50": None}
+    with open_store() as store:
+        ids = store_study(store, "sim", port=free_port(), digest=digest)
+    try:
+        res = CliRunner().invoke(deploy_cmd, [f"{ids['uid']}:tp1", "--name", "llm", "--install", "--json",
+                                              "--out", str(tmp_path / "out")])
+    finally:
+        for p in fake.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait(10)
+    assert [c[0] for c in fake.calls[:3]] == ["daemon-reload", "enable", "start"]
+    assert res.exit_code == (0 if ok else 1), (res.output, res.exception)
+    d = json.loads(res.output)
+    check = d["install"]["check"]
+    assert check["ok"] is ok and check["level"] == 4.0
+    assert check["verdict"].startswith("as tuned" if ok else "NOT as tuned (±10 %): output_throughput")
+    assert (unit_dir / "llm.service").is_file()
+    with open_store() as store:
+        (rec,) = DeploymentRepo(store).list(installed_only=True)
+    assert rec["status"] == ("ready" if ok else "degraded") and rec["check"]["ok"] is ok
+    assert rec["check"]["measured"]["completed"] > 0 and rec["check"]["verify"]["ok"] is True

@@ -1,0 +1,127 @@
+"""`servelab report --html` on a study run against the simulator, opened in headless Chromium (Debian's
+`chromium`, driven by Playwright; scripts/test.sh installs it): the page loads with no console errors and
+fetches nothing, the plots render with a size, and the tables hold the numbers the store holds.
+A full-page screenshot goes to artifacts/ (gitignored) for a person to look at."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.test_tune_sim import ROOT, servelab, write_study
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = ROOT / "artifacts"
+
+GLM5 = [
+    {"name": "tp8-cutlass", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass"], "baseline": True},
+    {"name": "tp8-trtllm", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_trtllm"]},
+    {"name": "tp4-pp2", "tp": 4, "pp": 2, "args": ["--moe-runner-backend", "flashinfer_cutlass"]},
+    {"name": "arfusion", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass",
+                                            "--enable-flashinfer-allreduce-fusion"]},
+]
+
+
+def glm5_study(path: Path, candidates: list[dict[str, Any]] | None = None, levels: list[int] | None = None) -> Path:
+    """The GLM-5 story on the simulator, small: the not-applied backend, the collapse, TP8 against TP4+PP2."""
+    return write_study(path, "glm5-browser", candidates or GLM5, model="GLM-5-NVFP4", gpu="rtx-pro-6000",
+                       num_gpus=8, personality="sglang", levels=levels or [1, 4, 16], speed=20,
+                       extra_engine={"args": ["--disable-radix-cache"]},
+                       top='objective = "output_throughput"\n[slo]\ntpot_ms = { p50 = 150 }')
+
+
+@contextmanager
+def browser_page(console: list[str]) -> Iterator[Any]:
+    """A page in headless Chromium that records console errors and uncaught exceptions into `console`."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists() or shutil.which("chromium"), (
+        "Chromium is missing: scripts/test.sh installs it (apt-get install -y --no-install-recommends chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning")
+                    else None)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            yield page
+        finally:
+            browser.close()
+
+
+def check_plots(page: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        svg = page.locator(f"svg#fig-{name}")
+        assert svg.is_visible(), name
+        box = svg.bounding_box()
+        assert box and box["width"] > 200 and box["height"] > 100, (name, box)
+        drawn = page.locator(f"svg#fig-{name} circle, svg#fig-{name} rect.bar").count()
+        assert drawn >= 3, (name, drawn)
+
+
+def level_cells(page: Any, label: str) -> dict[str, list[tuple[str, float]]]:
+    """key -> [(shown text, stored value)] for every number cell of one candidate's level table."""
+    cells = page.eval_on_selector_all(
+        f'table.levels[data-candidate="{label}"] td[data-key]',
+        "els => els.map(e => [e.dataset.key, e.textContent, e.dataset.value || null])")
+    out: dict[str, list[tuple[str, float]]] = {}
+    for key, text, value in cells:
+        if value is not None:
+            out.setdefault(key, []).append((text, float(value)))
+    return out
+
+
+def save_screenshot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def test_html_report_in_chromium(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    study = glm5_study(tmp_path / "glm5.toml")
+    out = json.loads(servelab("tune", str(study), "--json", home=home).stdout)
+    stored = json.loads(servelab("runs", "study", out["study"], "--json", home=home).stdout)
+    report = tmp_path / "findings.html"
+    servelab("report", out["study"], "--html", str(report), "--md", str(tmp_path / "md" / "findings.md"), home=home)
+    assert (tmp_path / "md" / "findings_files" / "throughput.svg").exists()
+
+    console: list[str] = []
+    requests: list[str] = []
+    with browser_page(console) as page:
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(report.as_uri())
+        page.wait_for_load_state("load")
+        assert console == []
+        assert all(u.startswith(("file:", "data:")) for u in requests), requests  # opens without a network
+        check_plots(page, ("throughput", "latency", "ttft", "decode"))
+        # the anomalous candidate is ringed on the throughput curve
+        assert page.locator("svg#fig-throughput circle.anomaly").count() >= 1
+        assert page.locator("svg#fig-latency polyline.front").count() == 1
+
+        by = {c["label"]: c for c in stored["candidates"]}
+        for label in ("tp8-cutlass", "tp4-pp2", "arfusion"):
+            cells = level_cells(page, label)
+            levels = by[label]["levels"]
+            assert levels, label
+            for key, digits in (("output_throughput", 1), ("tpot_ms_p50", 2), ("ttft_ms_p99", 1), ("goodput", 1)):
+                assert [v for _t, v in cells[key]] == [lv[key] for lv in levels], (label, key)
+                assert [t for t, _v in cells[key]] == [f"{lv[key]:,.{digits}f}" for lv in levels], (label, key)
+        assert page.locator("table.levels[data-candidate='tp8-trtllm']").count() == 0  # never benchmarked
+        winner = stored["ranking"]["winner"]
+        assert page.locator("strong.winner").inner_text() == winner
+        assert "not applied" in page.locator("#cand-tp8-trtllm ~ p").first.inner_text()
+        shot = save_screenshot(page, "report.png")
+    assert console == [], console
+    assert shot.exists()

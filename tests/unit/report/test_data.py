@@ -1,0 +1,73 @@
+"""The report model against the store: the performance model's view, the HTML's stored numbers, the CLI."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+from click.testing import CliRunner
+from tests.unit.report.study_builder import build_study
+
+from servelab.cli.main import cli
+from servelab.report import data, html
+from servelab.store.db import Store, open_store
+
+
+def test_explain_sets_the_winner_beside_the_model(golden_store: Store) -> None:
+    m = data.load(golden_store, "golden-study")
+    ex = m["explain"]
+    assert ex["available"] and ex["label"] == "tp8"
+    tp8 = next(c for c in m["candidates"] if c["label"] == "tp8")
+    assert [lv["measured"]["tpot_ms"] for lv in ex["levels"]] == [lv["tpot_ms_p50"] for lv in tp8["levels"]]
+    assert all(lv["predicted"]["tpot_ms"] > 0 for lv in ex["levels"])
+    dec = ex["decode"]
+    assert dec["concurrency"] == 64 and dec["measured_tpot_ms"] == tp8["levels"][-1]["tpot_ms_p50"]
+    assert abs(sum(dec["predicted_breakdown_ms"].values()) - dec["predicted_step_ms"]) < 0.01 * dec["predicted_step_ms"]
+
+
+def test_unknown_model_leaves_a_note_not_an_error(golden_store: Store) -> None:
+    golden_store.conn.execute("UPDATE studies SET spec_json = json_set(spec_json, '$.model.path', 'no-such-model')")
+    ex = data.load(golden_store, "golden-study")["explain"]
+    assert not ex["available"] and "cannot describe" in ex["note"]
+
+
+class _Cells(HTMLParser):
+    """(candidate, key) -> data-value of every number cell in the per-level tables."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cand: str | None = None
+        self.values: dict[tuple[str, str], list[float]] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table":
+            self.cand = a.get("data-candidate")
+        if tag == "td" and self.cand and a.get("data-key") and a.get("data-value"):
+            self.values.setdefault((self.cand, a["data-key"] or ""), []).append(float(a["data-value"] or 0))
+
+
+def test_html_tables_hold_the_stored_numbers(golden_store: Store) -> None:
+    m = data.load(golden_store, "golden-study", model=False)
+    p = _Cells()
+    p.feed(html.render(m))
+    for c in m["candidates"]:
+        for key in ("output_throughput", "tpot_ms_p50", "ttft_ms_p99", "goodput", "e2e_ms_p50"):
+            assert p.values.get((c["label"], key), []) == [lv[key] for lv in c["levels"]]
+
+
+def test_cli_writes_html_and_markdown_and_json(tmp_path: Path, servelab_home: Path) -> None:
+    with open_store() as store:
+        build_study(store, tmp_path)
+    res = CliRunner().invoke(cli, ["report", "golden-study", "--no-host-checks", "--html", str(tmp_path / "r.html"),
+                                   "--md", str(tmp_path / "md" / "r.md"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["winner"]["label"] == "tp8" and out["format"] == "servelab-report/1"
+    assert str(tmp_path / "r.html") in out["written"] and (tmp_path / "md" / "r_files" / "latency.svg").exists()
+    assert "<svg" in (tmp_path / "r.html").read_text()
+    plain = CliRunner().invoke(cli, ["report", "last", "--no-host-checks"])
+    assert plain.exit_code == 0 and plain.output.startswith("# Findings: golden-study")
+    missing = CliRunner().invoke(cli, ["report", "nope", "--no-host-checks"])
+    assert missing.exit_code == 2 and "no study 'nope'" in missing.output

@@ -1,0 +1,110 @@
+"""`servelab ui` over real HTTP on a free port: pages, JSON, 405 for writes, 404s, live progress."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.unit.report.study_builder import GOLDEN_UID, build_study
+
+from servelab.store.bench import BenchRepo
+from servelab.store.db import open_store
+from servelab.ui.server import is_loopback, make_server, serve_in_thread, url_of
+
+
+def _summary(thr: float, tpot: float) -> dict[str, object]:
+    return {"completed": 10, "failed": 0, "output_throughput": thr, "total_token_throughput": thr * 9,
+            "request_throughput": 1.0, "ttft_ms": {"p50": 100.0, "p99": 150.0}, "tpot_ms": {"p50": tpot, "p99": tpot},
+            "itl_ms": {"p50": tpot}, "e2e_ms": {"p50": 1000.0}}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    db = tmp_path / "ui.sqlite"
+    with open_store(db) as store:
+        build_study(store, tmp_path)
+        repo = BenchRepo(store)
+        runs = []
+        for thr, tpot in ((100.0, 20.0), (150.0, 18.0)):
+            rid, uid = repo.create_run("http://127.0.0.1:9", "m", "completions", {}, None)
+            for i, lvl in enumerate((1.0, 8.0)):
+                lid = repo.create_level(rid, i, "concurrency", lvl, None)
+                repo.finish_level(lid, "completed", _summary(thr * lvl, tpot), {}, {})
+            repo.finish_run(rid, "completed", {"levels": [1, 2]})
+            runs.append(uid)
+    server = make_server("127.0.0.1", 0, db)
+    serve_in_thread(server)
+    try:
+        yield url_of(server), runs
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def get(url: str) -> tuple[int, str, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def test_pages_show_studies_runs_and_comparisons(served: tuple[str, list[str]]) -> None:
+    base, (a, b) = served
+    status, body, headers = get(base)
+    assert status == 200 and f'href="/study/{GOLDEN_UID}"' in body and "golden-study" in body
+    assert "default-src 'none'" in body and headers["X-Frame-Options"] == "DENY"
+    status, body, _ = get(f"{base}study/{GOLDEN_UID}")
+    assert status == 200 and 'data-candidate="tp8"' in body and 'id="fig-throughput"' in body
+    assert 'data-value="503.0"' in body
+    status, body, _ = get(f"{base}run/{a}")
+    assert status == 200 and 'data-value="800.0"' in body  # 100 tok/s × level 8, as stored
+    status, body, _ = get(f"{base}compare?a={a}&b={b}")
+    assert status == 200 and "+50.0 %" in body and "-10.0 %" in body  # throughput up, TPOT down
+    assert body.count('class="levels"') == 2
+    status, body, _ = get(f"{base}plan/{GOLDEN_UID}")
+    assert status == 200 and "Plan" in body
+
+
+def test_json_endpoints(served: tuple[str, list[str]]) -> None:
+    base, (a, _b) = served
+    assert json.loads(get(f"{base}api/studies")[1])["studies"][0]["winner"] == "tp8"
+    model = json.loads(get(f"{base}api/study/{GOLDEN_UID}")[1])
+    assert model["winner"]["label"] == "tp8"
+    prog = json.loads(get(f"{base}api/study/{GOLDEN_UID}/progress")[1])
+    assert prog["status"] == "completed" and prog["finished"] == 5 and prog["total"] == 6
+    assert json.loads(get(f"{base}api/run/{a}")[1])["levels"][1]["output_throughput"] == 800.0
+
+
+def test_missing_things_are_404(served: tuple[str, list[str]]) -> None:
+    base, _ = served
+    status, body, _ = get(f"{base}study/nope")
+    assert status == 404 and "no study" in body
+    assert get(f"{base}api/run/nope")[0] == 404
+    assert get(f"{base}nothing/here")[0] == 404
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_writes_are_refused(served: tuple[str, list[str]], method: str) -> None:
+    base, _ = served
+    req = urllib.request.Request(f"{base}study/{GOLDEN_UID}", data=b"x", method=method)
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 405 and exc.value.headers["Allow"] == "GET, HEAD"
+
+
+def test_running_study_page_polls_its_progress(served: tuple[str, list[str]], tmp_path: Path) -> None:
+    base, _ = served
+    with open_store(tmp_path / "ui.sqlite") as store:
+        store.conn.execute("UPDATE studies SET status = 'running'")
+    status, body, _ = get(f"{base}study/{GOLDEN_UID}")
+    assert status == 200 and f'data-url="/api/study/{GOLDEN_UID}/progress"' in body and "fetch(" in body
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5")
