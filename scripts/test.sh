@@ -7,6 +7,17 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 bash scripts/install-engines.sh
+# Headless Chromium for the browser tests (tests/integration/test_*_browser.py): Debian's package, driven by
+# Playwright as the system browser (never `playwright install`: no browser downloads).
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "error: /usr/bin/chromium is missing and installing it needs root:" >&2
+        echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends chromium" >&2
+        exit 1
+    fi
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+fi
 # tests/unit/deploy verify generated units with systemd-analyze: install Debian's systemd when it is
 # missing (as root, non-interactive, idempotent; the tests fail, never skip, without it).
 if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then

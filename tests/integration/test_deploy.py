@@ -249,3 +249,8 @@ def test_install_checks_the_deployment_against_the_tuned_result(
         (rec,) = DeploymentRepo(store).list(installed_only=True)
     assert rec["status"] == ("ready" if ok else "degraded") and rec["check"]["ok"] is ok
     assert rec["check"]["measured"]["completed"] > 0 and rec["check"]["verify"]["ok"] is True
+    from servelab.deploy.records import installed_units
+
+    with open_store() as store:
+        (unit,) = installed_units(store)
+    assert unit["name"] == "llm" and unit["check"]["ok"] is ok and unit["unit"]["unit"] == "llm.service"

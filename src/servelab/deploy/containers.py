@@ -42,6 +42,9 @@ def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None
     if inner != spec.argv[0]:
         notes.append(f"{spec.argv[0]} runs as {inner} inside the image")
     model = rec.model_path if rec.model_path.startswith("/") else None
+    if model is None:
+        notes.append(f"model {rec.model_path!r} is not a local path: the container fetches it (mount a Hugging Face "
+                     "cache, or deploy a run that loaded a local directory)")
     return ContainerPlan(image=image, argv=[inner, *spec.argv[1:]], model_mount=model,
                          shm_size=shm_size or str(defaults()["container"]["shm_size"]),
                          health_path=spec.readiness.health_path or "/v1/models", notes=notes)

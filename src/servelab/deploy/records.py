@@ -63,3 +63,20 @@ class DeploymentRepo:
             "measured": _load(c["measured_json"]), "verify": _load(c["verify_json"]),
             "bench_run_id": c["bench_run_id"], "verdict": c["verdict"], "created_at": c["created_at"]}
         return d
+
+
+def installed_units(store: Store) -> list[dict[str, Any]]:
+    """Each installed deployment (latest per name) with what systemd says of it now and its latest check:
+    what `servelab status` shows. Keys: name, source, target, status, check, unit ({unit, state, sub,
+    main_pid, restarts, since})."""
+    from servelab.deploy.install import unit_status
+
+    seen: set[str] = set()
+    out = []
+    for d in DeploymentRepo(store).list(installed_only=True):
+        if d["name"] in seen:
+            continue
+        seen.add(d["name"])
+        out.append({k: d[k] for k in ("name", "source", "target", "status", "check", "created_at")}
+                   | {"unit": unit_status(d["name"])})
+    return out

@@ -23,6 +23,7 @@ from servelab.errors import ConfigError, HostError
 _SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_USER = re.compile(r"^([a-z_][a-z0-9_-]{0,31}\$?|\d+)$")
 
 
 def _check(value: str, what: str) -> None:
@@ -93,9 +94,13 @@ def render_unit(spec: DeploySpec, *, kill_stale: bool = False, hardening: bool =
         "Type=exec",
     ]
     if spec.user:
-        lines.append(f"User={quote_arg(spec.user)}")
+        if not _USER.match(spec.user):
+            raise ConfigError(f"invalid user name {spec.user!r}", hint="a login name (e.g. llm) or a numeric uid")
+        lines.append(f"User={spec.user}")
     if spec.env_file:
-        lines.append(f"EnvironmentFile={quote_arg(spec.env_file)}")
+        if not spec.env_file.startswith("/") or re.search(r"\s", spec.env_file) or _CONTROL.search(spec.env_file):
+            raise ConfigError(f"--env-file must be an absolute path without spaces (got {spec.env_file!r})")
+        lines.append(f"EnvironmentFile={spec.env_file.replace('%', '%%')}")
     lines += [environment_line(k, v) for k, v in sorted(spec.env.items())]
     lines += [
         f"ExecStartPre={quote_command([*spec.servelab, *spec.preflight_args(kill_stale)])}",

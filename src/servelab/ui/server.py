@@ -10,7 +10,6 @@ import ipaddress
 import socket
 import sqlite3
 import threading
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -88,16 +87,16 @@ class UIServer(ThreadingHTTPServer):
 def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | None = None) -> UIServer:
     """A bound, not yet serving, server (port 0: a free port; `server.server_address` says which)."""
     handler = type("Handler", (_Handler,), {"store_path": store_path})
-    UIServer.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    cls = type("UIServer6", (UIServer,), {"address_family": socket.AF_INET6}) if ":" in host else UIServer
     try:
-        return UIServer((host, port), handler)
+        return cls((host, port), handler)
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                         hint="choose another --port (0 picks a free one) or --host") from exc
 
 
 def serve_in_thread(server: UIServer) -> threading.Thread:
-    t = threading.Thread(target=server.serve_forever, name="servelab-ui", daemon=True)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="servelab-ui", daemon=True)
     t.start()
     return t
 
@@ -106,6 +105,3 @@ def url_of(server: UIServer) -> str:
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in str(host) else str(host)
     return f"http://{shown}:{port}/"
-
-
-Callback = Callable[[str], None]

@@ -95,3 +95,15 @@ def test_gpus_of_the_unit_and_api_key(store: Store, make_study: MakeStudy) -> No
     pre = dep.preflight_args()
     assert pre[pre.index("--gpus") + 1] == "GPU-aa,GPU-bb" and dep.gpu_count == 2
     assert dep.api_key == "k 1" and dep.env["SERVELAB_API_KEY"] == "k 1"
+
+
+def test_user_and_env_file_lines(store: Store, make_study: MakeStudy) -> None:
+    from servelab.errors import ConfigError
+
+    rec = source.resolve(store, make_study("sim")["uid"])
+    text = systemd.render_unit(spec.build(rec, "x1", user="llm", env_file="/etc/llm%.env"))
+    assert _lines(text, "User") == ["llm"] and _lines(text, "EnvironmentFile") == ["/etc/llm%%.env"]
+    with pytest.raises(ConfigError, match="invalid user"):
+        systemd.render_unit(spec.build(rec, "x1", user="a b"))
+    with pytest.raises(ConfigError, match="without spaces"):
+        systemd.render_unit(spec.build(rec, "x1", env_file="/etc/a b.env"))

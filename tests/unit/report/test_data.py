@@ -71,3 +71,15 @@ def test_cli_writes_html_and_markdown_and_json(tmp_path: Path, servelab_home: Pa
     assert plain.exit_code == 0 and plain.output.startswith("# Findings: golden-study")
     missing = CliRunner().invoke(cli, ["report", "nope", "--no-host-checks"])
     assert missing.exit_code == 2 and "no study 'nope'" in missing.output
+
+
+def test_doctor_findings_of_this_machine_go_into_the_host_section(golden_store: Store) -> None:
+    from servelab.report import markdown
+    from servelab.report.host import gather
+
+    here = gather()
+    assert here is not None and here["checks"], here  # the host checks exist in this servelab
+    assert {c["status"] for c in here["checks"]} <= {"ok", "warn", "fail", "skip"}
+    text = markdown.render(data.load(golden_store, "golden-study", host=here, model=False))
+    assert "This machine when the report was written" in text
+    assert all(markdown.md(c["name"]) in text for c in here["checks"])
