@@ -15,3 +15,6 @@ echo "servelab data: $SERVELAB_HOME" >&2
 PIN=()
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN=(taskset -c 1); fi  # client away from the sim
 "${PIN[@]}" .venv/bin/servelab tune examples/glm5-pcie.toml "$@"
+# The findings document: one self-contained HTML file and Markdown with the plots beside it.
+.venv/bin/servelab report glm5-pcie --html "$SERVELAB_HOME/glm5-pcie.html" --md "$SERVELAB_HOME/glm5-pcie.md" >/dev/null
+echo "report: $SERVELAB_HOME/glm5-pcie.html (and .md); \`servelab ui\` browses the store" >&2
