@@ -454,6 +454,9 @@ def observe(urls: list[str] | None = None, units: list[str] | None = None, log: 
     rep = _gpu_report(gpu_source, probed)
     for s in probed:
         s.pop("_telemetry", None)
+    deployed = deployments()
+    if not units and deployed:  # the units `servelab deploy --install` made, whatever their names
+        units = sorted({str(d["unit"].get("unit")) for d in deployed if d.get("unit")})
     svc = systemd.states(units)
     obs: dict[str, Any] = {
         "time": time.time(),
@@ -467,10 +470,24 @@ def observe(urls: list[str] | None = None, units: list[str] | None = None, log: 
         "leftovers": leftovers(urls, markers),
         "log": log_info,
         "last_run": _run_summary(run),
+        "deployments": deployed,
     }
     obs["findings"] = findings(obs, run)
     obs["verdict"] = verdict(obs, run)
     return obs
+
+
+def deployments() -> list[dict[str, Any]]:
+    """Installed deployments with their latest check against the tuned result (empty without a store)."""
+    from servelab.paths import db_path
+
+    if not db_path().exists():
+        return []
+    from servelab.deploy.records import installed_units
+    from servelab.store.db import open_store
+
+    with open_store() as store:
+        return installed_units(store)
 
 
 def _run_summary(run: dict[str, Any] | None) -> dict[str, Any] | None:

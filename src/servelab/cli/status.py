@@ -58,6 +58,11 @@ def _render_status(obs: dict[str, Any]) -> None:
                          f"restarts {u['restarts']}, since {u['since']}")
     else:
         stdout.print(f"[bold]services:[/bold] {escape(obs['services_note'] or 'none')}")
+    for d in obs.get("deployments") or []:
+        chk = d.get("check")
+        verdict = "never checked" if not chk else ("as tuned" if chk.get("ok") else "NOT as tuned")
+        stdout.print(f"[bold]deployment[/bold] {escape(d['name'])} ({d['target']}, from {escape(str(d['source']))}): "
+                     f"{escape(str(d['unit'].get('state')))}; last check {verdict}")
     lo = obs["leftovers"]
     stdout.print(f"[bold]leftovers:[/bold] {len(lo['shm'])} shm segment(s) "
                  f"({sum(1 for s in lo['shm'] if not s['owners_alive'])} orphaned), "
