@@ -74,7 +74,9 @@ def leave_one_model_out(obs: list[Observation]) -> list[dict[str, float | str | 
     return out
 
 
-def _row_predictions(p: Prepared, glob: Factors, engines: dict[str, dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+def _row_predictions(
+    p: Prepared, glob: Factors, engines: dict[str, dict[str, float]]
+) -> tuple[np.ndarray, np.ndarray]:
     """Predicted (TPOT, TTFT) ms per row, each row with its engine's factors."""
     tpot, ttft = np.zeros(len(p.obs)), np.zeros(len(p.obs))
     for eng in {o.engine for o in p.obs}:
@@ -132,7 +134,9 @@ def diagnose(
             "kv_capped_rows": int(capped[test].sum()),
             "kv_capped_share_of_mape": float(err[capped[test]].sum() / len(err) * 100),
             "rows_off_3x": int(((m / q) >= 3.0).sum() + ((q / m) >= 3.0).sum()),
-            "rows_off_3x_share_of_mape": float(err[((m / q) >= 3.0) | ((q / m) >= 3.0)].sum() / len(err) * 100),
+            "rows_off_3x_share_of_mape": float(
+                err[((m / q) >= 3.0) | ((q / m) >= 3.0)].sum() / len(err) * 100
+            ),
         }
     return out
 

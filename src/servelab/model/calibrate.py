@@ -260,7 +260,7 @@ def prepare(observations: Iterable[Observation], factors: Factors | None = None)
                 dp=o.dp,
                 quant=o.quant,
                 kv_dtype=o.kv_dtype,
-                factors=base,
+                factors=base.merged(ENGINE_BEHAVIOUR.get(o.engine, {})),
             )
         except ServelabError as exc:
             dropped.append((o, exc.message))
@@ -408,6 +408,16 @@ def error_table(p: Prepared, f: Factors, by: Sequence[str] = ("gpu", "engine")) 
     return rows
 
 
+# How each engine's scheduler holds KV (not fitted: documented behaviour). TensorRT-LLM's default capacity
+# scheduler (GUARANTEED_NO_EVICT) admits a request only with room for its whole output; vLLM and SGLang
+# allocate KV blocks as sequences grow (and preempt when they run out), so their running batch holds its
+# mean context, prompt + output / 2.
+ENGINE_BEHAVIOUR: dict[str, dict[str, float]] = {
+    "trtllm": {"kv_reserve": 1.0},
+    "vllm": {"kv_reserve": 0.5},
+    "sglang": {"kv_reserve": 0.5},
+}
+
 # Factors refitted per engine: its kernels, scheduler and front end (not the hardware or the model).
 ENGINE_FACTORS: tuple[str, ...] = (
     "step_overhead_ms",
@@ -450,7 +460,7 @@ def fit_observations(
         for _ in range(2):  # alternate: engine factors on their rows, then the shared ones under them
             for eng, mask in masks.items():
                 f_e = fit(train.subset(mask), glob.merged(engines.get(eng, {})), engine_names, iters=400)
-                engines[eng] = {n: getattr(f_e, n) for n in engine_names}
+                engines[eng] = {n: getattr(f_e, n) for n in engine_names} | ENGINE_BEHAVIOUR.get(eng, {})
             shared = [n for n in FIT_BOUNDS if n != "lat_scale" and n not in engine_names]
             rest = ~np.any(list(masks.values()), axis=0) if masks else np.ones(len(train.obs), bool)
             overrides = [(m, engines[e]) for e, m in masks.items()] + ([(rest, {})] if rest.any() else [])

@@ -25,13 +25,13 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "prefill_queue": (0.0, 2.0),
     "prefill_interference": (0.0, 3.0),
     "queue_exp": (1.0, 1.0),
-    "ttft_overhead_ms": (0.0, 30.0),
+    "ttft_overhead_ms": (0.0, 300.0),
     "prefill_budget": (2048.0, 65536.0),
     "a2a_scale": (1.0, 20.0),
     "blackwell_compute": (0.2, 2.0),
     "interference_exp": (0.3, 1.2),
     "expert_rows": (0.0, 4096.0),
-    "prefill_wait": (0.0, 20.0),
+    "prefill_wait": (0.0, 8.0),
     "expert_eff": (0.05, 1.0),
     "nvlink_lat_scale": (0.5, 6.0),
     "moe_layer_us": (0.0, 200.0),
@@ -66,6 +66,10 @@ class Factors:
     nvlink_lat_scale: float = 1.0  # achieved / catalog small-allreduce latency, NVLink fabrics only
     expert_eff: float = 1.0  # grouped expert GEMM FLOP efficiency relative to a dense GEMM's
     prefill_wait: float = 0.0  # TTFT: in-flight prefill work a new request finds, in units of its own prefill
+    # KV a running request holds, as prompt + kv_reserve × output: 1.0 when the scheduler reserves the whole
+    # output at admission (TensorRT-LLM's GUARANTEED_NO_EVICT), 0.5 when blocks are allocated as the sequence
+    # grows, so the batch holds its mean context (vLLM, SGLang). Engine behaviour, set per engine, not fitted.
+    kv_reserve: float = 1.0
     # Measured on a host by `servelab calibrate host` (None: use the catalog).
     mem_bw_gbs: float | None = None
     bus_gbs: float | None = None

@@ -166,8 +166,13 @@ def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
     return dec, tpot, ttft
 
 
+def kv_context(wl: Workload, f: Factors) -> int:
+    """Tokens of KV one running request holds for the engine's scheduler (`Factors.kv_reserve`)."""
+    return max(1, round(wl.isl + f.kv_reserve * wl.osl))
+
+
 def make_terms(perf: ModelPerf, mem: MemoryPlan, wl: Workload) -> Terms:
-    maxc = mem.max_concurrency(wl.isl + wl.osl)
+    maxc = mem.max_concurrency(kv_context(wl, perf.factors))
     running = max(1, min(wl.concurrency, maxc)) if maxc > 0 else wl.concurrency
     micro = min(perf.layout.pp, running)
     b = running / micro
@@ -280,7 +285,7 @@ def evaluate(
         },
         memory_gb_per_gpu={k: round(v, 3) for k, v in mem.as_gb().items()},
         kv_cache_tokens=mem.kv_cache_tokens,
-        max_concurrency=mem.max_concurrency(wl.isl + wl.osl),
+        max_concurrency=mem.max_concurrency(kv_context(wl, setup.factors)),
         allreduces_per_step=perf.allreduces,
         allreduce_us_each=perf.ar_latency_s * setup.factors.lat_scale * 1e6 if perf.allreduces else None,
     )
