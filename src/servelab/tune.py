@@ -277,7 +277,8 @@ class Tuner:
             flags = analyze.anomalies(levels, None if c["label"] == base_label else baseline, self.study.anomalies)
             if status == "measured" and flags:
                 status = "anomalous"
-                self._plan(uid, c["label"], "anomalous", {"anomalies": [a.to_dict() for a in flags]})
+                self._plan(uid, c["label"], "anomalous", {"run": f"{uid}/{c['label']}",
+                                                          "anomalies": [a.to_dict() for a in flags]})
             outcome = dict(c["outcome"] or {})
             outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
             s = analyze.score(c["label"], status, levels, self.study.slo, self.study.objective)

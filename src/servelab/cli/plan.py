@@ -70,8 +70,8 @@ def _render_show(d: dict[str, Any]) -> None:
     t = Table("id", "status", "priority", "content", "after", "worker", "evidence", title=f"plan {d['plan']}")
     for i in d["items"]:
         ev = i["evidence"][-1] if i["evidence"] else None
-        evs = "-" if ev is None else f"{ev.get('run') or '-'}: " + {True: "applied", False: "NOT applied",
-                                                                      None: "not shown"}[ev.get("applied")]
+        evs = "-" if ev is None else f"{ev.get('run') or '-'}: " + ", ".join(
+            x for x in (ev.get("status"), {True: "applied", False: "NOT applied"}.get(ev.get("applied"))) if x)
         t.add_row(i["id"], f"[{_STYLE[i['status']]}]{i['status']}[/]", i["priority"], escape(i["content"]),
                   ", ".join(i["depends_on"]) or "-", i["worker"] or "-", escape(evs))
     stdout.print(t)

@@ -432,6 +432,7 @@ ENGINE_FACTORS: tuple[str, ...] = (
     "expert_eff",
     "moe_layer_us",
     "seq_overhead_us",
+    "prefill_step_ms",
 )
 
 
