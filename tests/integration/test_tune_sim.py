@@ -37,7 +37,8 @@ def _toml_value(v: Any) -> str:
 
 def write_study(path: Path, name: str, candidates: list[dict[str, Any]], *, model: str = "Qwen3-30B-A3B",
                 gpu: str = "h100-sxm", num_gpus: int = 1, personality: str = "vllm", levels: list[int] | None = None,
-                speed: float = 50, extra_engine: dict[str, Any] | None = None, top: str = "") -> Path:
+                speed: float = 50, extra_engine: dict[str, Any] | None = None, top: str = "",
+                options: dict[str, Any] | None = None) -> Path:
     lines = [top, "[study]", f"name = {_toml_value(name)}", "[model]", f"path = {_toml_value(model)}",
              "[host]", f"gpu = {_toml_value(gpu)}", f"num_gpus = {num_gpus}", "[engine]", 'name = "sim"',
              "startup_timeout_s = 60"]
@@ -45,6 +46,7 @@ def write_study(path: Path, name: str, candidates: list[dict[str, Any]], *, mode
         lines.append(f"{k} = {_toml_value(v)}")
     lines += ["[engine.options]", f"personality = {_toml_value(personality)}", f"speed = {speed}",
               "fast_start = true", "cpus = [0]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in (options or {}).items()]
     for c in candidates:
         lines.append("[[candidates]]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in c.items()]
@@ -148,8 +150,12 @@ def test_every_fault_is_diagnosed_and_the_study_goes_on(tmp_path: Path) -> None:
         {"name": "f-drop", "options": {"faults": ["drop_stream:3"]}},
         {"name": "f-orphan", "options": {"faults": ["orphan"]}},
         {"name": "f-slow", "options": {"faults": ["slow_start:3000"]}},  # 60 s at speed 50 > 20 s timeout
+        {"name": "f-hang", "options": {"faults": ["hang"]}},
+        {"name": "f-stall", "options": {"faults": ["stall_stream:3"]}},
+        {"name": "f-malformed", "options": {"faults": ["malformed_sse:2"]}},
     ]
-    study = write_study(tmp_path / "faults.toml", "faults", cands, levels=[4])
+    study = write_study(tmp_path / "faults.toml", "faults", cands, levels=[4],
+                        options={"verify": {"timeout_s": 10.0}})
     res = servelab("tune", str(study), "--json", "--startup-timeout", "20", home=tmp_path / "home")
     out = json.loads(res.stdout)
     c = by_label(out)
@@ -169,6 +175,11 @@ def test_every_fault_is_diagnosed_and_the_study_goes_on(tmp_path: Path) -> None:
     if drop["status"] == "anomalous":
         assert "error_rate" in {a["kind"] for a in drop["anomalies"]}
     assert c["f-slow"]["diagnosis"]["class"] == "startup_timeout"
+    assert c["f-hang"]["status"] == "failed"
+    assert c["f-hang"]["diagnosis"]["class"] in ("startup_timeout", "server_unresponsive")
+    # broken streams: verify-output or the benchmark catches them; never a clean "measured"
+    for label in ("f-stall", "f-malformed"):
+        assert c[label]["status"] in ("failed", "anomalous"), c[label]
     # the orphan fault's child was found and killed by teardown
     detail = json.loads(servelab("runs", "study", out["study"], "--json", home=tmp_path / "home").stdout)
     orphan_trials = {x["label"]: x for x in detail["candidates"]}["f-orphan"]["trials"]

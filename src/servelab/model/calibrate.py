@@ -432,7 +432,6 @@ ENGINE_FACTORS: tuple[str, ...] = (
     "expert_eff",
     "moe_layer_us",
     "seq_overhead_us",
-    "prefill_step_ms",
 )
 
 

@@ -140,7 +140,7 @@ def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
     floor = f.expert_rows * pre.expert_pre_s / gen
     fixed = fixed + np.maximum(floor - parts["weights"], 0.0) + moe_lat + parts["other"]
     share = np.minimum(isl / f.prefill_budget, 1.0)
-    return np.maximum(flops + comm_bw, 0.0) + (fixed + f.prefill_step_ms * 1e-3) * share
+    return np.maximum(flops + comm_bw, 0.0) + fixed * share
 
 
 def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
@@ -151,12 +151,12 @@ def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
     other prefills, each costing its batched (marginal) time, and the requests that finished prefill
     first stall their decodes while the rest of the wave prefills (spread over osl tokens)."""
     dec = sum(combine(t.dec, f).values())
-    pre = sum(combine(t.pre, f).values()) + f.prefill_step_ms * 1e-3
+    pre = sum(combine(t.pre, f).values())
     marg = prefill_marginal(t.pre, f, t.isl)
     # the queue counts every running request: attention-DP ranks prefill in lockstep through the MoE stage
     others = np.maximum(t.running - 1.0, 0.0) ** f.queue_exp
     stalls = np.maximum(t.per_group - 1.0, 0.0) ** f.interference_exp
-    tpot = dec * t.spec + f.prefill_interference * stalls * marg / t.osl
+    tpot = dec * t.spec + f.prefill_interference * stalls * marg / (t.osl ** f.osl_exp * 1024.0 ** (1.0 - f.osl_exp))
     ttft = (
         f.ttft_overhead_ms * 1e-3
         + pre
