@@ -92,3 +92,22 @@ def python_for(options: Mapping[str, Any], fallback: str = "python3") -> str:
 def opt(flag: str, value: Any) -> list[str]:
     """[flag, str(value)] when value is set, else []."""
     return [] if value is None else [flag, str(value)]
+
+
+def typed_requested(s: Any, served: str) -> dict[str, Any]:
+    """The normalized keys a candidate's typed settings ask for (engine flags come on top, per adapter)."""
+    req: dict[str, Any] = {"model": s.model, "served_model_name": served, "tp_size": s.tp, "pp_size": s.pp}
+    if s.port:
+        req["port"] = s.port
+    for key, value in (
+        ("dp_size", s.dp),
+        ("ep_size", s.ep),
+        ("quantization", s.quantization),
+        ("kv_cache_dtype", s.kv_cache_dtype),
+        ("max_running_requests", s.max_concurrency),
+        ("mem_fraction", s.mem_fraction),
+        ("max_model_len", s.max_model_len),
+    ):
+        if value is not None:
+            req[key] = value
+    return req

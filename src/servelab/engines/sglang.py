@@ -15,7 +15,7 @@ from typing import Any
 
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import Flag, opt, python_for, scan, table
+from servelab.engines.flags import Flag, opt, python_for, scan, table, typed_requested
 from servelab.errors import ConfigError
 
 FLAGS = table(
@@ -122,25 +122,7 @@ class SGLang:
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=_served(s))
 
     def requested(self, s: Settings) -> dict[str, Any]:
-        req: dict[str, Any] = {
-            "model": s.model,
-            "served_model_name": _served(s),
-            "tp_size": s.tp,
-            "pp_size": s.pp,
-        }
-        if s.port:
-            req["port"] = s.port
-        for key, value in (
-            ("dp_size", s.dp),
-            ("ep_size", s.ep),
-            ("quantization", s.quantization),
-            ("kv_cache_dtype", s.kv_cache_dtype),
-            ("max_running_requests", s.max_concurrency),
-            ("mem_fraction", s.mem_fraction),
-            ("max_model_len", s.max_model_len),
-        ):
-            if value is not None:
-                req[key] = value
+        req = typed_requested(s, _served(s))
         req.update(scan(s.extra_args, FLAGS))
         return req
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import Flag, opt, python_for, scan, table
+from servelab.engines.flags import Flag, opt, python_for, scan, table, typed_requested
 from servelab.errors import ConfigError
 
 FLAGS = table(
@@ -131,27 +131,7 @@ class VLLM:
         return LaunchSpec(argv=argv, env=env, host=s.host, port=port, served_model=_served(s))
 
     def requested(self, s: Settings) -> dict[str, Any]:
-        req: dict[str, Any] = {
-            "model": s.model,
-            "served_model_name": _served(s),
-            "tp_size": s.tp,
-            "pp_size": s.pp,
-        }
-        if s.port:
-            req["port"] = s.port
-        if s.dp is not None:
-            req["dp_size"] = s.dp
-        if s.ep is not None:
-            req["ep_size"] = s.ep
-        for key, value in (
-            ("quantization", s.quantization),
-            ("kv_cache_dtype", s.kv_cache_dtype),
-            ("max_running_requests", s.max_concurrency),
-            ("mem_fraction", s.mem_fraction),
-            ("max_model_len", s.max_model_len),
-        ):
-            if value is not None:
-                req[key] = value
+        req = typed_requested(s, _served(s))
         flags = scan(s.extra_args, FLAGS)
         expert = flags.pop("_expert_parallel", None)
         compilation = flags.pop("_compilation_config", None)
