@@ -49,6 +49,7 @@ START = Factors(
     ttft_overhead_ms=30,
     layer_overhead_us=30,
     prefill_queue=0.5,
+    nvlink_bw_eff=0.5,
 )
 
 

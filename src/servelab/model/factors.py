@@ -36,7 +36,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_lat_scale": (0.5, 6.0),
     "moe_layer_us": (0.0, 200.0),
     "seq_overhead_us": (0.0, 200.0),
-    "osl_exp": (0.3, 1.0),
+    "nvlink_bw_eff": (0.1, 1.0),
 }
 
 
@@ -66,7 +66,8 @@ class Factors:
     moe_layer_us: float = 0.0  # extra per MoE layer per step: router top-k, token permutation, launches
     nvlink_lat_scale: float = 1.0  # achieved / catalog small-allreduce latency, NVLink fabrics only
     expert_eff: float = 1.0  # grouped expert GEMM FLOP efficiency relative to a dense GEMM's
-    osl_exp: float = 1.0
+    # achieved / catalog bus bandwidth of decode-sized collectives (no prefill chunk in the step), NVLink only
+    nvlink_bw_eff: float = 1.0
     prefill_wait: float = 0.0  # TTFT: in-flight prefill work a new request finds, in units of its own prefill
     # KV a running request holds, as prompt + kv_reserve × output: 1.0 when the scheduler reserves the whole
     # output at admission (TensorRT-LLM's GUARANTEED_NO_EVICT), 0.5 when blocks are allocated as the sequence

@@ -4,6 +4,7 @@ Serving model (aggregated prefill + decode on one server, closed loop of `concur
 start together and, with fixed lengths, keep restarting in waves; B: requests per DP group):
   TTFT = overhead + prefill(isl) + queue × (B - 1)^e × marginal_prefill(isl) + decode_step
   TPOT = decode_step(batch, mean context) / accept_len + interference × (B - 1)^i × marginal_prefill / osl
+         × D / (TTFT + D)   (D = osl × TPOT: the share of the other requests' prefills after the first token)
 `marginal_prefill` is one more request's prefill when batched with the wave's others: its FLOPs and
 collective bytes, plus its share (isl / prefill_budget) of a step's weight reads, latencies and
 overheads, and the grouped expert GEMM floor. e (`queue_exp`, fitted per engine) and i
@@ -149,21 +150,38 @@ def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
     The benchmark is a closed loop whose C requests start (and, with fixed lengths, keep restarting)
     together, so each wave's prefills queue: a request waits on average for `prefill_queue` × (B − 1)
     other prefills, each costing its batched (marginal) time, and the requests that finished prefill
-    first stall their decodes while the rest of the wave prefills (spread over osl tokens)."""
+    first stall their decodes while the rest of the wave prefills (spread over osl tokens). Of the other
+    requests' prefills in one cycle, only those after this request's first token are in its TPOT
+    (`decode_time`)."""
     dec = sum(combine(t.dec, f).values())
     pre = sum(combine(t.pre, f).values())
     marg = prefill_marginal(t.pre, f, t.isl)
     # the queue counts every running request: attention-DP ranks prefill in lockstep through the MoE stage
     others = np.maximum(t.running - 1.0, 0.0) ** f.queue_exp
     stalls = np.maximum(t.per_group - 1.0, 0.0) ** f.interference_exp
-    tpot = dec * t.spec + f.prefill_interference * stalls * marg / (t.osl ** f.osl_exp * 1024.0 ** (1.0 - f.osl_exp))
     ttft = (
         f.ttft_overhead_ms * 1e-3
         + pre
         + (f.prefill_wait + np.maximum(t.isl / f.prefill_budget, 1.0)) * np.where(t.running > 1, dec, 0.0)
         + f.prefill_queue * others * marg
     )
+    tpot = decode_time(dec * t.spec * t.osl, f.prefill_interference * stalls * marg, ttft) / t.osl
     return dec, tpot, ttft
+
+
+def decode_time(steps: Any, stall: Any, ttft: Any) -> Any:
+    """A request's decode phase D (first token to last, seconds) in the closed loop (round 6).
+
+    In one cycle (TTFT + D) each of the other running requests finishes and is replaced once, and its
+    prefill stalls the shared steps; the stall is spread over the cycle, so only the share D / (TTFT + D)
+    that falls after this request's first token lands in its TPOT (the rest is in its TTFT, the queue):
+    D = steps + stall × D / (TTFT + D), the positive root of D² + (TTFT − steps − stall)·D − steps·TTFT = 0.
+    With TTFT → 0 it is steps + stall (the round-5 law); short outputs behind long queues stall less.
+    """
+    b = ttft - steps - stall
+    q = np.sqrt(b * b + 4.0 * steps * ttft)
+    # the two algebraically equal forms of the root, each free of cancellation on its side of b = 0
+    return np.where(b > 0, 2.0 * steps * ttft / np.maximum(q + b, 1e-30), (q - b) / 2.0)
 
 
 def kv_context(wl: Workload, f: Factors) -> int:

@@ -319,9 +319,14 @@ def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
     compute = _excess(weights, gemm, f.roofline_p) + _excess(kv, attn, f.roofline_p)
     scale = 1.0 if comm else 0.0
     lat = f.lat_scale * (1.0 + raw.nvlink * (f.nvlink_lat_scale - 1.0))
-    allreduce = scale * (raw.ar_n * raw.ar_lat_s * lat + raw.ar_bw_s / f.net_eff)
+    # decode-sized messages (tokens × hidden × 2 bytes: KBs to a few MB) move over NVLink at a fraction of
+    # the bus bandwidth (NCCL's low-latency protocols); a step carrying a prefill chunk sends MB-size
+    # messages at the catalog's bus bandwidth. Catalog NVLink only, like `nvlink_lat_scale`.
+    small = raw.nvlink * np.where(np.asarray(raw.gemm_pre_s) > 0, 0.0, 1.0)
+    bw = f.net_eff * (1.0 + small * (f.nvlink_bw_eff - 1.0))
+    allreduce = scale * (raw.ar_n * raw.ar_lat_s * lat + raw.ar_bw_s / bw)
     moe_lat = (raw.moe_n * raw.moe_lat_s + (f.a2a_scale - 1.0) * raw.a2a_lat_s) * lat
-    moe_comm = scale * (moe_lat + raw.moe_bw_s / f.net_eff)
+    moe_comm = scale * (moe_lat + raw.moe_bw_s / bw)
     other = (
         f.step_overhead_ms * 1e-3
         + f.layer_overhead_us * 1e-6 * raw.n_layers
