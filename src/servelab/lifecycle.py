@@ -683,12 +683,12 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _stop_group(server: Server, grace_s: float) -> str:
-    """SIGTERM the group, wait for the leader and every member, SIGKILL what is left.
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> str:
+    """SIGTERM the group `proc` leads, wait for the leader and every member, SIGKILL what is left.
 
     Returns what stopped it: "already exited" (leader and group gone before we signalled), "SIGTERM"
     or "SIGKILL" (also when only workers of a dead leader were left in the group)."""
-    proc, pgid = server.proc, server.pgid
+    pgid = proc.pid  # start_new_session=True: the leader's pid is its group's id
     if proc.poll() is not None and not _group_alive(pgid):
         return "already exited"
     _killpg(pgid, signal.SIGTERM)
@@ -700,7 +700,7 @@ def _stop_group(server: Server, grace_s: float) -> str:
     _killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
-    end = time.monotonic() + 10
+    end = time.monotonic() + 10  # grandchildren reparented to init: wait until the group is gone
     while _group_alive(pgid) and time.monotonic() < end:
         time.sleep(0.05)
     return "SIGKILL"
@@ -723,7 +723,7 @@ def teardown(
     Idempotent: calling it again on a stopped server only re-checks."""
     t0 = time.monotonic()
     tree = processes.process_tree(server.pid)  # before the signal: once the parent dies, the tree is gone
-    stopped_by = _stop_group(server, grace_s)
+    stopped_by = stop_process_group(server.proc, grace_s)
     stop_s = time.monotonic() - t0
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.proc.wait(5)  # reap the leader: a zombie would keep its pid (and pgid) taken

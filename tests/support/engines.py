@@ -17,7 +17,6 @@ import http.client
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -25,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from servelab import lifecycle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODELS_SCRIPT = Path(__file__).resolve().with_name("tiny_models.py")
@@ -164,34 +165,9 @@ def _log_tail(path: Path, n: int = 6000) -> str:
         return "<no log>"
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM the whole group, SIGKILL what is left after `timeout`, reap the leader."""
-    pgid = proc.pid  # start_new_session=True: the leader's pid is the group id
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None and not _group_alive(pgid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-    # Grandchildren reparented to init are reaped by it; wait until the group is gone.
-    end = time.monotonic() + 10
-    while _group_alive(pgid) and time.monotonic() < end:
-        time.sleep(0.1)
+    """SIGTERM the whole group, SIGKILL what is left after `timeout`, reap the leader (servelab's own)."""
+    lifecycle.stop_process_group(proc, timeout)
 
 
 def _to_flags(opts: Mapping[str, Any]) -> list[str]:

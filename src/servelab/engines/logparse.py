@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from servelab.engines.base import EffectiveConfig
@@ -36,14 +37,12 @@ def literal(text: str) -> Any:
         return text
 
 
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside brackets and quotes (reprs nest (), [], {} and quote with ' or ")."""
-    parts: list[str] = []
+def _outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, char, bracket depth after it) for each character outside quotes; an enum repr at the top
+    level (`<X.Y: 2>`) is skipped whole, since it holds no separator."""
     depth: list[str] = []
     quote: str | None = None
-    start = 0
-    i = 0
-    n = len(text)
+    i, n = start, len(text)
     while i < n:
         c = text[i]
         if quote:
@@ -54,19 +53,28 @@ def split_top(text: str, sep: str = ",") -> list[str]:
                 quote = None
         elif c in ("'", '"'):
             quote = c
-        elif c in _OPEN:
-            depth.append(_OPEN[c])
-        elif c in _CLOSE:
-            if depth and depth[-1] == c:
+        else:
+            if c in _OPEN:
+                depth.append(_OPEN[c])
+            elif c in _CLOSE and depth and depth[-1] == c:
                 depth.pop()
-        elif c == "<" and not depth:
-            end = text.find(">", i)
-            if end != -1 and ":" in text[i:end]:
-                i = end  # an enum repr: `<X.Y: 2>` holds no separator
-        elif c == sep and not depth:
+            elif c == "<" and not depth:
+                end = text.find(">", i)
+                if end != -1 and ":" in text[i:end]:
+                    i = end + 1
+                    continue
+            yield i, c, len(depth)
+        i += 1
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside brackets and quotes (reprs nest (), [], {} and quote with ' or ")."""
+    parts: list[str] = []
+    start = 0
+    for i, c, depth in _outside_quotes(text):
+        if c == sep and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
     tail = text[start:]
     if tail.strip():
         parts.append(tail)
@@ -116,26 +124,9 @@ def _matching(text: str, start: int) -> int | None:
     """Index of the bracket closing the one at `start` (quotes respected), or None when the line is cut."""
     if start >= len(text) or text[start] not in _OPEN:
         return None
-    depth: list[str] = []
-    quote: str | None = None
-    i = start
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 2
-                continue
-            if c == quote:
-                quote = None
-        elif c in ("'", '"'):
-            quote = c
-        elif c in _OPEN:
-            depth.append(_OPEN[c])
-        elif c in _CLOSE and depth and depth[-1] == c:
-            depth.pop()
-            if not depth:
-                return i
-        i += 1
+    for i, c, depth in _outside_quotes(text, start):
+        if depth == 0 and c in _CLOSE:
+            return i
     return None
 
 
