@@ -38,7 +38,7 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
               "benchmark it against the tuned result.")
 @click.option("--dry-run", is_flag=True, help="Print what would be written and done; write and record nothing.")
 @click.option("--user", default=None, help="User= for the unit / user for the container.")
-@click.option("--port", type=int, default=None, help="Serve on this port instead of the run's.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Serve on this port instead of the run's.")
 @click.option("--env", "env_values", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable (supplies a value the store redacted). Repeatable.")
 @click.option("--arg", "arg_values", multiple=True, metavar="FLAG=VALUE",
@@ -191,7 +191,7 @@ def _render_result(d: dict[str, Any]) -> None:
 
 @click.command("preflight")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, required=True, help="The port the server will listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), required=True, help="The port the server will listen on.")
 @click.option("--gpus", default="all", show_default=True, help="GPUs the server uses: all, none, or indices 0,1.")
 @click.option("--marker", default="", help="This unit's SERVELAB_RUN value (its own leftovers count as stale).")
 @click.option("--engine", default=None, help="Engine name (picks the compile caches to reset).")

@@ -29,7 +29,7 @@ from servelab.errors import ConfigError
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
     "--port",
-    type=int,
+    type=click.IntRange(0, 65535),
     default=None,
     help="Port (0: a free one; `SIM-PORT N` on stderr once bound, before it is ready: poll /health); "
     "default: the engine's (8000 / 30000).",

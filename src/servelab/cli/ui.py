@@ -12,7 +12,7 @@ from servelab.cli.output import dumps_json, stderr, warn
 @click.command("ui")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but loopback shows your results to the network.")
-@click.option("--port", type=int, default=8765, show_default=True, help="Port (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free port).")
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in the default browser.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"url": ...} as one JSON line once listening.')
 def ui(host: str, port: int, open_browser: bool, as_json: bool) -> None:

@@ -88,7 +88,10 @@ async def verify_output(
     answer_set = resolve_known(known_answers, ref)
     probes = list(prompts or PROBES)
     result = VerifyResult(url, model, api, reference=str(ref), known_answers=answer_set.name if answer_set else "none")
-    client = Client(url, api_key=api_key, timeout_s=timeout_s)
+    try:
+        client = Client(url, api_key=api_key, timeout_s=timeout_s)
+    except ValueError as exc:
+        raise ConfigError(str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000") from exc
     caller = Caller(client, model, api, max_tokens)
     try:
         alone = [await caller.complete(p) for p in probes]

@@ -71,3 +71,18 @@ def test_runs_list_empty_json() -> None:
 def test_version_and_module_entry() -> None:
     p = run("--version")
     assert p.returncode == 0 and "servelab" in p.stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["verify-output", "--url", "notaurl", "--model", "m"], "must look like http://HOST:PORT"),
+    (["ui", "--port", "99999"], "not in the range"),
+    (["preflight", "--port", "0"], "not in the range"),
+    (["sim", "--model", "GLM-5", "--gpu", "h100-sxm", "--port", "70000"], "not in the range"),
+    (["tune", "/nonexistent-study.toml"], "does not exist"),
+    (["logs", "parse", "--engine", "nope", "/etc/hostname"], "unknown engine 'nope'"),
+])
+def test_bad_input_on_the_study_commands(args: list[str], msg: str) -> None:
+    p = run(*args)
+    assert p.returncode == 2, p.stderr
+    assert msg in p.stderr
+    assert "Traceback" not in p.stderr
