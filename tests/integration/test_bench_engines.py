@@ -74,7 +74,9 @@ def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, 
     assert mine["median_ttft_ms"] == pytest.approx(theirs["median_ttft_ms"], rel=0.10)
     assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.10)
 
-    mine, theirs = _both(vllm_server, tmp_path, n=48, isl=256, osl=96, conc=4)
+    # Five rounds here: a one-core vLLM's throughput drifts by ±5 % between runs, and a 5 % limit on the
+    # median of three rounds failed once in CI on drift alone (1,194 vs 1,284 tok/s).
+    mine, theirs = _both(vllm_server, tmp_path, n=48, isl=256, osl=96, conc=4, rounds=5)
     assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.10)
     assert mine["output_throughput"] == pytest.approx(theirs["output_throughput"], rel=0.05)
 
