@@ -8,10 +8,13 @@ percentage error of TPOT plus that of TTFT: the figure the accuracy benchmark re
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import math
+import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +71,15 @@ class Observation:
     ttft_ms: float
     tpot_ms: float
     key: str = ""
+    length_mean: float = (
+        1.0  # mean / recorded ISL and OSL: the client's length distribution (bench_protocols)
+    )
+
+    @property
+    def workload(self) -> Workload:
+        """What the client sent on average: the recorded lengths scaled by the protocol's mean."""
+        s = self.length_mean
+        return Workload(max(1, round(self.isl * s)), max(1, round(self.osl * s)), self.concurrency)
 
     @property
     def system(self) -> str:
@@ -107,6 +119,9 @@ def _layout(row: dict[str, str]) -> tuple[int, int, int]:
     of the MoE split as the attention split: the engines ran `--tp 8 --ep 8` on 8 GPUs (moe_tp = 1);
     64 GPUs cannot run an aggregated server on one HGX box, and the measured TPOT/TTFT scale like 8.
     When moe_tp == moe_ep > 1 and tp × dp equals their product, the real stage is moe_ep GPUs.
+    Rows whose MoE split covers more GPUs than tp × dp with the attention-DP column left empty (vLLM
+    `tp 1, moe_tp 2`: Qwen3-235B-FP8 on H200) ran attention data-parallel: dp = moe_tp × moe_ep / tp.
+    Read as written they would put a 235 GB checkpoint on one 141 GB GPU.
     """
     tp, dp = max(_int(row.get("tp_size", "")), 1), max(_int(row.get("attention_dp_size", "")), 1)
     ep = max(_int(row.get("moe_ep_size", "")), 1)
@@ -116,6 +131,10 @@ def _layout(row: dict[str, str]) -> tuple[int, int, int]:
             tp = ep
         elif tp == 1:
             dp = ep
+    elif tp * dp < moe_tp * ep and (moe_tp * ep) % (tp * dp) == 0:
+        # the MoE stage spans more GPUs than one attention group (vLLM rows `tp 1, moe_tp 2` with the
+        # attention-DP column left empty): the other attention groups are data-parallel ranks
+        dp = moe_tp * ep // tp
     return tp, dp, ep
 
 
@@ -145,6 +164,21 @@ def _kv_dtype(engine: str, quant: str | None) -> str | None:
     """The KV-cache dtype an engine runs by default: TensorRT-LLM stores FP8 KV for FP8/NVFP4
     checkpoints; vLLM and SGLang keep `--kv-cache-dtype auto`, i.e. the activation dtype (BF16)."""
     return "fp8" if engine == "trtllm" and quant in ("fp8", "nvfp4") else None
+
+
+@functools.cache
+def bench_protocols() -> dict[str, dict[str, Any]]:
+    """How published measurement sources ran their benchmark client (`data/bench_protocols.toml`)."""
+    return tomllib.loads(resources.files("servelab.data").joinpath("bench_protocols.toml").read_text())
+
+
+def length_mean(source: str) -> float:
+    """Mean / recorded request length for a row's `silicon_data_source`: (1 + r)/2 for a client drawing
+    lengths uniformly from [r·L, L] (`random_range_ratio` r), 1 for fixed lengths or an unknown source."""
+    for proto in bench_protocols().values():
+        if any(m in source for m in proto.get("match", [])):
+            return (1.0 + float(proto.get("random_range_ratio", 1.0))) / 2.0
+    return 1.0
 
 
 def observations_from_csv(path: Path | str) -> list[Observation]:
@@ -185,6 +219,7 @@ def observations_from_csv(path: Path | str) -> list[Observation]:
                     ttft_ms=ttft,
                     tpot_ms=tpot,
                     key=row.get("id", ""),
+                    length_mean=length_mean(row.get("silicon_data_source", "")),
                 )
             )
     return out
@@ -267,8 +302,8 @@ def prepare(observations: Iterable[Observation], factors: Factors | None = None)
             continue
         perf = build_perf(s.arch, s.quant, s.host, s.layout, s.factors)
         mem = plan_memory(s.arch, s.quant, s.host, s.layout, s.mem_fraction)
-        wl = Workload(o.isl, o.osl, o.concurrency)
-        if mem.max_concurrency(o.isl + o.osl) < 1:
+        wl = o.workload
+        if mem.max_concurrency(wl.isl + wl.osl) < 1:
             mem = plan_memory(s.arch, s.quant, s.host, s.layout, 0.97)  # engines run tighter than our default
         obs_ok.append(o)
         setups.append(s)
