@@ -2,17 +2,12 @@
 
 * rows whose MoE split spans more GPUs than the attention split ran attention data-parallel;
 * InferenceX rows were benchmarked with lengths drawn from [0.8·L, L], so a request carries 0.9·L tokens;
-* the accuracy benchmark's learnt-scale ladder (what a per-model/engine/GPU correction could buy).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 
-import numpy as np
 import pytest
 
 from servelab.model.calibrate import (
@@ -25,18 +20,9 @@ from servelab.model.calibrate import (
 )
 from servelab.model.factors import default_factors
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "model_accuracy.py"
 INFERENCEX_DB = "db-dump/2026-04-27; config_id=733; silicon_concurrency=128; workflow_run_id=758"
 INFERENCEX_EXPORT = "source_file=2026-04-06.csv; model=DeepSeek-R1; silicon_concurrency=4; wip=False"
 GAP_ANALYSIS = "source_file=/Users/x/aic-auto-gap-analysis/data/h200_sxm/vllm/0.12.0/Q.csv; silicon_concurrency=8"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("model_accuracy_bench7", BENCH)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_moe_split_wider_than_attention_is_attention_dp() -> None:
@@ -83,24 +69,6 @@ def test_shorter_mean_prompts_predict_a_shorter_time_to_first_token() -> None:
     assert ttft[1] < ttft[0]
     # and not by more than the prompt shrank (the intercept and the decode steps do not shrink)
     assert ttft[1] > 0.9 * ttft[0] * 0.95
-
-
-def test_learnt_scale_mape_recovers_per_key_offsets() -> None:
-    bench = _bench()
-    rng = np.random.default_rng(7)
-    keys = np.array(["a", "b", "c"] * 40)
-    pred = rng.uniform(5.0, 50.0, keys.size)
-    scale = {"a": 1.5, "b": 0.7, "c": 1.0}
-    meas = pred * np.array([scale[k] for k in keys])
-    test = np.arange(keys.size) % 3 == np.arange(keys.size) // 40  # some rows of each key held out
-    assert test.any() and (~test).any()
-    # without a correction the held-out error is the offsets'; with one learnt per key it vanishes
-    raw = float((np.abs(pred[test] - meas[test]) / meas[test]).mean() * 100)
-    assert raw > 10.0
-    assert bench.learnt_scale_mape(keys, meas, pred, test) == pytest.approx(0.0, abs=1e-9)
-    # a key never seen in training keeps scale 1
-    unseen = np.where(test & (keys == "a"), "z", keys)
-    assert bench.learnt_scale_mape(unseen, meas, pred, test) > 0.0
 
 
 def test_observation_replace_keeps_the_protocol() -> None:
