@@ -66,6 +66,11 @@ class Settings:
     env: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def served_name(self) -> str:
+        """The name clients ask for (and /v1/models must list): the served name, else the model path."""
+        return self.served_model_name or self.model
+
 
 @dataclass(frozen=True)
 class LaunchSpec:

@@ -46,12 +46,12 @@ class External:
     def command(self, s: Settings) -> LaunchSpec:
         scheme, host, port = _endpoint(s)
         return LaunchSpec(
-            argv=[], env={}, host=host, port=port, served_model=s.served_model_name or s.model, scheme=scheme
+            argv=[], env={}, host=host, port=port, served_model=s.served_name, scheme=scheme
         )
 
     def requested(self, s: Settings) -> dict[str, Any]:
         _endpoint(s)
-        return {"model": s.model, "served_model_name": s.served_model_name or s.model}
+        return {"model": s.model, "served_model_name": s.served_name}
 
     def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
         cfg = EffectiveConfig()

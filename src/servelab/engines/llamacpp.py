@@ -87,7 +87,7 @@ class LlamaCpp:
             argv.append("--metrics")  # /metrics is off by default
         argv += list(s.extra_args)
         return LaunchSpec(
-            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_model_name or s.model
+            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name
         )
 
     def requested(self, s: Settings) -> dict[str, Any]:

@@ -78,10 +78,6 @@ _KV_TOKENS = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
 _PORT = re.compile(r"Uvicorn running on https?://\S+?:(\d+)")
 
 
-def _served(s: Settings) -> str:
-    return s.served_model_name or s.model
-
-
 class SGLang:
     """SGLang's HTTP server (`sglang.launch_server`)."""
 
@@ -100,7 +96,7 @@ class SGLang:
             "--model-path",
             s.model,
             "--served-model-name",
-            _served(s),
+            s.served_name,
             "--host",
             s.host,
             "--port",
@@ -119,10 +115,10 @@ class SGLang:
         if s.options.get("metrics", True) and "--enable-metrics" not in s.extra_args:
             argv.append("--enable-metrics")  # /metrics is off by default in SGLang
         argv += list(s.extra_args)
-        return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=_served(s))
+        return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 
     def requested(self, s: Settings) -> dict[str, Any]:
-        req = typed_requested(s, _served(s))
+        req = typed_requested(s, s.served_name)
         req.update(scan(s.extra_args, FLAGS))
         return req
 

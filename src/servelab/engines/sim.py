@@ -79,7 +79,7 @@ class Sim:
         argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
         argv += list(s.extra_args)
         return LaunchSpec(
-            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_model_name or s.model
+            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name
         )
 
     def requested(self, s: Settings) -> dict[str, Any]:

@@ -79,10 +79,6 @@ _CHUNKED = re.compile(r"max_num_batched_tokens=(\d+)")
 _PORT = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on https?://\S+?:(\d+)")
 
 
-def _served(s: Settings) -> str:
-    return s.served_model_name or s.model
-
-
 def _expert_parallel(tp: int, dp: int | None, ep: int | None) -> bool:
     """vLLM's EP spans TP x DP; any other EP size is impossible."""
     if ep is None or ep <= 1:
@@ -109,7 +105,7 @@ class VLLM:
             raise ConfigError(f"tp and pp must be >= 1 (got tp={s.tp}, pp={s.pp})")
         port = s.port or self.default_port
         argv = [python_for(s.options), "-m", "vllm.entrypoints.openai.api_server"]
-        argv += ["--model", s.model, "--served-model-name", _served(s), "--host", s.host, "--port", str(port)]
+        argv += ["--model", s.model, "--served-model-name", s.served_name, "--host", s.host, "--port", str(port)]
         argv += ["--tensor-parallel-size", str(s.tp)]
         if s.pp != 1:
             argv += ["--pipeline-parallel-size", str(s.pp)]
@@ -128,10 +124,10 @@ class VLLM:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.options.get("kv_cache_space_gib", 1)))
             if s.options.get("cpu_bind"):
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(s.options["cpu_bind"]))
-        return LaunchSpec(argv=argv, env=env, host=s.host, port=port, served_model=_served(s))
+        return LaunchSpec(argv=argv, env=env, host=s.host, port=port, served_model=s.served_name)
 
     def requested(self, s: Settings) -> dict[str, Any]:
-        req = typed_requested(s, _served(s))
+        req = typed_requested(s, s.served_name)
         flags = scan(s.extra_args, FLAGS)
         expert = flags.pop("_expert_parallel", None)
         compilation = flags.pop("_compilation_config", None)
