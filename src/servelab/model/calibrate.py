@@ -71,9 +71,8 @@ class Observation:
     ttft_ms: float
     tpot_ms: float
     key: str = ""
-    length_mean: float = (
-        1.0  # mean / recorded ISL and OSL: the client's length distribution (bench_protocols)
-    )
+    # mean / recorded ISL and OSL: the benchmark client's length distribution (`bench_protocols`)
+    length_mean: float = 1.0
 
     @property
     def workload(self) -> Workload:
