@@ -29,9 +29,13 @@ EVENT = (
 
 
 def stream(n: int = 400) -> list[bytes]:
-    evs = [b"data: " + (EVENT % (i, '"length"' if i == n - 1 else "null")).encode() + b"\n\n" for i in range(n)]
-    evs.append(b'data: {"id":"x","object":"text_completion","created":1,"model":"m","choices":[],'
-               b'"usage":{"prompt_tokens":64,"completion_tokens":%d}}\n\n' % n)
+    evs = [
+        b"data: " + (EVENT % (i, '"length"' if i == n - 1 else "null")).encode() + b"\n\n" for i in range(n)
+    ]
+    evs.append(
+        b'data: {"id":"x","object":"text_completion","created":1,"model":"m","choices":[],'
+        b'"usage":{"prompt_tokens":64,"completion_tokens":%d}}\n\n' % n
+    )
     evs.append(b"data: [DONE]\n\n")
     return evs
 
@@ -101,7 +105,9 @@ def servelab(parts: list[bytes]) -> int:
 _LOOP = asyncio.new_event_loop()
 
 
-def us_per_event(fn: Callable[[list[bytes]], int], parts: list[bytes], events: int, repeat: int = 30) -> float:
+def us_per_event(
+    fn: Callable[[list[bytes]], int], parts: list[bytes], events: int, repeat: int = 30
+) -> float:
     best = float("inf")
     for _ in range(5):
         t0 = time.process_time()

@@ -14,9 +14,38 @@ from typing import Any
 from servelab.config import OBJECTIVES, AnomalySpec, SLOSpec
 
 # Two-sided 95 % Student-t critical values by degrees of freedom (1..30); beyond, the normal 1.96.
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042]
+_T95 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def t95(dof: int) -> float:
@@ -149,7 +178,9 @@ class Anomaly:
         return asdict(self)
 
 
-def anomalies(levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, spec: AnomalySpec) -> list[Anomaly]:
+def anomalies(
+    levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, spec: AnomalySpec
+) -> list[Anomaly]:
     """Flags against the study's baseline candidate (same load level) and against absolute limits."""
     base = {float(d["level"]): d for d in baseline or []}
     out: list[Anomaly] = []
@@ -165,8 +196,13 @@ def anomalies(levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | Non
             continue
         thr, bthr = d.get("output_throughput") or 0.0, b.get("output_throughput") or 0.0
         if bthr > 0 and thr < spec.collapse_ratio * bthr:
-            out.append(Anomaly(lv, "throughput_collapse",
-                               f"{thr:,.0f} tok/s vs the baseline's {bthr:,.0f} tok/s ({thr / bthr:.0%})"))
+            out.append(
+                Anomaly(
+                    lv,
+                    "throughput_collapse",
+                    f"{thr:,.0f} tok/s vs the baseline's {bthr:,.0f} tok/s ({thr / bthr:.0%})",
+                )
+            )
         # Lower power at the same throughput is efficiency, not a fault: power and utilization falls
         # are flagged when throughput fell with them (the GPUs starved: 1,867 → 236 tok/s at ~125 W).
         if not (bthr > 0 and thr < 0.9 * bthr):
@@ -176,7 +212,9 @@ def anomalies(levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | Non
             out.append(Anomaly(lv, "power_drop", f"GPU power {pw:.0f} W vs the baseline's {bpw:.0f} W"))
         ut, but = d.get("gpu_util"), b.get("gpu_util")
         if ut is not None and but and ut < spec.power_drop_ratio * but:
-            out.append(Anomaly(lv, "utilization_drop", f"GPU utilization {ut:.0%} vs the baseline's {but:.0%}"))
+            out.append(
+                Anomaly(lv, "utilization_drop", f"GPU utilization {ut:.0%} vs the baseline's {but:.0%}")
+            )
     return out
 
 
@@ -204,8 +242,14 @@ def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, o
         reasons = {f"{d['level']:g}": slo_failures(d, slo) for d in levels}
         return Score(label, status, None, None, None, f"no level meets the SLOs: {reasons}")
     best = (max if direction == "max" else min)(ok, key=lambda d: d[objective])
-    return Score(label, status, float(best[objective]), (best.get("ci") or {}).get(objective), float(best["level"]),
-                 levels_meeting_slo=[float(d["level"]) for d in ok])
+    return Score(
+        label,
+        status,
+        float(best[objective]),
+        (best.get("ci") or {}).get(objective),
+        float(best["level"]),
+        levels_meeting_slo=[float(d["level"]) for d in ok],
+    )
 
 
 @dataclass
@@ -232,12 +276,28 @@ def rank(scores: list[Score], objective: str) -> Ranking:
     rest = [s for s in scores if s.value is None]
     ranked = valid + rest
     if not valid:
-        return Ranking(objective, ranked, None, None, None, None, None,
-                       "no candidate met every SLO; see each candidate's reason")
+        return Ranking(
+            objective,
+            ranked,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "no candidate met every SLO; see each candidate's reason",
+        )
     w = valid[0]
     if len(valid) == 1:
-        return Ranking(objective, ranked, w.label, None, None, None, None,
-                       f"{w.label} is the only candidate that meets every SLO")
+        return Ranking(
+            objective,
+            ranked,
+            w.label,
+            None,
+            None,
+            None,
+            None,
+            f"{w.label} is the only candidate that meets every SLO",
+        )
     r = valid[1]
     margin = sign * ((w.value or 0.0) - (r.value or 0.0))
     pct = margin / abs(r.value) * 100 if r.value else None
@@ -247,7 +307,7 @@ def rank(scores: list[Score], objective: str) -> Ranking:
     else:
         noise_hw = math.hypot(w.half_width, r.half_width)
         significant = margin > noise_hw
-        noise = (f"{'exceeds' if significant else 'is within'} the noise (95 % CI of the difference ±{noise_hw:.3g})")
+        noise = f"{'exceeds' if significant else 'is within'} the noise (95 % CI of the difference ±{noise_hw:.3g})"
     pct_text = f" ({pct:+.1f} %)" if pct is not None else ""
     verdict = f"{w.label} wins on {objective}: {w.value:,.4g} vs {r.label}'s {r.value:,.4g}{pct_text}; the margin {noise}"
     return Ranking(objective, ranked, w.label, r.label, margin, pct, significant, verdict)

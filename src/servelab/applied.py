@@ -49,8 +49,9 @@ def same(requested: Any, effective: Any) -> bool:
     return r == e
 
 
-def compare(requested: dict[str, Any], effective: dict[str, Any], evidence: dict[str, str]) -> tuple[
-        list[Mismatch], list[str]]:
+def compare(
+    requested: dict[str, Any], effective: dict[str, Any], evidence: dict[str, str]
+) -> tuple[list[Mismatch], list[str]]:
     """(mismatches, keys the engine did not show) for every requested key; "auto" requests always match."""
     mismatches: list[Mismatch] = []
     unconfirmed: list[str] = []

@@ -37,7 +37,9 @@ class StudyInfo(_Strict):
 
 
 class ModelSpec(_Strict):
-    path: str = Field(min_length=1, description="what the engine loads: a local path, a hub id, or a catalog name")
+    path: str = Field(
+        min_length=1, description="what the engine loads: a local path, a hub id, or a catalog name"
+    )
     served_name: str | None = None
     config: str | None = Field(default=None, description="catalog name or config.json for predictions")
 
@@ -100,7 +102,9 @@ class WorkloadSpec(_Strict):
     prefix_len: int = Field(default=512, ge=1)
     tokenizer: str | None = None
     num_requests: int | None = Field(default=None, ge=1)
-    requests_per_stream: int | None = Field(default=None, ge=1, description="num_requests = this × concurrency")
+    requests_per_stream: int | None = Field(
+        default=None, ge=1, description="num_requests = this × concurrency"
+    )
     duration_s: float | None = Field(default=None, gt=0)
     seed: int = 0
     temperature: float | None = None
@@ -119,7 +123,9 @@ class LoadSpec(_Strict):
     concurrency: list[int] | None = None
     rate: list[float] | None = None
     max_concurrency: int | None = Field(default=None, ge=1)
-    main: float | None = Field(default=None, description="the level deployment checks use (default: the highest)")
+    main: float | None = Field(
+        default=None, description="the level deployment checks use (default: the highest)"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> LoadSpec:
@@ -172,8 +178,11 @@ class SLOSpec(_Strict):
 
     def bench_slo(self) -> str | None:
         """The per-request SLO string `servelab bench` uses for goodput (the loosest limit per metric)."""
-        parts = [f"{m}<={max(getattr(self, m).values()):g}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-                 if getattr(self, m)]
+        parts = [
+            f"{m}<={max(getattr(self, m).values()):g}"
+            for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+            if getattr(self, m)
+        ]
         return ",".join(parts) or None
 
 
@@ -183,8 +192,12 @@ class AnomalySpec(_Strict):
     collapse_ratio: float = Field(default=0.5, gt=0, lt=1, description="throughput below this × baseline")
     power_drop_ratio: float = Field(default=0.6, gt=0, lt=1, description="GPU power below this × baseline")
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
-    stop_after_collapses: int = Field(default=2, ge=0, description="skip a candidate's remaining levels after "
-                                      "its throughput collapsed at this many (0: never)")
+    stop_after_collapses: int = Field(
+        default=2,
+        ge=0,
+        description="skip a candidate's remaining levels after "
+        "its throughput collapsed at this many (0: never)",
+    )
 
 
 class Study(_Strict):
@@ -241,7 +254,9 @@ def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
             raise ValueError(f"matrix.{key} must be a non-empty list")
         if key == "variants":
             if not all(isinstance(v, dict) for v in values):
-                raise ValueError("matrix.variants must be a list of tables, e.g. [{tp = 8}, {tp = 4, pp = 2}]")
+                raise ValueError(
+                    "matrix.variants must be a list of tables, e.g. [{tp = 8}, {tp = 4, pp = 2}]"
+                )
             axes.append([dict(v) for v in values])
         elif key in CandidateSpec.model_fields and key not in ("name", "baseline"):
             axes.append([{key: v} for v in values])
@@ -284,8 +299,10 @@ def parse_study(data: dict[str, Any], source: str = "study") -> Study:
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; docs/study.md lists the fields)"
             lines.append(f"  {_where(tuple(err['loc']))}: {msg}")
-        raise ConfigError(f"{source} is not a valid study:\n" + "\n".join(lines),
-                          hint="docs/study.md describes every field; examples/ has complete studies.") from None
+        raise ConfigError(
+            f"{source} is not a valid study:\n" + "\n".join(lines),
+            hint="docs/study.md describes every field; examples/ has complete studies.",
+        ) from None
 
 
 def load_study(path: str | Path) -> Study:
@@ -294,7 +311,9 @@ def load_study(path: str | Path) -> Study:
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"study file {p} does not exist", hint="give the path of a .toml study; see examples/") from None
+        raise ConfigError(
+            f"study file {p} does not exist", hint="give the path of a .toml study; see examples/"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read the study file {p}: {exc}") from exc
     try:

@@ -75,7 +75,9 @@ class ConfigNotApplied(EngineError):
 class ServerError(ServelabError):
     """The server under test cannot be used at all (unreachable, wrong model)."""
 
-    default_hint = "Check that the server is running and that --url and --model are right (`curl URL/v1/models`)."
+    default_hint = (
+        "Check that the server is running and that --url and --model are right (`curl URL/v1/models`)."
+    )
 
 
 class HostError(ServelabError):

@@ -188,7 +188,9 @@ def launch(
     if cpus:
         with contextlib.suppress(OSError):  # it may already have died; wait_ready reports that
             os.sched_setaffinity(proc.pid, cpus)
-    return Server(spec, proc, log_path, run_marker, started_at, started_mono, shm_before, baseline, gpu_reader)
+    return Server(
+        spec, proc, log_path, run_marker, started_at, started_mono, shm_before, baseline, gpu_reader
+    )
 
 
 # -- wait until ready --------------------------------------------------------------------------------
@@ -292,13 +294,20 @@ def _exited(server: Server, engine: str | None, rc: int) -> LaunchFailed:
 class _Probe:
     """The readiness rule as a small state machine; each `step` is one round of checks."""
 
-    def __init__(self, server: Server | Endpoint, readiness: Readiness, api_key: str | None,
-                 request_timeout_s: float, engine: str | None) -> None:
+    def __init__(
+        self,
+        server: Server | Endpoint,
+        readiness: Readiness,
+        api_key: str | None,
+        request_timeout_s: float,
+        engine: str | None,
+    ) -> None:
         from servelab.bench.client import Client
 
         self.server, self.r, self.engine = server, readiness, engine
-        self.client = Client(server.url, api_key=api_key, timeout_s=request_timeout_s,
-                             connect_timeout_s=request_timeout_s)
+        self.client = Client(
+            server.url, api_key=api_key, timeout_s=request_timeout_s, connect_timeout_s=request_timeout_s
+        )
         self.request_timeout_s = request_timeout_s
         self.phases: dict[str, float] = {}
         self.models: list[str] = []
@@ -312,7 +321,9 @@ class _Probe:
         spec = self.server.spec
         host = "127.0.0.1" if spec.host in WILDCARDS else spec.host
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, spec.port), self.request_timeout_s)
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, spec.port), self.request_timeout_s
+            )
         except (OSError, TimeoutError):
             self.last = "port not open yet"
             return False
@@ -561,8 +572,12 @@ async def wait_url_ready(
     try:
         while True:
             if endpoint.pid is not None and not _pid_alive(endpoint.pid):
-                diag = Diagnosis(klass="process_exited", evidence=f"pid {endpoint.pid} is gone",
-                                 advice="The server exited while starting; read its log", fatal=True)
+                diag = Diagnosis(
+                    klass="process_exited",
+                    evidence=f"pid {endpoint.pid} is gone",
+                    advice="The server exited while starting; read its log",
+                    fatal=True,
+                )
                 raise _failed(endpoint, f"{engine or 'the server'} exited before it was ready", diag)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -570,18 +585,30 @@ async def wait_url_ready(
             if await probe.step(remaining):
                 if probe.r is final:
                     now = time.monotonic()
-                    return ReadyReport(url=endpoint.url, served_model=endpoint.spec.served_model,
-                                       ready_s=now - endpoint.started_mono, waited_s=now - t0, polls=probe.polls,
-                                       phases=probe.phases, models=probe.models)
+                    return ReadyReport(
+                        url=endpoint.url,
+                        served_model=endpoint.spec.served_model,
+                        ready_s=now - endpoint.started_mono,
+                        waited_s=now - t0,
+                        polls=probe.polls,
+                        phases=probe.phases,
+                        models=probe.models,
+                    )
                 probe.r = final  # the engine's rule passed: now the real completion
                 continue
             await asyncio.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
     finally:
         probe.client.close()
-    exc = NotReady(f"{engine or 'the server'} at {endpoint.url} was not ready after {timeout_s:g} s ({probe.last})",
-                   hint=f"raise --timeout, or read {endpoint.log_path} for where it stopped")
-    exc.diagnosis = Diagnosis(klass="startup_timeout", evidence=probe.last,
-                              advice="Give it more time or read the log for where it stopped", fatal=True)
+    exc = NotReady(
+        f"{engine or 'the server'} at {endpoint.url} was not ready after {timeout_s:g} s ({probe.last})",
+        hint=f"raise --timeout, or read {endpoint.log_path} for where it stopped",
+    )
+    exc.diagnosis = Diagnosis(
+        klass="startup_timeout",
+        evidence=probe.last,
+        advice="Give it more time or read the log for where it stopped",
+        fatal=True,
+    )
     raise exc
 
 

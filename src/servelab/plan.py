@@ -67,7 +67,11 @@ class Item:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["depends_on"], d["notes"], d["evidence"] = list(self.depends_on), list(self.notes), list(self.evidence)
+        d["depends_on"], d["notes"], d["evidence"] = (
+            list(self.depends_on),
+            list(self.notes),
+            list(self.evidence),
+        )
         return d
 
     @classmethod
@@ -77,18 +81,25 @@ class Item:
             raise ConfigError(f"{where} is not an object", hint=_JSON_HINT)
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ConfigError(f"{where} has unknown field(s) {', '.join(sorted(unknown))}",
-                              hint=f"known fields: {', '.join(cls.__dataclass_fields__)}")
+            raise ConfigError(
+                f"{where} has unknown field(s) {', '.join(sorted(unknown))}",
+                hint=f"known fields: {', '.join(cls.__dataclass_fields__)}",
+            )
         if "id" not in d or "content" not in d:
             raise ConfigError(f"{where} needs an id and a content", hint=_JSON_HINT)
         return cls(
-            id=_id(d["id"], where), content=_content(d["content"], where),
+            id=_id(d["id"], where),
+            content=_content(d["content"], where),
             status=check_status(d.get("status", "pending"), where),
             priority=check_priority(d.get("priority", "medium"), where),
-            worker=_worker(d.get("worker"), where), depends_on=tuple(_id(x, where) for x in _list(d, "depends_on", where)),
-            notes=tuple(str(n) for n in _list(d, "notes", where)), binding=_binding(d.get("binding"), where),
-            evidence=tuple(_objects(d, "evidence", where)), extra=dict(d.get("extra") or {}),
-            created_at=str(d.get("created_at") or ""), updated_at=str(d.get("updated_at") or ""),
+            worker=_worker(d.get("worker"), where),
+            depends_on=tuple(_id(x, where) for x in _list(d, "depends_on", where)),
+            notes=tuple(str(n) for n in _list(d, "notes", where)),
+            binding=_binding(d.get("binding"), where),
+            evidence=tuple(_objects(d, "evidence", where)),
+            extra=dict(d.get("extra") or {}),
+            created_at=str(d.get("created_at") or ""),
+            updated_at=str(d.get("updated_at") or ""),
         )
 
 
@@ -120,8 +131,10 @@ class Plan:
         item = self.find(str(key))
         if item is None:
             known = ", ".join(i.id for i in self.items[:20]) or "none yet"
-            raise NotFoundError(f"no item {key!r} in plan {self.name!r} (items: {known})",
-                                hint=f"`servelab plan show{_plan_flag(self.name)}` lists the items and their ids.")
+            raise NotFoundError(
+                f"no item {key!r} in plan {self.name!r} (items: {known})",
+                hint=f"`servelab plan show{_plan_flag(self.name)}` lists the items and their ids.",
+            )
         return item
 
     def next_id(self) -> str:
@@ -129,7 +142,12 @@ class Plan:
         return str(max(nums, default=0) + 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": JSON_FORMAT, "version": 1, "plan": self.name, "items": [i.to_dict() for i in self.items]}
+        return {
+            "format": JSON_FORMAT,
+            "version": 1,
+            "plan": self.name,
+            "items": [i.to_dict() for i in self.items],
+        }
 
 
 @dataclass(frozen=True)
@@ -179,8 +197,12 @@ def check_priority(value: Any, where: str = "priority") -> str:
 
 
 def _id(value: Any, where: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip() or any(
-            c.isspace() for c in str(value)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, str | int)
+        or not str(value).strip()
+        or any(c.isspace() for c in str(value))
+    ):
         raise ConfigError(f"{where}: id {value!r} must be a non-empty string without spaces", hint=TODO_HINT)
     return str(value)
 
@@ -215,8 +237,9 @@ def _binding(value: Any, where: str) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or set(value) - set(_BINDING_KEYS):
-        raise ConfigError(f"{where}: binding must be an object with keys among {', '.join(_BINDING_KEYS)}",
-                          hint=_JSON_HINT)
+        raise ConfigError(
+            f"{where}: binding must be an object with keys among {', '.join(_BINDING_KEYS)}", hint=_JSON_HINT
+        )
     if value.get("requested") is not None and not isinstance(value["requested"], dict):
         raise ConfigError(f"{where}: binding.requested must be an object of normalized keys", hint=_JSON_HINT)
     return dict(value)
@@ -235,7 +258,7 @@ def find_cycle(items: tuple[Item, ...] | list[Item]) -> list[str] | None:
         state[node] = 1
         for nxt in deps.get(node, ()):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt] if nxt in path else [node, nxt]
+                return [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
             if state.get(nxt) is None and nxt in deps:
                 found = visit(nxt, [*path, nxt])
                 if found:
@@ -256,26 +279,34 @@ def _validate(before: Plan, after: Plan, accepted: frozenset[str] = frozenset())
     ids = [i.id for i in after.items]
     dup = {k for k in ids if ids.count(k) > 1}
     if dup:
-        raise ConfigError(f"duplicate item id(s) {', '.join(sorted(dup))}", hint="every item needs its own id.")
+        raise ConfigError(
+            f"duplicate item id(s) {', '.join(sorted(dup))}", hint="every item needs its own id."
+        )
     known = set(ids)
     for it in after.items:
         missing = [d for d in it.depends_on if d not in known]
         if missing:
-            raise NotFoundError(f"item {it.id} depends on unknown item(s) {', '.join(missing)}",
-                                hint=f"`servelab plan show{_plan_flag(after.name)}` lists the ids.")
+            raise NotFoundError(
+                f"item {it.id} depends on unknown item(s) {', '.join(missing)}",
+                hint=f"`servelab plan show{_plan_flag(after.name)}` lists the ids.",
+            )
         if it.id in it.depends_on:
             raise ConfigError(f"item {it.id} depends on itself", hint="drop it from its own --after list.")
     cycle = find_cycle(after.items)
     if cycle:
-        raise ConfigError(f"dependency cycle: {' -> '.join(cycle)}", hint="an item cannot (indirectly) wait for itself.")
+        raise ConfigError(
+            f"dependency cycle: {' -> '.join(cycle)}", hint="an item cannot (indirectly) wait for itself."
+        )
     busy: dict[str, str] = {}
     for it in after.items:
         if it.status == "in_progress":
             w = it.worker or DEFAULT_WORKER
             if w in busy:
-                raise ConfigError(f"worker {w!r} would have two items in progress ({busy[w]} and {it.id})",
-                                  hint=f"finish, block or cancel item {busy[w]} first, or start this one with "
-                                       "another --worker.")
+                raise ConfigError(
+                    f"worker {w!r} would have two items in progress ({busy[w]} and {it.id})",
+                    hint=f"finish, block or cancel item {busy[w]} first, or start this one with "
+                    "another --worker.",
+                )
             busy[w] = it.id
     old = {i.id: i.status for i in before.items}
     by_id = {i.id: i for i in after.items}
@@ -285,9 +316,11 @@ def _validate(before: Plan, after: Plan, accepted: frozenset[str] = frozenset())
         waiting = [d for d in it.depends_on if by_id[d].status != "completed"]
         if waiting:
             states = ", ".join(f"{d} ({by_id[d].status})" for d in waiting)
-            raise ConfigError(f"item {it.id} cannot become {it.status}: it waits for {states}",
-                              hint="complete those first (a cancelled dependency never completes: cancel this "
-                                   "item too, or add it again without that dependency).")
+            raise ConfigError(
+                f"item {it.id} cannot become {it.status}: it waits for {states}",
+                hint="complete those first (a cancelled dependency never completes: cancel this "
+                "item too, or add it again without that dependency).",
+            )
         if it.status == "completed" and it.bound:
             _require_applied(it, it.id in accepted)
 
@@ -295,20 +328,26 @@ def _validate(before: Plan, after: Plan, accepted: frozenset[str] = frozenset())
 def _require_applied(it: Item, accepted: bool) -> None:
     last = it.evidence[-1] if it.evidence else None
     if last is None:
-        raise ConfigError(f"item {it.id} is bound to an experiment and completes only with a run as evidence",
-                          hint="pass --run RUN (a bench run of the study's trial, or STUDY:LABEL) that shows the "
-                               "requested configuration took effect.")
+        raise ConfigError(
+            f"item {it.id} is bound to an experiment and completes only with a run as evidence",
+            hint="pass --run RUN (a bench run of the study's trial, or STUDY:LABEL) that shows the "
+            "requested configuration took effect.",
+        )
     if last.get("applied") is True:
         return
     if last.get("applied") is False:
-        raise ConfigError(f"item {it.id}: run {last.get('run')} shows the requested configuration did not take "
-                          f"effect ({'; '.join(last.get('mismatches_text') or []) or 'not applied'})",
-                          hint="fix the launch and run it again; a not-applied run cannot complete the item.")
+        raise ConfigError(
+            f"item {it.id}: run {last.get('run')} shows the requested configuration did not take "
+            f"effect ({'; '.join(last.get('mismatches_text') or []) or 'not applied'})",
+            hint="fix the launch and run it again; a not-applied run cannot complete the item.",
+        )
     if not accepted:
-        raise ConfigError(f"item {it.id}: run {last.get('run')} does not show whether the requested configuration "
-                          f"took effect (not shown: {', '.join(last.get('unconfirmed') or []) or 'anything'})",
-                          hint="check the server's log by hand, then `servelab plan done ID --accept-unconfirmed "
-                               "--reason WHY`.")
+        raise ConfigError(
+            f"item {it.id}: run {last.get('run')} does not show whether the requested configuration "
+            f"took effect (not shown: {', '.join(last.get('unconfirmed') or []) or 'anything'})",
+            hint="check the server's log by hand, then `servelab plan done ID --accept-unconfirmed "
+            "--reason WHY`.",
+        )
 
 
 # -- evidence ---------------------------------------------------------------------------------------
@@ -329,16 +368,24 @@ def assess(requested: dict[str, Any] | None, run: dict[str, Any], at: str = "") 
     mismatches, unconfirmed = compare(dict(requested or {}), eff, log_evidence)
     texts = [m.sentence() for m in mismatches] + [
         f"requested {m.get('key')}={m.get('requested')!r} but the engine runs {m.get('key')}={m.get('effective')!r}"
-        for m in not_applied if isinstance(m, dict)]
+        for m in not_applied
+        if isinstance(m, dict)
+    ]
     if texts or run.get("status") == "not_applied":
         applied: bool | None = False
     elif unconfirmed or not eff:
         applied = None
     else:
         applied = True
-    rec: dict[str, Any] = {"run": run.get("run"), "status": run.get("status"), "applied": applied,
-                           "mismatches": [m.to_dict() for m in mismatches] + not_applied,
-                           "mismatches_text": texts, "unconfirmed": unconfirmed, "at": at}
+    rec: dict[str, Any] = {
+        "run": run.get("run"),
+        "status": run.get("status"),
+        "applied": applied,
+        "mismatches": [m.to_dict() for m in mismatches] + not_applied,
+        "mismatches_text": texts,
+        "unconfirmed": unconfirmed,
+        "at": at,
+    }
     for key in ("trial", "diagnosis", "anomalies"):
         if run.get(key) is not None:
             rec[key] = run[key]
@@ -354,34 +401,64 @@ def _swap(plan: Plan, new: Item) -> Plan:
     return replace(plan, items=tuple(new if i.id == new.id else i for i in plan.items))
 
 
-def add(plan: Plan, content: str, *, now: str, actor: str, priority: str = "medium",
-        depends_on: tuple[str, ...] | list[str] = (), binding: dict[str, Any] | None = None, key: str | None = None,
-        reason: str = "added") -> Outcome:
+def add(
+    plan: Plan,
+    content: str,
+    *,
+    now: str,
+    actor: str,
+    priority: str = "medium",
+    depends_on: tuple[str, ...] | list[str] = (),
+    binding: dict[str, Any] | None = None,
+    key: str | None = None,
+    reason: str = "added",
+) -> Outcome:
     """A new pending item at the end of the plan."""
     key = _id(key, "id") if key is not None else plan.next_id()
     if plan.find(key):
         raise ConfigError(f"item {key} already exists in plan {plan.name!r}", hint="pick another id.")
-    it = Item(id=key, content=_content(content, "content"), priority=check_priority(priority),
-              depends_on=tuple(str(d) for d in depends_on), binding=_binding(binding, "binding"),
-              created_at=now, updated_at=now)
+    it = Item(
+        id=key,
+        content=_content(content, "content"),
+        priority=check_priority(priority),
+        depends_on=tuple(str(d) for d in depends_on),
+        binding=_binding(binding, "binding"),
+        created_at=now,
+        updated_at=now,
+    )
     after = replace(plan, items=(*plan.items, it))
     _validate(plan, after)
-    return Outcome(after, (Event(key, now, None, "pending", reason, actor, {"item": it.to_dict()}),), {"item": key})
+    return Outcome(
+        after, (Event(key, now, None, "pending", reason, actor, {"item": it.to_dict()}),), {"item": key}
+    )
 
 
-def transition(plan: Plan, key: str, to: str, *, now: str, actor: str, reason: str = "",
-               worker: str | None = None, evidence: dict[str, Any] | None = None,
-               accept_unconfirmed: bool = False) -> Outcome:
+def transition(
+    plan: Plan,
+    key: str,
+    to: str,
+    *,
+    now: str,
+    actor: str,
+    reason: str = "",
+    worker: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    accept_unconfirmed: bool = False,
+) -> Outcome:
     """Move one item to status `to` (with optional evidence); the rules decide whether it may."""
     check_status(to)
     it = plan.get(key)
     if it.status == to and evidence is None and (to != "in_progress" or worker in (None, it.worker)):
         return Outcome(plan, (), {"item": it.id, "unchanged": True})
     if to in ("blocked", "cancelled") and not reason.strip():
-        raise ConfigError(f"{'blocking' if to == 'blocked' else 'cancelling'} item {key} needs a reason",
-                          hint="pass --reason TEXT: the plan keeps why, with the time.")
+        raise ConfigError(
+            f"{'blocking' if to == 'blocked' else 'cancelling'} item {key} needs a reason",
+            hint="pass --reason TEXT: the plan keeps why, with the time.",
+        )
     if accept_unconfirmed and not reason.strip():
-        raise ConfigError("--accept-unconfirmed needs a --reason", hint="say how you checked the configuration.")
+        raise ConfigError(
+            "--accept-unconfirmed needs a --reason", hint="say how you checked the configuration."
+        )
     evs = list(it.evidence)
     if evidence is not None:
         evs.append(evidence)
@@ -400,14 +477,32 @@ def transition(plan: Plan, key: str, to: str, *, now: str, actor: str, reason: s
     return Outcome(after, (Event(key, now, it.status, to, why, actor, detail),), {"item": key})
 
 
-def start(plan: Plan, key: str, *, now: str, actor: str, worker: str | None = None, reason: str = "") -> Outcome:
+def start(
+    plan: Plan, key: str, *, now: str, actor: str, worker: str | None = None, reason: str = ""
+) -> Outcome:
     return transition(plan, key, "in_progress", now=now, actor=actor, worker=worker, reason=reason)
 
 
-def done(plan: Plan, key: str, *, now: str, actor: str, evidence: dict[str, Any] | None = None, reason: str = "",
-         accept_unconfirmed: bool = False) -> Outcome:
-    return transition(plan, key, "completed", now=now, actor=actor, evidence=evidence, reason=reason,
-                      accept_unconfirmed=accept_unconfirmed)
+def done(
+    plan: Plan,
+    key: str,
+    *,
+    now: str,
+    actor: str,
+    evidence: dict[str, Any] | None = None,
+    reason: str = "",
+    accept_unconfirmed: bool = False,
+) -> Outcome:
+    return transition(
+        plan,
+        key,
+        "completed",
+        now=now,
+        actor=actor,
+        evidence=evidence,
+        reason=reason,
+        accept_unconfirmed=accept_unconfirmed,
+    )
 
 
 def block(plan: Plan, key: str, *, now: str, actor: str, reason: str) -> Outcome:
@@ -422,27 +517,47 @@ def note(plan: Plan, key: str, text: str, *, now: str, actor: str) -> Outcome:
     it = plan.get(key)
     text = _content(text, "note")
     new = _touch(it, now, notes=(*it.notes, text))
-    return Outcome(_swap(plan, new), (Event(key, now, it.status, it.status, "note", actor, {"note": text}),),
-                   {"item": key})
+    return Outcome(
+        _swap(plan, new),
+        (Event(key, now, it.status, it.status, "note", actor, {"note": text}),),
+        {"item": key},
+    )
 
 
 # -- study bindings ---------------------------------------------------------------------------------
-def fill(plan: Plan, study_uid: str, candidates: list[tuple[str, float | None, dict[str, Any]]], *, now: str,
-         actor: str = TUNE_WORKER) -> Outcome:
+def fill(
+    plan: Plan,
+    study_uid: str,
+    candidates: list[tuple[str, float | None, dict[str, Any]]],
+    *,
+    now: str,
+    actor: str = TUNE_WORKER,
+) -> Outcome:
     """One item per candidate, in the order given (tune orders them by predicted value). Idempotent:
     a candidate that already has an item keeps it untouched, so a resumed study adds nothing twice."""
-    have = {(i.binding or {}).get("candidate") for i in plan.items
-            if (i.binding or {}).get("study") == study_uid}
+    have = {
+        (i.binding or {}).get("candidate") for i in plan.items if (i.binding or {}).get("study") == study_uid
+    }
     out, added = plan, []
     events: list[Event] = []
     for label, predicted, requested in candidates:
         if label in have:
             continue
-        binding = {"study": study_uid, "candidate": label, "requested": dict(requested or {}),
-                   "predicted": predicted}
+        binding = {
+            "study": study_uid,
+            "candidate": label,
+            "requested": dict(requested or {}),
+            "predicted": predicted,
+        }
         pred = "" if predicted is None else f" (predicted {predicted:,.4g})"
-        o = add(out, f"run candidate {label}{pred}", now=now, actor=actor, binding=binding,
-                reason=f"filled from study {study_uid}")
+        o = add(
+            out,
+            f"run candidate {label}{pred}",
+            now=now,
+            actor=actor,
+            binding=binding,
+            reason=f"filled from study {study_uid}",
+        )
         out, added = o.plan, [*added, o.info["item"]]
         events.extend(o.events)
         have.add(label)
@@ -450,16 +565,32 @@ def fill(plan: Plan, study_uid: str, candidates: list[tuple[str, float | None, d
 
 
 def item_for(plan: Plan, study_uid: str, label: str) -> Item:
-    it = next((i for i in plan.items if (i.binding or {}).get("study") == study_uid
-               and (i.binding or {}).get("candidate") == label), None)
+    it = next(
+        (
+            i
+            for i in plan.items
+            if (i.binding or {}).get("study") == study_uid and (i.binding or {}).get("candidate") == label
+        ),
+        None,
+    )
     if it is None:
-        raise NotFoundError(f"plan {plan.name!r} has no item for candidate {label!r} of study {study_uid}",
-                            hint="fill the plan from the study first (servelab tune does).")
+        raise NotFoundError(
+            f"plan {plan.name!r} has no item for candidate {label!r} of study {study_uid}",
+            hint="fill the plan from the study first (servelab tune does).",
+        )
     return it
 
 
-def on_trial(plan: Plan, study_uid: str, label: str, status: str, evidence: dict[str, Any], *, now: str,
-             actor: str = TUNE_WORKER) -> Outcome:
+def on_trial(
+    plan: Plan,
+    study_uid: str,
+    label: str,
+    status: str,
+    evidence: dict[str, Any],
+    *,
+    now: str,
+    actor: str = TUNE_WORKER,
+) -> Outcome:
     """Move a candidate's item as its trial progresses.
 
     running: start it (an item the study left in progress, e.g. before a kill, goes back to pending);
@@ -475,11 +606,24 @@ def on_trial(plan: Plan, study_uid: str, label: str, status: str, evidence: dict
         out, events = plan, []
         for other in plan.items:
             if other.id != it.id and other.status == "in_progress" and other.worker == actor:
-                o = transition(out, other.id, "pending", now=now, actor=actor,
-                               reason=f"interrupted: the study moved on to candidate {label}")
+                o = transition(
+                    out,
+                    other.id,
+                    "pending",
+                    now=now,
+                    actor=actor,
+                    reason=f"interrupted: the study moved on to candidate {label}",
+                )
                 out, events = o.plan, [*events, *o.events]
-        o = transition(out, it.id, "in_progress", now=now, actor=actor, worker=actor,
-                       reason=f"trial running{_run_suffix(evidence)}")
+        o = transition(
+            out,
+            it.id,
+            "in_progress",
+            now=now,
+            actor=actor,
+            worker=actor,
+            reason=f"trial running{_run_suffix(evidence)}",
+        )
         return Outcome(o.plan, (*events, *o.events), o.info)
     if status == "interrupted":
         return transition(plan, it.id, "pending", now=now, actor=actor, reason="trial interrupted")
@@ -488,20 +632,55 @@ def on_trial(plan: Plan, study_uid: str, label: str, status: str, evidence: dict
         d = evidence.get("diagnosis") or {}
         why = d.get("class") or "failed"
         text = d.get("advice") or d.get("message") or evidence.get("error") or ""
-        return transition(plan, it.id, "blocked", now=now, actor=actor, evidence=rec,
-                          reason=f"trial failed: {why}" + (f" — {text}" if text else ""))
+        return transition(
+            plan,
+            it.id,
+            "blocked",
+            now=now,
+            actor=actor,
+            evidence=rec,
+            reason=f"trial failed: {why}" + (f" — {text}" if text else ""),
+        )
     if rec["applied"] is False:
-        return transition(plan, it.id, "pending", now=now, actor=actor, evidence=rec,
-                          reason="not applied: " + "; ".join(rec["mismatches_text"] or ["configuration not applied"]))
+        return transition(
+            plan,
+            it.id,
+            "pending",
+            now=now,
+            actor=actor,
+            evidence=rec,
+            reason="not applied: " + "; ".join(rec["mismatches_text"] or ["configuration not applied"]),
+        )
     if status == "anomalous":
-        return transition(plan, it.id, "blocked", now=now, actor=actor, evidence=rec,
-                          reason="measured but anomalous; look at the run before trusting it")
+        return transition(
+            plan,
+            it.id,
+            "blocked",
+            now=now,
+            actor=actor,
+            evidence=rec,
+            reason="measured but anomalous; look at the run before trusting it",
+        )
     if rec["applied"] is None:
-        return transition(plan, it.id, "blocked", now=now, actor=actor, evidence=rec,
-                          reason="measured, but the run does not show "
-                                 f"{', '.join(rec['unconfirmed']) or 'the configuration'}; confirm by hand")
-    return transition(plan, it.id, "completed", now=now, actor=actor, evidence=rec,
-                      reason=f"measured{_run_suffix(evidence)}; requested configuration applied")
+        return transition(
+            plan,
+            it.id,
+            "blocked",
+            now=now,
+            actor=actor,
+            evidence=rec,
+            reason="measured, but the run does not show "
+            f"{', '.join(rec['unconfirmed']) or 'the configuration'}; confirm by hand",
+        )
+    return transition(
+        plan,
+        it.id,
+        "completed",
+        now=now,
+        actor=actor,
+        evidence=rec,
+        reason=f"measured{_run_suffix(evidence)}; requested configuration applied",
+    )
 
 
 def _run_suffix(evidence: dict[str, Any]) -> str:
@@ -511,8 +690,10 @@ def _run_suffix(evidence: dict[str, Any]) -> str:
 # -- formats ----------------------------------------------------------------------------------------
 def export_todowrite(plan: Plan) -> list[dict[str, Any]]:
     """The agent's view: id, content, status, priority (and any extra todowrite keys an import carried)."""
-    return [{"id": i.id, "content": i.content, "status": i.status, "priority": i.priority, **i.extra}
-            for i in plan.items]
+    return [
+        {"id": i.id, "content": i.content, "status": i.status, "priority": i.priority, **i.extra}
+        for i in plan.items
+    ]
 
 
 def export_json(plan: Plan) -> dict[str, Any]:
@@ -525,8 +706,12 @@ _MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled"
 def export_markdown(plan: Plan, events: list[Event] | None = None) -> str:
     """A readable checklist; the last reason for each item (from `events`) when given."""
     last = {e.item: e for e in events or [] if e.reason != "note"}
-    lines = [f"# Plan: {plan.name}", "", "`[ ]` pending · `[~]` in progress · `[x]` completed · `[!]` blocked · "
-             "`[-]` cancelled", ""]
+    lines = [
+        f"# Plan: {plan.name}",
+        "",
+        "`[ ]` pending · `[~]` in progress · `[x]` completed · `[!]` blocked · `[-]` cancelled",
+        "",
+    ]
     for i in plan.items:
         after = f" (after {', '.join(i.depends_on)})" if i.depends_on else ""
         who = f" — {i.worker}" if i.status == "in_progress" and i.worker else ""
@@ -538,7 +723,9 @@ def export_markdown(plan: Plan, events: list[Event] | None = None) -> str:
             lines.append(f"  - note: {_md(n)}")
         for e in i.evidence:
             verdict = {True: "applied", False: "NOT applied", None: "not shown"}[e.get("applied")]
-            lines.append(f"  - evidence: run {e.get('run') or '-'} ({e.get('status') or '-'}), config {verdict}")
+            lines.append(
+                f"  - evidence: run {e.get('run') or '-'} ({e.get('status') or '-'}), config {verdict}"
+            )
     if not plan.items:
         lines.append("(empty)")
     return "\n".join(lines) + "\n"
@@ -561,20 +748,26 @@ def parse_todowrite(data: Any) -> list[dict[str, Any]]:
             raise ConfigError(f"{where} is not an object", hint=TODO_HINT)
         if "content" not in raw or "status" not in raw:
             raise ConfigError(f"{where} needs content and status", hint=TODO_HINT)
-        entry = {"content": _content(raw["content"], where), "status": check_status(raw["status"], where),
-                 "priority": check_priority(raw.get("priority", "medium"), where),
-                 "id": _id(raw["id"], where) if raw.get("id") is not None else None,
-                 "extra": {k: v for k, v in raw.items() if k not in _TODOWRITE_KEYS}}
+        entry = {
+            "content": _content(raw["content"], where),
+            "status": check_status(raw["status"], where),
+            "priority": check_priority(raw.get("priority", "medium"), where),
+            "id": _id(raw["id"], where) if raw.get("id") is not None else None,
+            "extra": {k: v for k, v in raw.items() if k not in _TODOWRITE_KEYS},
+        }
         out.append(entry)
     ids = [e["id"] for e in out if e["id"] is not None]
     dup = {k for k in ids if ids.count(k) > 1}
     if dup:
-        raise ConfigError(f"the todo list repeats id(s) {', '.join(sorted(dup))}", hint="every todo needs its own id.")
+        raise ConfigError(
+            f"the todo list repeats id(s) {', '.join(sorted(dup))}", hint="every todo needs its own id."
+        )
     return out
 
 
-def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool = False,
-                     source: str = "todowrite") -> Outcome:
+def import_todowrite(
+    plan: Plan, data: Any, *, now: str, actor: str, prune: bool = False, source: str = "todowrite"
+) -> Outcome:
     """Merge an agent's todo list into the plan.
 
     A todo whose id matches an item updates it in place (content, priority, status, extra keys); a todo
@@ -602,8 +795,14 @@ def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool
         it = cur.find(e["id"]) if e["id"] is not None else _by_content(cur, e["content"], seen)
         if it is None:
             key = e["id"] if e["id"] is not None else _free_id(cur, reserved)
-            new = Item(id=key, content=e["content"], priority=e["priority"], extra=e["extra"], created_at=now,
-                       updated_at=now)
+            new = Item(
+                id=key,
+                content=e["content"],
+                priority=e["priority"],
+                extra=e["extra"],
+                created_at=now,
+                updated_at=now,
+            )
             new = replace(new, **status_change(new, e["status"]))
             items.append(new)
             events.append(Event(key, now, None, new.status, why, actor, {"item": new.to_dict()}))
@@ -618,8 +817,17 @@ def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool
             continue
         new = _touch(it, now, **fields)
         items = [new if i.id == it.id else i for i in items]
-        events.append(Event(it.id, now, it.status, new.status, why, actor,
-                            {"fields": {k: [getattr(it, k), v] for k, v in fields.items()}}))
+        events.append(
+            Event(
+                it.id,
+                now,
+                it.status,
+                new.status,
+                why,
+                actor,
+                {"fields": {k: [getattr(it, k), v] for k, v in fields.items()}},
+            )
+        )
         info["updated"].append(it.id)
     for it in plan.items:
         if it.id in seen or not it.is_open:
@@ -629,8 +837,17 @@ def import_todowrite(plan: Plan, data: Any, *, now: str, actor: str, prune: bool
             cur_it = next(i for i in items if i.id == it.id)
             new = _touch(cur_it, now, status="cancelled", worker=None)
             items = [new if i.id == it.id else i for i in items]
-            events.append(Event(it.id, now, it.status, "cancelled", f"absent from the imported todo list ({source})",
-                                actor, {}))
+            events.append(
+                Event(
+                    it.id,
+                    now,
+                    it.status,
+                    "cancelled",
+                    f"absent from the imported todo list ({source})",
+                    actor,
+                    {},
+                )
+            )
             info["pruned"].append(it.id)
     after = replace(plan, items=tuple(items))
     _validate(plan, after)
@@ -651,9 +868,15 @@ def _by_content(plan: Plan, content: str, seen: set[str]) -> Item | None:
 
 def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "json") -> Outcome:
     """Restore items from a servelab JSON export: every field, by id. Items absent from the file stay."""
-    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT or not isinstance(data.get("items"), list):
-        raise ConfigError(f"not a servelab plan export (expected {{\"format\": \"{JSON_FORMAT}\", \"items\": [...]}})",
-                          hint="for an agent's todo list use --format todowrite.")
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != JSON_FORMAT
+        or not isinstance(data.get("items"), list)
+    ):
+        raise ConfigError(
+            f'not a servelab plan export (expected {{"format": "{JSON_FORMAT}", "items": [...]}})',
+            hint="for an agent's todo list use --format todowrite.",
+        )
     incoming = [Item.from_dict(d, f"item #{n + 1}") for n, d in enumerate(data["items"])]
     items = list(plan.items)
     events: list[Event] = []
@@ -663,13 +886,25 @@ def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "j
         old = next((i for i in items if i.id == new.id), None)
         if old is None:
             items.append(new)
-            events.append(Event(new.id, now, None, new.status, f"imported from {source}", actor,
-                                {"item": new.to_dict()}))
+            events.append(
+                Event(
+                    new.id, now, None, new.status, f"imported from {source}", actor, {"item": new.to_dict()}
+                )
+            )
             info["added"].append(new.id)
         elif old != new:
             items = [new if i.id == new.id else i for i in items]
-            events.append(Event(new.id, now, old.status, new.status, f"imported from {source}", actor,
-                                {"item": new.to_dict()}))
+            events.append(
+                Event(
+                    new.id,
+                    now,
+                    old.status,
+                    new.status,
+                    f"imported from {source}",
+                    actor,
+                    {"item": new.to_dict()},
+                )
+            )
             info["updated"].append(new.id)
         else:
             info["unchanged"].append(new.id)
@@ -753,9 +988,15 @@ def check(items: list[Item] | tuple[Item, ...], observation: dict[str, Any]) -> 
             continue
         gone = [d for d in it.depends_on if d in by_id and by_id[d].status == "cancelled"]
         if gone:
-            out.append(Finding(it.id, "dependency_cancelled", "warning",
-                               f"item {it.id} waits for cancelled item(s) {', '.join(gone)}; it can never start",
-                               {"dependencies": gone}))
+            out.append(
+                Finding(
+                    it.id,
+                    "dependency_cancelled",
+                    "warning",
+                    f"item {it.id} waits for cancelled item(s) {', '.join(gone)}; it can never start",
+                    {"dependencies": gone},
+                )
+            )
         t = targets(it, units)
         if it.status == "in_progress":
             out.extend(_check_server(it, t, servers))
@@ -769,70 +1010,149 @@ def _check_server(it: Item, t: dict[str, Any], servers: list[dict[str, Any]]) ->
     if t["url"]:
         srv = next((s for s in servers if _norm_url(str(s.get("url", ""))) == _norm_url(t["url"])), None)
         if srv is None:
-            return [Finding(it.id, "server_unobserved", "info",
-                            f"item {it.id} is about {t['url']}, which the observation does not include",
-                            {"url": t["url"], "hint": f"servelab plan check --url {t['url']}"})]
+            return [
+                Finding(
+                    it.id,
+                    "server_unobserved",
+                    "info",
+                    f"item {it.id} is about {t['url']}, which the observation does not include",
+                    {"url": t["url"], "hint": f"servelab plan check --url {t['url']}"},
+                )
+            ]
         if not srv.get("up"):
-            return [Finding(it.id, "server_down", "warning",
-                            f"item {it.id} is in progress but its server {t['url']} is down",
-                            {"url": t["url"], "server": srv})]
+            return [
+                Finding(
+                    it.id,
+                    "server_down",
+                    "warning",
+                    f"item {it.id} is in progress but its server {t['url']} is down",
+                    {"url": t["url"], "server": srv},
+                )
+            ]
         pool = [srv]
     elif t["requested"]:
         if not servers:
-            return [Finding(it.id, "server_unobserved", "info",
-                            f"item {it.id} is an experiment in progress but no server was observed",
-                            {"hint": "pass --url URL to say which server runs it"})]
+            return [
+                Finding(
+                    it.id,
+                    "server_unobserved",
+                    "info",
+                    f"item {it.id} is an experiment in progress but no server was observed",
+                    {"hint": "pass --url URL to say which server runs it"},
+                )
+            ]
         if not any(s.get("up") for s in servers):
-            return [Finding(it.id, "server_down", "warning",
-                            f"item {it.id} is an experiment in progress but no observed server is up",
-                            {"servers": [s.get("url") for s in servers]})]
+            return [
+                Finding(
+                    it.id,
+                    "server_down",
+                    "warning",
+                    f"item {it.id} is an experiment in progress but no observed server is up",
+                    {"servers": [s.get("url") for s in servers]},
+                )
+            ]
     if not t["requested"]:
         return out
     up = [s for s in pool if s.get("up")]
     results = []
     for s in up:
-        mism, unconfirmed = compare(t["requested"], dict(s.get("effective") or {}), dict(s.get("evidence") or {}))
+        mism, unconfirmed = compare(
+            t["requested"], dict(s.get("effective") or {}), dict(s.get("evidence") or {})
+        )
         results.append((s, mism, unconfirmed))
     if any(not m and not u for _s, m, u in results) or not results:
         return out
     wrong = [(s, m) for s, m, _u in results if m]
     if wrong and len(wrong) == len(results):
         sentences = [f"{s.get('url')}: {m.sentence()}" for s, ms in wrong for m in ms]
-        out.append(Finding(it.id, "config_mismatch", "warning",
-                           f"item {it.id} assumes {_kv(t['requested'])}, but " + "; ".join(sentences),
-                           {"requested": t["requested"], "requested_from": t["requested_from"],
-                            "mismatches": [{"url": s.get("url"), **m.to_dict()} for s, ms in wrong for m in ms]}))
+        out.append(
+            Finding(
+                it.id,
+                "config_mismatch",
+                "warning",
+                f"item {it.id} assumes {_kv(t['requested'])}, but " + "; ".join(sentences),
+                {
+                    "requested": t["requested"],
+                    "requested_from": t["requested_from"],
+                    "mismatches": [{"url": s.get("url"), **m.to_dict()} for s, ms in wrong for m in ms],
+                },
+            )
+        )
     elif not wrong:
-        out.append(Finding(it.id, "config_unconfirmed", "info",
-                           f"item {it.id} assumes {_kv(t['requested'])}; no observed server shows "
-                           f"{', '.join(sorted({k for _s, _m, u in results for k in u}))}",
-                           {"requested": t["requested"], "requested_from": t["requested_from"]}))
+        out.append(
+            Finding(
+                it.id,
+                "config_unconfirmed",
+                "info",
+                f"item {it.id} assumes {_kv(t['requested'])}; no observed server shows "
+                f"{', '.join(sorted({k for _s, _m, u in results for k in u}))}",
+                {"requested": t["requested"], "requested_from": t["requested_from"]},
+            )
+        )
     return out
 
 
 def _check_service(it: Item, t: dict[str, Any], services: list[dict[str, Any]]) -> list[Finding]:
     unit, how = t["unit"], "named"
-    if not unit and t["repair"] and re.search(r"\bservice\b", it.content, re.IGNORECASE) and len(services) == 1:
+    if (
+        not unit
+        and t["repair"]
+        and re.search(r"\bservice\b", it.content, re.IGNORECASE)
+        and len(services) == 1
+    ):
         unit, how = str(services[0].get("unit")), "the only observed service"
     if not unit:
         return []
-    svc = next((s for s in services if str(s.get("unit", "")).removesuffix(".service")
-                == unit.removesuffix(".service")), None)
+    svc = next(
+        (
+            s
+            for s in services
+            if str(s.get("unit", "")).removesuffix(".service") == unit.removesuffix(".service")
+        ),
+        None,
+    )
     if svc is None:
-        return [Finding(it.id, "service_unobserved", "info",
-                        f"item {it.id} is about {unit}, which the observation does not include", {"unit": unit})]
+        return [
+            Finding(
+                it.id,
+                "service_unobserved",
+                "info",
+                f"item {it.id} is about {unit}, which the observation does not include",
+                {"unit": unit},
+            )
+        ]
     active, sub = svc.get("active_state"), svc.get("sub_state")
-    ev = {"unit": svc.get("unit"), "active_state": active, "sub_state": sub, "restarts": svc.get("restarts"),
-          "since": svc.get("since"), "recognized_from": how}
+    ev = {
+        "unit": svc.get("unit"),
+        "active_state": active,
+        "sub_state": sub,
+        "restarts": svc.get("restarts"),
+        "since": svc.get("since"),
+        "recognized_from": how,
+    }
     if t["repair"] and active == "active" and sub in ("running", None):
         restarts = svc.get("restarts") or 0
         tail = f"; it restarted {restarts} time(s), check it is not flapping" if restarts else ""
-        return [Finding(it.id, "service_healthy", "warning",
-                        f"item {it.id} is about repairing {svc.get('unit')}, which is active ({sub or 'running'})"
-                        f"{' since ' + str(svc['since']) if svc.get('since') else ''}{tail}", ev)]
+        return [
+            Finding(
+                it.id,
+                "service_healthy",
+                "warning",
+                f"item {it.id} is about repairing {svc.get('unit')}, which is active ({sub or 'running'})"
+                f"{' since ' + str(svc['since']) if svc.get('since') else ''}{tail}",
+                ev,
+            )
+        ]
     if it.status == "in_progress" and not t["repair"] and active in ("failed", "inactive"):
-        return [Finding(it.id, "service_down", "warning",
-                        f"item {it.id} is in progress but {svc.get('unit')} is {active} ({sub})", ev)]
+        return [
+            Finding(
+                it.id,
+                "service_down",
+                "warning",
+                f"item {it.id} is in progress but {svc.get('unit')} is {active} ({sub})",
+                ev,
+            )
+        ]
     return []
 
 

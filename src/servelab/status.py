@@ -32,21 +32,41 @@ STALE_CACHE_DAYS = 14.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
 # Compile caches engines keep between runs; a stale or half-written one breaks the next start-up.
 CACHE_DIRS: tuple[str, ...] = (
-    "~/.cache/vllm/torch_compile_cache", "~/.cache/flashinfer", "~/.triton/cache", "~/.cache/sglang",
+    "~/.cache/vllm/torch_compile_cache",
+    "~/.cache/flashinfer",
+    "~/.triton/cache",
+    "~/.cache/sglang",
     "/tmp/torchinductor_{user}",
 )
 # The engines' periodic throughput lines (vLLM's "Avg ... throughput", SGLang's "Decode batch").
 THROUGHPUT_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("vllm", re.compile(r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: "
-                        r"(?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs")),
-    ("sglang", re.compile(r"#running-req: (?P<running>\d+).*gen throughput \(token/s\): (?P<gen>[\d.]+), "
-                          r"#queue-req: (?P<waiting>\d+)")),
+    (
+        "vllm",
+        re.compile(
+            r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: "
+            r"(?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
+        ),
+    ),
+    (
+        "sglang",
+        re.compile(
+            r"#running-req: (?P<running>\d+).*gen throughput \(token/s\): (?P<gen>[\d.]+), "
+            r"#queue-req: (?P<waiting>\d+)"
+        ),
+    ),
 )
 # normalized key -> the simulator's /servelab/state "effective" key
 SIM_STATE_KEYS: dict[str, str] = {
-    "tp_size": "tp", "pp_size": "pp", "dp_size": "dp", "ep_size": "ep", "moe_runner_backend": "moe_runner_backend",
-    "attention_backend": "attention_backend", "max_running_requests": "max_running",
-    "max_num_batched_tokens": "max_batched_tokens", "mem_fraction": "mem_fraction", "max_model_len": "max_model_len",
+    "tp_size": "tp",
+    "pp_size": "pp",
+    "dp_size": "dp",
+    "ep_size": "ep",
+    "moe_runner_backend": "moe_runner_backend",
+    "attention_backend": "attention_backend",
+    "max_running_requests": "max_running",
+    "max_num_batched_tokens": "max_batched_tokens",
+    "mem_fraction": "mem_fraction",
+    "max_model_len": "max_model_len",
 }
 CLEAN_SHUTDOWN = ("Application shutdown complete", "Shutting down")
 KEY_SETTINGS = ("moe_runner_backend", "attention_backend", "quantization", "kv_cache_dtype")
@@ -103,8 +123,18 @@ async def _probe(url: str) -> dict[str, Any]:
     c = Client(url, timeout_s=5.0, connect_timeout_s=3.0)
     try:
         health = await c.get("/health", 3.0)
-        out: dict[str, Any] = {"url": url, "up": False, "health": health.status, "models": [], "effective": {},
-                               "evidence": {}, "engine": None, "version": None, "running": None, "waiting": None}
+        out: dict[str, Any] = {
+            "url": url,
+            "up": False,
+            "health": health.status,
+            "models": [],
+            "effective": {},
+            "evidence": {},
+            "engine": None,
+            "version": None,
+            "running": None,
+            "waiting": None,
+        }
         if health.status == 0:
             out["error"] = health.error_message or health.error_kind or "unreachable"
             return out
@@ -137,8 +167,11 @@ async def _probe(url: str) -> dict[str, Any]:
         out["_info"] = info
         personality = detect_engine(raw) or (owned if owned in ("vllm", "sglang") else None)
         out["personality"] = personality
-        out["engine"] = "sim" if out["_telemetry"] is not None or "_sim_state" in info else (
-            personality or ("llamacpp" if owned == "llamacpp" else None))
+        out["engine"] = (
+            "sim"
+            if out["_telemetry"] is not None or "_sim_state" in info
+            else (personality or ("llamacpp" if owned == "llamacpp" else None))
+        )
         return out
     finally:
         c.close()
@@ -188,20 +221,29 @@ def _gpu_report(gpu_source: str | None, probed: list[dict[str, Any]]) -> gpumod.
         if tele is None:
             tele = asyncio.run(_fetch_telemetry(url))
         if tele is None:
-            return gpumod.GpuReport(source=gpu_source, available=False,
-                                    note=f"no GPU telemetry at {url}{SIM_TELEMETRY} (is the simulator running?)")
+            return gpumod.GpuReport(
+                source=gpu_source,
+                available=False,
+                note=f"no GPU telemetry at {url}{SIM_TELEMETRY} (is the simulator running?)",
+            )
         return gpumod.from_sim(tele, url)
     if gpu_source not in (None, "auto", "local", "nvml", "nvidia-smi"):
-        raise ConfigError(f"unknown GPU source {gpu_source!r}",
-                          hint="use auto, nvml, nvidia-smi or sim:URL (a running `servelab sim`)")
+        raise ConfigError(
+            f"unknown GPU source {gpu_source!r}",
+            hint="use auto, nvml, nvidia-smi or sim:URL (a running `servelab sim`)",
+        )
     if gpu_source in (None, "auto"):
         for s in probed:
             if s.get("_telemetry"):
                 return gpumod.from_sim(s["_telemetry"], s["url"])
     if gpu_source == "nvml":
-        return gpumod.read_nvml() or gpumod.GpuReport("nvml", False, note="NVML unavailable (pip install 'servelab[gpu]')")
+        return gpumod.read_nvml() or gpumod.GpuReport(
+            "nvml", False, note="NVML unavailable (pip install 'servelab[gpu]')"
+        )
     if gpu_source == "nvidia-smi":
-        return gpumod.read_nvidia_smi() or gpumod.GpuReport("nvidia-smi", False, note="nvidia-smi unavailable")
+        return gpumod.read_nvidia_smi() or gpumod.GpuReport(
+            "nvidia-smi", False, note="nvidia-smi unavailable"
+        )
     return gpumod.read_local()
 
 
@@ -263,16 +305,31 @@ def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS)
             continue
         size, newest, partial = _dir_size(path)
         age = (now - newest) / 86400
-        out.append({"path": str(path), "bytes": size, "partial": partial, "age_days": round(age, 1),
-                    "stale": age > STALE_CACHE_DAYS})
+        out.append(
+            {
+                "path": str(path),
+                "bytes": size,
+                "partial": partial,
+                "age_days": round(age, 1),
+                "stale": age > STALE_CACHE_DAYS,
+            }
+        )
     return out
 
 
 def leftovers(urls: list[str], markers: dict[str, str]) -> dict[str, Any]:
     segs = []
     for s in shm.segments():
-        segs.append({"name": s.name, "bytes": s.size, "uid": s.uid, "owners": list(s.owners),
-                     "owners_alive": bool(s.owners), "ours": s.uid == os.getuid()})
+        segs.append(
+            {
+                "name": s.name,
+                "bytes": s.size,
+                "uid": s.uid,
+                "owners": list(s.owners),
+                "owners_alive": bool(s.owners),
+                "ours": s.uid == os.getuid(),
+            }
+        )
     held = []
     for u in urls:
         parsed = urlparse(u)
@@ -280,10 +337,24 @@ def leftovers(urls: list[str], markers: dict[str, str]) -> dict[str, Any]:
         if port is None or parsed.hostname not in LOCAL_HOSTS:
             continue  # a remote server's port says nothing about this host
         for lst in ports.listeners(port):
-            held.append({"port": port, "address": lst.address, "pid": lst.pid, "command": lst.cmdline,
-                         "marker": processes.marker_of(lst.pid) if lst.pid else None})
-    marked = [{"pid": p.pid, "marker": p.marker, "command": p.cmdline,
-               "belongs_to": _owner_state(p.marker, markers)} for p in processes.with_marker()]
+            held.append(
+                {
+                    "port": port,
+                    "address": lst.address,
+                    "pid": lst.pid,
+                    "command": lst.cmdline,
+                    "marker": processes.marker_of(lst.pid) if lst.pid else None,
+                }
+            )
+    marked = [
+        {
+            "pid": p.pid,
+            "marker": p.marker,
+            "command": p.cmdline,
+            "belongs_to": _owner_state(p.marker, markers),
+        }
+        for p in processes.with_marker()
+    ]
     return {"shm": segs, "compile_caches": compile_caches(), "ports": held, "marked_processes": marked}
 
 
@@ -306,15 +377,23 @@ def read_log(path: str) -> dict[str, Any]:
         for name, pat in THROUGHPUT_PATTERNS:
             m = pat.search(line)
             if m:
-                throughput = {"engine": name, **{k: float(v) for k, v in m.groupdict().items()}, "line": line.strip()[-300:]}
+                throughput = {
+                    "engine": name,
+                    **{k: float(v) for k, v in m.groupdict().items()},
+                    "line": line.strip()[-300:],
+                }
                 break
         if throughput:
             break
     diag = signatures.diagnose(text, engine).to_dict()
     return {
-        "path": path, "available": True, "engine": engine,
-        "effective": redact(eff.effective) if eff else {}, "evidence": redact(eff.evidence) if eff else {},
-        "throughput": throughput, "diagnosis": diag,
+        "path": path,
+        "available": True,
+        "engine": engine,
+        "effective": redact(eff.effective) if eff else {},
+        "evidence": redact(eff.evidence) if eff else {},
+        "throughput": throughput,
+        "diagnosis": diag,
         # Uvicorn's shutdown lines, with no fatal signature anywhere: stopped on purpose (SIGTERM, Ctrl-C).
         "clean_shutdown": any(m in text for m in CLEAN_SHUTDOWN) and not diag["fatal"],
         "tail": list(signatures.important_tail(text)),
@@ -330,69 +409,124 @@ def findings(obs: dict[str, Any], run: dict[str, Any] | None) -> list[dict[str, 
     out: list[dict[str, str]] = []
     g = obs["gpus"]
     if not g["available"]:
-        out.append(_finding("no GPUs on this host", g["note"],
-                            "nothing to do on a CPU host; point --gpu-source sim:URL at a simulator to see its GPUs"))
+        out.append(
+            _finding(
+                "no GPUs on this host",
+                g["note"],
+                "nothing to do on a CPU host; point --gpu-source sim:URL at a simulator to see its GPUs",
+            )
+        )
     for gpu in g["gpus"]:
         if gpu["orphaned_memory"]:
-            out.append(_finding(f"GPU{gpu['index']} holds {gpu['memory_used_mib']} MiB with no live process",
-                                f"processes: {[p['pid'] for p in gpu['processes']] or 'none listed'}",
-                                "wait a few seconds for the driver to free it; if it stays, look for a process in "
-                                "another container, then `sudo nvidia-smi --gpu-reset -i "
-                                f"{gpu['index']}`"))
+            out.append(
+                _finding(
+                    f"GPU{gpu['index']} holds {gpu['memory_used_mib']} MiB with no live process",
+                    f"processes: {[p['pid'] for p in gpu['processes']] or 'none listed'}",
+                    "wait a few seconds for the driver to free it; if it stays, look for a process in "
+                    "another container, then `sudo nvidia-smi --gpu-reset -i "
+                    f"{gpu['index']}`",
+                )
+            )
         for p in gpu["processes"]:
             if p.get("belongs_to") == "stale servelab run" and p.get("alive"):
-                out.append(_finding(f"GPU{gpu['index']} is held by pid {p['pid']} of a finished servelab run",
-                                    f"{p.get('command') or p['name']} (SERVELAB_RUN={p['marker']})",
-                                    f"kill {p['pid']}  (SIGKILL if it ignores SIGTERM)"))
+                out.append(
+                    _finding(
+                        f"GPU{gpu['index']} is held by pid {p['pid']} of a finished servelab run",
+                        f"{p.get('command') or p['name']} (SERVELAB_RUN={p['marker']})",
+                        f"kill {p['pid']}  (SIGKILL if it ignores SIGTERM)",
+                    )
+                )
     summ = obs["topology"].get("summary") or {}
     if summ.get("vm_all_phb"):
-        out.append(_finding("every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
-                            f"links {summ.get('link_counts')}", "check P2P with `nvidia-smi topo -p2p r`; "
-                            "expect slower all-reduce than bare metal, prefer fewer GPUs per replica"))
+        out.append(
+            _finding(
+                "every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
+                f"links {summ.get('link_counts')}",
+                "check P2P with `nvidia-smi topo -p2p r`; "
+                "expect slower all-reduce than bare metal, prefer fewer GPUs per replica",
+            )
+        )
     for bad in summ.get("p2p_unavailable", [])[:1]:
-        out.append(_finding(f"P2P unavailable between {len(summ['p2p_unavailable'])} GPU pair(s)",
-                            f"{bad['pair'][0]}-{bad['pair'][1]}: {bad['status']} ({bad['meaning']})",
-                            "NCCL copies through host memory; `servelab doctor` lists fixes"))
+        out.append(
+            _finding(
+                f"P2P unavailable between {len(summ['p2p_unavailable'])} GPU pair(s)",
+                f"{bad['pair'][0]}-{bad['pair'][1]}: {bad['status']} ({bad['meaning']})",
+                "NCCL copies through host memory; `servelab doctor` lists fixes",
+            )
+        )
     for s in obs["servers"]:
         if not s["up"]:
             diag = (obs["log"] or {}).get("diagnosis") or {}
-            nxt = diag.get("advice") if diag.get("class") not in (None, "unknown") else (
-                f"start it again, or read its log: servelab logs diagnose {obs['log']['path']}" if obs.get("log")
-                else "start it again; pass --log FILE to see why it stopped")
+            nxt = (
+                diag.get("advice")
+                if diag.get("class") not in (None, "unknown")
+                else (
+                    f"start it again, or read its log: servelab logs diagnose {obs['log']['path']}"
+                    if obs.get("log")
+                    else "start it again; pass --log FILE to see why it stopped"
+                )
+            )
             out.append(_finding(f"server {s['url']} is down", s.get("error", ""), nxt))
         elif s.get("waiting"):
-            out.append(_finding(f"server {s['url']} has {s['waiting']} requests waiting",
-                                f"running {s['running']}, waiting {s['waiting']} (/metrics)",
-                                "the batch is full: raise max concurrency or add replicas"))
+            out.append(
+                _finding(
+                    f"server {s['url']} has {s['waiting']} requests waiting",
+                    f"running {s['running']}, waiting {s['waiting']} (/metrics)",
+                    "the batch is full: raise max concurrency or add replicas",
+                )
+            )
     for u in obs["services"]:
         if u["active_state"] == "failed" or (u.get("restarts") or 0) > 0:
-            out.append(_finding(f"service {u['unit']} is {u['active_state']} after {u.get('restarts') or 0} restart(s)",
-                                f"{u['active_state']}/{u['sub_state']} since {u.get('since')}",
-                                f"journalctl -u {u['unit']} -n 200"))
+            out.append(
+                _finding(
+                    f"service {u['unit']} is {u['active_state']} after {u.get('restarts') or 0} restart(s)",
+                    f"{u['active_state']}/{u['sub_state']} since {u.get('since')}",
+                    f"journalctl -u {u['unit']} -n 200",
+                )
+            )
     lo = obs["leftovers"]
     orphans = [s for s in lo["shm"] if not s["owners_alive"]]
     if orphans:
         mib = sum(s["bytes"] for s in orphans) / 2**20
-        out.append(_finding(f"{len(orphans)} shared-memory segment(s) whose owners are gone ({mib:.0f} MiB)",
-                            ", ".join(s["name"] for s in orphans[:5]),
-                            "rm " + " ".join(f"/dev/shm/{s['name']}" for s in orphans[:5] if s["ours"])))
+        out.append(
+            _finding(
+                f"{len(orphans)} shared-memory segment(s) whose owners are gone ({mib:.0f} MiB)",
+                ", ".join(s["name"] for s in orphans[:5]),
+                "rm " + " ".join(f"/dev/shm/{s['name']}" for s in orphans[:5] if s["ours"]),
+            )
+        )
     for c in lo["compile_caches"]:
         if c["stale"]:
-            out.append(_finding(f"compile cache {c['path']} untouched for {c['age_days']:.0f} days",
-                                f"{c['bytes'] / 2**20:.0f} MiB", f"rm -rf {c['path']}  (rebuilt on next start)"))
+            out.append(
+                _finding(
+                    f"compile cache {c['path']} untouched for {c['age_days']:.0f} days",
+                    f"{c['bytes'] / 2**20:.0f} MiB",
+                    f"rm -rf {c['path']}  (rebuilt on next start)",
+                )
+            )
     for p in lo["marked_processes"]:
         if p["belongs_to"] == "stale servelab run":
-            out.append(_finding(f"pid {p['pid']} of a finished servelab run is still alive",
-                                f"SERVELAB_RUN={p['marker']}: {p['command'][:120]}", f"kill {p['pid']}"))
+            out.append(
+                _finding(
+                    f"pid {p['pid']} of a finished servelab run is still alive",
+                    f"SERVELAB_RUN={p['marker']}: {p['command'][:120]}",
+                    f"kill {p['pid']}",
+                )
+            )
     log = obs["log"]
     if log and log.get("available"):
         d = log["diagnosis"]
         if d["class"] != "unknown":
             out.append(_finding(f"the log shows {d['class']}", d["evidence"], d["advice"]))
     for m in (run or {}).get("not_applied") or []:
-        out.append(_finding(f"requested {m['key']}={m['requested']!r} never took effect",
-                            m.get("evidence", ""), f"the engine ran {m['key']}={m['effective']!r}; check why it "
-                            "rejected the request (version, GPU, quantization)"))
+        out.append(
+            _finding(
+                f"requested {m['key']}={m['requested']!r} never took effect",
+                m.get("evidence", ""),
+                f"the engine ran {m['key']}={m['effective']!r}; check why it "
+                "rejected the request (version, GPU, quantization)",
+            )
+        )
     return out
 
 
@@ -405,15 +539,27 @@ def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
             if s.get("engine") == "sim" and s.get("personality"):
                 eng = f"sim ({s['personality']})"
             ver = f" {s['version']}" if s.get("version") else ""
-            load = f", {s['running']} running / {s['waiting']} waiting" if s.get("running") is not None else ""
-            parts.append(f"server {s['url']} up ({eng}{ver}, serving {', '.join(map(str, s['models'])) or 'no model'}{load})")
+            load = (
+                f", {s['running']} running / {s['waiting']} waiting" if s.get("running") is not None else ""
+            )
+            parts.append(
+                f"server {s['url']} up ({eng}{ver}, serving {', '.join(map(str, s['models'])) or 'no model'}{load})"
+            )
         else:
             why = ""
             if log.get("available"):
                 d = log["diagnosis"]
-                why = f" after {d['class']}" if d["fatal"] else (" after a clean shutdown" if log["clean_shutdown"] else "")
+                why = (
+                    f" after {d['class']}"
+                    if d["fatal"]
+                    else (" after a clean shutdown" if log["clean_shutdown"] else "")
+                )
             parts.append(f"server {s['url']} down{why}")
-    eff = (log.get("effective") if log.get("available") else None) or ((run or {}).get("effective") or {}).get("effective") or {}
+    eff = (
+        (log.get("effective") if log.get("available") else None)
+        or ((run or {}).get("effective") or {}).get("effective")
+        or {}
+    )
     used = [f"{k}={eff[k]}" for k in KEY_SETTINGS if str(eff.get(k)).lower() not in ("none", "auto", "")]
     if used and not any(s["up"] for s in obs["servers"]):  # a live server's own configuration is in servers[]
         parts.append("the last run used " + ", ".join(used))
@@ -433,12 +579,20 @@ def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
 
 
 # -- the service -----------------------------------------------------------------------------------
-def observe(urls: list[str] | None = None, units: list[str] | None = None, log: str | None = None,
-            gpu_source: str | None = None) -> dict[str, Any]:
+def observe(
+    urls: list[str] | None = None,
+    units: list[str] | None = None,
+    log: str | None = None,
+    gpu_source: str | None = None,
+) -> dict[str, Any]:
     """Everything `servelab status` reports (keys documented in docs/cli/status.md)."""
     run = last_run()
     markers: dict[str, str] = (run or {}).get("markers", {})
-    urls = [u.rstrip("/") for u in urls] if urls else ([run["url"].rstrip("/")] if run and run.get("url") else [])
+    urls = (
+        [u.rstrip("/") for u in urls]
+        if urls
+        else ([run["url"].rstrip("/")] if run and run.get("url") else [])
+    )
     log_path = log or ((run or {}).get("log_path"))
     log_info = read_log(log_path) if log_path else None
     log_text = ""
@@ -464,9 +618,14 @@ def observe(urls: list[str] | None = None, units: list[str] | None = None, log: 
         "services": [u.to_dict() for u in svc["units"]],
         "services_note": svc["note"],
         "gpus": gpu_section(rep, markers),
-        "topology": topology.read() if not rep.source.startswith("sim:") else {
-            "available": False, "note": "simulated GPUs have no topology matrix", "numa": topology.numa_nodes(),
-            "virtual_machine": topology.is_virtual_machine()},
+        "topology": topology.read()
+        if not rep.source.startswith("sim:")
+        else {
+            "available": False,
+            "note": "simulated GPUs have no topology matrix",
+            "numa": topology.numa_nodes(),
+            "virtual_machine": topology.is_virtual_machine(),
+        },
         "leftovers": leftovers(urls, markers),
         "log": log_info,
         "last_run": _run_summary(run),
@@ -493,8 +652,19 @@ def deployments() -> list[dict[str, Any]]:
 def _run_summary(run: dict[str, Any] | None) -> dict[str, Any] | None:
     if run is None:
         return None
-    keys = ("study", "candidate", "status", "url", "pid", "marker", "log_path", "started_at", "finished_at",
-            "engine_version", "bench_run")
+    keys = (
+        "study",
+        "candidate",
+        "status",
+        "url",
+        "pid",
+        "marker",
+        "log_path",
+        "started_at",
+        "finished_at",
+        "engine_version",
+        "bench_run",
+    )
     d = {k: run.get(k) for k in keys if k in run}
     d["not_applied"] = run.get("not_applied") or []
     d["diagnosis"] = run.get("diagnosis")

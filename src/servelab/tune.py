@@ -57,12 +57,19 @@ class StudyOutcome:
     swept: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"study": self.uid, "status": self.status, "candidates": self.candidates, "ranking": self.ranking,
-                "orphans_cleaned": self.swept}
+        return {
+            "study": self.uid,
+            "status": self.status,
+            "candidates": self.candidates,
+            "ranking": self.ranking,
+            "orphans_cleaned": self.swept,
+        }
 
 
 def spec_hash(study: Study) -> str:
-    return hashlib.sha256(orjson.dumps(study.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    return hashlib.sha256(
+        orjson.dumps(study.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()[:16]
 
 
 def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
@@ -77,11 +84,22 @@ def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
     if Path(model).exists():  # a local checkout: engines log the absolute path, so ask for that
         model = str(Path(model).resolve())
     return Settings(
-        model=model, served_model_name=study.model.served_name, host=study.engine.host,
-        port=port or study.engine.port or 0, tp=cand.tp, pp=cand.pp,
-        ep=cand.ep, dp=cand.dp, quantization=cand.quantization, kv_cache_dtype=cand.kv_cache_dtype,
-        max_concurrency=cand.max_concurrency, mem_fraction=cand.mem_fraction, max_model_len=cand.max_model_len,
-        extra_args=(*study.engine.args, *cand.args), env={**study.engine.env, **cand.env}, options=options,
+        model=model,
+        served_model_name=study.model.served_name,
+        host=study.engine.host,
+        port=port or study.engine.port or 0,
+        tp=cand.tp,
+        pp=cand.pp,
+        ep=cand.ep,
+        dp=cand.dp,
+        quantization=cand.quantization,
+        kv_cache_dtype=cand.kv_cache_dtype,
+        max_concurrency=cand.max_concurrency,
+        mem_fraction=cand.mem_fraction,
+        max_model_len=cand.max_model_len,
+        extra_args=(*study.engine.args, *cand.args),
+        env={**study.engine.env, **cand.env},
+        options=options,
     )
 
 
@@ -95,18 +113,40 @@ def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | Non
 
         main = study.load.main or max(study.load.levels)
         conc = int(main) if study.load.mode == "concurrency" else max(1, int(main))
-        p = predict(model, study.host.gpu, study.host.num_gpus,
-                    Workload(isl=study.workload.input_len, osl=study.workload.output_len, concurrency=conc),
-                    tp=cand.tp, pp=cand.pp, ep=cand.ep or 1, dp=cand.dp or 1, quant=cand.quantization,
-                    kv_dtype=cand.kv_cache_dtype, engine=study.engine.options.get("personality", study.engine.name))
+        p = predict(
+            model,
+            study.host.gpu,
+            study.host.num_gpus,
+            Workload(isl=study.workload.input_len, osl=study.workload.output_len, concurrency=conc),
+            tp=cand.tp,
+            pp=cand.pp,
+            ep=cand.ep or 1,
+            dp=cand.dp or 1,
+            quant=cand.quantization,
+            kv_dtype=cand.kv_cache_dtype,
+            engine=study.engine.options.get("personality", study.engine.name),
+        )
     except ServelabError as exc:
         return {"feasible": False, "reason": exc.message, "known": False}
     except Exception as exc:  # the model's own gaps must not stop a study
         return {"feasible": False, "reason": f"model error: {exc}", "known": False}
     d = p.to_dict()
-    return {"known": True, **{k: d.get(k) for k in ("feasible", "reason", "tpot_ms", "ttft_ms", "output_throughput",
-                                                     "allreduce_share", "single_stream_ceiling_tok_s")},
-            "concurrency": conc}
+    return {
+        "known": True,
+        **{
+            k: d.get(k)
+            for k in (
+                "feasible",
+                "reason",
+                "tpot_ms",
+                "ttft_ms",
+                "output_throughput",
+                "allreduce_share",
+                "single_stream_ceiling_tok_s",
+            )
+        },
+        "concurrency": conc,
+    }
 
 
 def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] | None]]:
@@ -131,13 +171,29 @@ def bench_config(study: Study, url: str, model: str, api_key: str | None = None)
     w, ld = study.workload, study.load
     try:
         return BenchConfig(
-            url=url, model=model, api=w.api, mode=ld.mode, levels=ld.levels,
-            max_concurrency=ld.max_concurrency if ld.mode == "rate" else None, num_requests=w.num_requests,
+            url=url,
+            model=model,
+            api=w.api,
+            mode=ld.mode,
+            levels=ld.levels,
+            max_concurrency=ld.max_concurrency if ld.mode == "rate" else None,
+            num_requests=w.num_requests,
             requests_per_stream=w.requests_per_stream,
-            duration_s=w.duration_s, workload=w.kind, input_len=w.input_len, output_len=w.output_len,
-            range_ratio=w.range_ratio, dataset=w.dataset, num_prefixes=w.num_prefixes, prefix_len=w.prefix_len,
-            tokenizer=w.tokenizer, seed=w.seed, slo=study.slo.bench_slo(), warmup=w.warmup, timeout_s=w.timeout_s,
-            temperature=w.temperature, api_key=api_key,
+            duration_s=w.duration_s,
+            workload=w.kind,
+            input_len=w.input_len,
+            output_len=w.output_len,
+            range_ratio=w.range_ratio,
+            dataset=w.dataset,
+            num_prefixes=w.num_prefixes,
+            prefix_len=w.prefix_len,
+            tokenizer=w.tokenizer,
+            seed=w.seed,
+            slo=study.slo.bench_slo(),
+            warmup=w.warmup,
+            timeout_s=w.timeout_s,
+            temperature=w.temperature,
+            api_key=api_key,
         )
     except ValueError as exc:
         raise ConfigError(f"the study's workload/load cannot be benchmarked: {exc}") from exc
@@ -175,7 +231,10 @@ class _Telemetry:
             return {}
         # the busiest half of the level (ramp-up and drain excluded)
         top = sorted(self.samples, reverse=True)[: max(1, len(self.samples) // 2)]
-        return {"gpu_power_w": sum(p for p, _ in top) / len(top), "gpu_util": sum(u for _, u in top) / len(top)}
+        return {
+            "gpu_power_w": sum(p for p, _ in top) / len(top),
+            "gpu_util": sum(u for _, u in top) / len(top),
+        }
 
 
 def _http_telemetry(url: str, path: str) -> Callable[[], Any]:
@@ -189,7 +248,10 @@ def _http_telemetry(url: str, path: str) -> Callable[[], Any]:
         gpus = [g for g in orjson.loads(res.body).get("gpus", []) if g.get("processes")]
         if not gpus:
             return None
-        return (sum(g["power_w"] for g in gpus) / len(gpus), sum(g["utilization_pct"] for g in gpus) / len(gpus) / 100)
+        return (
+            sum(g["power_w"] for g in gpus) / len(gpus),
+            sum(g["utilization_pct"] for g in gpus) / len(gpus) / 100,
+        )
 
     return read
 
@@ -212,11 +274,15 @@ class Tuner:
         if self.opts.resume:
             prev = self.repo.latest_unfinished(self.study.study.name)
             if prev is None:
-                raise ConfigError(f"no unfinished study named {self.study.study.name!r} to resume",
-                                  hint="run without --resume to start it; `servelab runs` lists studies.")
+                raise ConfigError(
+                    f"no unfinished study named {self.study.study.name!r} to resume",
+                    hint="run without --resume to start it; `servelab runs` lists studies.",
+                )
             if prev["spec_hash"] != h:
-                raise ConfigError(f"the study file changed since study {prev['uid']} started",
-                                  hint="resume with the same file, or run without --resume to start a new study.")
+                raise ConfigError(
+                    f"the study file changed since study {prev['uid']} started",
+                    hint="resume with the same file, or run without --resume to start a new study.",
+                )
             swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:")
             self.swept = [s.to_dict() if hasattr(s, "to_dict") else s for s in swept]
             if swept:  # what the killed servers left in /dev/shm, once nothing holds it
@@ -224,13 +290,17 @@ class Tuner:
 
                 shm.remove_orphaned(min_age_s=5)
             for t in self.repo.open_trials(prev["id"]):
-                self.repo.update_trial(t["id"], status="interrupted", error="servelab stopped during this trial")
+                self.repo.update_trial(
+                    t["id"], status="interrupted", error="servelab stopped during this trial"
+                )
             self.repo.set_study_status(prev["id"], "running")
             self.notify("study_resumed", {"uid": prev["uid"], "orphans": self.swept})
             cands = self.repo.candidates(prev["id"])
             self._fill_plan(prev["uid"], cands)
             return prev["id"], prev["uid"], cands
-        sid, uid = self.repo.create_study(self.study.study.name, self.source, self.study.model_dump(mode="json"), h)
+        sid, uid = self.repo.create_study(
+            self.study.study.name, self.source, self.study.model_dump(mode="json"), h
+        )
         for idx, (cand, pred) in enumerate(order_candidates(self.study)):
             self.repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred)
         self.notify("study_started", {"uid": uid, "candidates": len(self.study.candidates)})
@@ -255,8 +325,10 @@ class Tuner:
                 if label:
                     self._plan(uid, label, "interrupted", {"trial": t["id"]})
             self.repo.set_study_status(sid, "interrupted")
-            raise Interrupted(f"study {uid} interrupted; every finished step is stored",
-                              hint=f"`servelab tune {self.source or 'STUDY.toml'} --resume` continues it.") from None
+            raise Interrupted(
+                f"study {uid} interrupted; every finished step is stored",
+                hint=f"`servelab tune {self.source or 'STUDY.toml'} --resume` continues it.",
+            ) from None
         outcome = self.finish(sid, uid)
         self.notify("study_finished", outcome.to_dict())
         return outcome
@@ -264,9 +336,12 @@ class Tuner:
     def finish(self, sid: int, uid: str) -> StudyOutcome:
         """Combine repeats, flag anomalies against the baseline, rank, and store the result."""
         cands = self.repo.candidates(sid)
-        levels_by = {c["label"]: analyze.combine_repeats(
-            [t["levels"] for t in self.repo.trials(c["id"]) if t["status"] == "measured" and t["levels"]])
-            for c in cands}
+        levels_by = {
+            c["label"]: analyze.combine_repeats(
+                [t["levels"] for t in self.repo.trials(c["id"]) if t["status"] == "measured" and t["levels"]]
+            )
+            for c in cands
+        }
         base_label = self.study.baseline_label()
         baseline = levels_by.get(base_label) or None
         scores = []
@@ -274,11 +349,17 @@ class Tuner:
         for c in cands:
             status = c["status"]
             levels = levels_by[c["label"]]
-            flags = analyze.anomalies(levels, None if c["label"] == base_label else baseline, self.study.anomalies)
+            flags = analyze.anomalies(
+                levels, None if c["label"] == base_label else baseline, self.study.anomalies
+            )
             if status == "measured" and flags:
                 status = "anomalous"
-                self._plan(uid, c["label"], "anomalous", {"run": f"{uid}/{c['label']}",
-                                                          "anomalies": [a.to_dict() for a in flags]})
+                self._plan(
+                    uid,
+                    c["label"],
+                    "anomalous",
+                    {"run": f"{uid}/{c['label']}", "anomalies": [a.to_dict() for a in flags]},
+                )
             outcome = dict(c["outcome"] or {})
             outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
             s = analyze.score(c["label"], status, levels, self.study.slo, self.study.objective)
@@ -309,8 +390,9 @@ class Tuner:
                 return
         self.repo.set_candidate(cand["id"], "measured", {})
 
-    async def _trial(self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int) -> tuple[
-            str, dict[str, Any]]:
+    async def _trial(
+        self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int
+    ) -> tuple[str, dict[str, Any]]:
         from servelab import lifecycle
         from servelab.engines import signatures
 
@@ -331,19 +413,27 @@ class Tuner:
             try:
                 launch = self.engine.command(settings)
             except ConfigError as exc:
-                return self._fail(tid, "failed", {"class": "invalid_candidate", "evidence": exc.message,
-                                                  "advice": exc.hint})
+                return self._fail(
+                    tid, "failed", {"class": "invalid_candidate", "evidence": exc.message, "advice": exc.hint}
+                )
             log_path = data_home() / "logs" / uid / f"{_safe(label)}-r{repeat}.log"
-            self.repo.update_trial(tid, argv=launch.argv, env=launch.env, url=launch.url, log_path=str(log_path))
+            self.repo.update_trial(
+                tid, argv=launch.argv, env=launch.env, url=launch.url, log_path=str(log_path)
+            )
             t0 = time.monotonic()
             if not external:
                 cpus = settings.options.get("cpus")
-                timeout = (self.opts.startup_timeout_s or self.study.engine.startup_timeout_s
-                           or self.engine.startup_timeout_s)
+                timeout = (
+                    self.opts.startup_timeout_s
+                    or self.study.engine.startup_timeout_s
+                    or self.engine.startup_timeout_s
+                )
                 try:
                     server = lifecycle.launch(launch, log_path, marker, cpus=set(cpus) if cpus else None)
                     self.repo.update_trial(tid, pid=server.pid)
-                    await lifecycle.wait_ready(server, self.engine.readiness, timeout, engine=self.engine.name)
+                    await lifecycle.wait_ready(
+                        server, self.engine.readiness, timeout, engine=self.engine.name
+                    )
                 except EngineError as exc:
                     diag = getattr(exc, "diagnosis", None)
                     if diag is None:
@@ -358,13 +448,21 @@ class Tuner:
             eff = self.engine.effective_config(_read(log_path), info)
             req = self.engine.requested(settings)
             mism, unconfirmed = compare(req, eff.effective, eff.evidence)
-            self.repo.update_trial(tid, requested=req, effective=eff.to_dict(), engine_version=eff.effective.get(
-                "version"), not_applied=[m.to_dict() for m in mism])
+            self.repo.update_trial(
+                tid,
+                requested=req,
+                effective=eff.to_dict(),
+                engine_version=eff.effective.get("version"),
+                not_applied=[m.to_dict() for m in mism],
+            )
             self._effective = eff.to_dict()
             if mism:
                 self.notify("not_applied", {"label": label, "mismatches": [m.sentence() for m in mism]})
-                return self._fail(tid, "not_applied", {"not_applied": [m.to_dict() for m in mism],
-                                                       "unconfirmed": unconfirmed})
+                return self._fail(
+                    tid,
+                    "not_applied",
+                    {"not_applied": [m.to_dict() for m in mism], "unconfirmed": unconfirmed},
+                )
             try:
                 return await self._verify_and_bench(tid, launch, server, label, log_path)
             except (ServerError, EngineError) as exc:
@@ -372,33 +470,52 @@ class Tuner:
                 # not a reason to stop the study.
                 diag = signatures.diagnose(_read(log_path), self.engine.name).to_dict()
                 if diag["class"] == "unknown":
-                    diag = {"class": "server_unresponsive", "evidence": exc.message,
-                            "advice": "the server became ready but then stopped answering; see its log",
-                            "tail": diag.get("tail", [])}
+                    diag = {
+                        "class": "server_unresponsive",
+                        "evidence": exc.message,
+                        "advice": "the server became ready but then stopped answering; see its log",
+                        "tail": diag.get("tail", []),
+                    }
                 diag.setdefault("message", exc.message)
                 return self._fail(tid, "failed", {"diagnosis": diag}, diagnosis=diag)
         finally:
             if server is not None:
                 report = lifecycle.teardown(server)
-                self.repo.update_trial(tid, teardown=report.to_dict() if hasattr(report, "to_dict") else report)
-                self.notify("trial_teardown", {"label": label, "teardown": self.repo.trials(cand["id"])[-1]["teardown"]})
+                self.repo.update_trial(
+                    tid, teardown=report.to_dict() if hasattr(report, "to_dict") else report
+                )
+                self.notify(
+                    "trial_teardown",
+                    {"label": label, "teardown": self.repo.trials(cand["id"])[-1]["teardown"]},
+                )
 
-    async def _verify_and_bench(self, tid: int, launch: Any, server: Any, label: str, log_path: Path) -> tuple[
-            str, dict[str, Any]]:
+    async def _verify_and_bench(
+        self, tid: int, launch: Any, server: Any, label: str, log_path: Path
+    ) -> tuple[str, dict[str, Any]]:
         from servelab.engines import signatures
 
         if self.study.verify_output:
             from servelab.verify import verify_output
 
-            vres = await verify_output(launch.url, launch.served_model, api=self.study.workload.api,
-                                       **_verify_kwargs(self.study, self.engine))
+            vres = await verify_output(
+                launch.url,
+                launch.served_model,
+                api=self.study.workload.api,
+                **_verify_kwargs(self.study, self.engine),
+            )
             self.repo.update_trial(tid, verify=vres.to_dict())
             if not vres.ok:
-                failed = [c for c in vres.to_dict().get("checks", []) if not c.get("ok") and
-                          c.get("severity", "error") == "error"]
-                d = {"class": "wrong_output", "evidence": orjson.dumps(failed[:3]).decode()[:2000],
-                     "advice": "the server answers, but not correctly: check the weights, the quantization "
-                               "kernels and the tokenizer (`servelab verify-output` shows each check)"}
+                failed = [
+                    c
+                    for c in vres.to_dict().get("checks", [])
+                    if not c.get("ok") and c.get("severity", "error") == "error"
+                ]
+                d = {
+                    "class": "wrong_output",
+                    "evidence": orjson.dumps(failed[:3]).decode()[:2000],
+                    "advice": "the server answers, but not correctly: check the weights, the quantization "
+                    "kernels and the tokenizer (`servelab verify-output` shows each check)",
+                }
                 return self._fail(tid, "failed", {"diagnosis": d}, diagnosis=d)
         self.repo.update_trial(tid, status="benchmarking")
         levels, died = await self._bench(tid, launch.url, launch.served_model, server, label, log_path)
@@ -406,14 +523,16 @@ class Tuner:
             diag = signatures.diagnose(_read(log_path), self.engine.name).to_dict()
             self.repo.update_trial(tid, levels=levels, diagnosis=diag)
             self.notify("server_died", {"label": label, "diagnosis": diag})
-            return self._fail(tid, "failed", {"diagnosis": diag, "died_during_benchmark": True},
-                              diagnosis=diag)
+            return self._fail(
+                tid, "failed", {"diagnosis": diag, "died_during_benchmark": True}, diagnosis=diag
+            )
         self.repo.update_trial(tid, levels=levels, status="measured")
         self._plan_current("measured", {"effective": self._effective})
         return "measured", {}
 
-    def _fail(self, tid: int, status: str, outcome: dict[str, Any], diagnosis: dict[str, Any] | None = None) -> tuple[
-            str, dict[str, Any]]:
+    def _fail(
+        self, tid: int, status: str, outcome: dict[str, Any], diagnosis: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         if diagnosis is not None:
             self.repo.update_trial(tid, diagnosis=diagnosis)
         self.repo.update_trial(tid, status=status)
@@ -450,8 +569,9 @@ class Tuner:
         except ServelabError as exc:
             self.notify("plan_warning", {"message": exc.message})
 
-    async def _bench(self, tid: int, url: str, model: str, server: Any, label: str, log_path: Path) -> tuple[
-            list[dict[str, Any]], bool]:
+    async def _bench(
+        self, tid: int, url: str, model: str, server: Any, label: str, log_path: Path
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Every load level in turn (one stored bench run each); stops early when the server dies or the
         throughput has collapsed against the baseline at `anomalies.stop_after_collapses` levels."""
         from servelab.engines import signatures
@@ -490,11 +610,19 @@ class Tuner:
             self.notify("level_done", {"label": label, "digest": d})
             if died:
                 return digests, True
-            if baseline and any(a.kind == "throughput_collapse" for a in analyze.anomalies([d], baseline, spec)):
+            if baseline and any(
+                a.kind == "throughput_collapse" for a in analyze.anomalies([d], baseline, spec)
+            ):
                 collapses += 1
                 if spec.stop_after_collapses and collapses >= spec.stop_after_collapses:
-                    self.notify("stopped_early", {"label": label, "reason": f"throughput collapsed at {collapses} "
-                                                  "levels against the baseline; the remaining levels are skipped"})
+                    self.notify(
+                        "stopped_early",
+                        {
+                            "label": label,
+                            "reason": f"throughput collapsed at {collapses} "
+                            "levels against the baseline; the remaining levels are skipped",
+                        },
+                    )
                     break
         return digests, False
 
@@ -505,7 +633,11 @@ class Tuner:
             return None
         for c in self.repo.candidates(self._sid):
             if c["label"] == base:
-                measured = [t["levels"] for t in self.repo.trials(c["id"]) if t["status"] == "measured" and t["levels"]]
+                measured = [
+                    t["levels"]
+                    for t in self.repo.trials(c["id"])
+                    if t["status"] == "measured" and t["levels"]
+                ]
                 return analyze.combine_repeats(measured) if measured else None
         return None
 

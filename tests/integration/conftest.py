@@ -41,8 +41,9 @@ def vllm_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
     # Server on core 0, benchmark clients on the other cores (see CLIENT_CPUS).
     # Prefix caching off: the benchmark tools repeat their seeded prompts, and cache hits would make
     # TTFT depend on which tool ran first.
-    with engines.vllm_server(tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS,
-                             no_enable_prefix_caching=True) as handle:
+    with engines.vllm_server(
+        tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS, no_enable_prefix_caching=True
+    ) as handle:
         yield handle
 
 

@@ -24,8 +24,13 @@ def _pin() -> None:
 
 
 def servelab_bench(url: str, model: str, *args: str) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, "-m", "servelab", "bench", "--url", url, "--model", model, *args, "--json"],
-                       capture_output=True, text=True, timeout=900, preexec_fn=_pin)
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab", "bench", "--url", url, "--model", model, *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        preexec_fn=_pin,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -37,23 +42,56 @@ def vllm_bench(server: engines.ServerHandle, tmp: Path, name: str, **opts: Any) 
     return json.loads((tmp / name).read_text())
 
 
-def _both(server: engines.ServerHandle, tmp: Path, n: int, isl: int, osl: int, conc: int | None = None,
-          rate: float | None = None, rounds: int = 3) -> tuple[dict[str, float], dict[str, float]]:
+def _both(
+    server: engines.ServerHandle,
+    tmp: Path,
+    n: int,
+    isl: int,
+    osl: int,
+    conc: int | None = None,
+    rate: float | None = None,
+    rounds: int = 3,
+) -> tuple[dict[str, float], dict[str, float]]:
     """Alternate the two tools on the same server; per metric, the median over the rounds."""
     keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput", "completed", "total_output_tokens")
-    load_theirs: dict[str, Any] = {"max_concurrency": conc} if conc else {"request_rate": rate, "burstiness": 1000}
+    load_theirs: dict[str, Any] = (
+        {"max_concurrency": conc} if conc else {"request_rate": rate, "burstiness": 1000}
+    )
     load_ours = ["--concurrency", str(conc)] if conc else ["--rate", str(rate), "--arrival", "constant"]
     mine: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
     for r in range(rounds):
-        theirs.append(vllm_bench(server, tmp, f"theirs-{conc}-{rate}-{r}.json", num_prompts=n, random_input_len=isl,
-                                 random_output_len=osl, **load_theirs))
-        ours = servelab_bench(server.url, server.model, *load_ours, "--num-requests", str(n), "--input-len",
-                              str(isl), "--output-len", str(osl), "--tokenizer", str(server.model_dir), "--warmup",
-                              "0")
+        theirs.append(
+            vllm_bench(
+                server,
+                tmp,
+                f"theirs-{conc}-{rate}-{r}.json",
+                num_prompts=n,
+                random_input_len=isl,
+                random_output_len=osl,
+                **load_theirs,
+            )
+        )
+        ours = servelab_bench(
+            server.url,
+            server.model,
+            *load_ours,
+            "--num-requests",
+            str(n),
+            "--input-len",
+            str(isl),
+            "--output-len",
+            str(osl),
+            "--tokenizer",
+            str(server.model_dir),
+            "--warmup",
+            "0",
+        )
         mine.append(ours["levels"][0]["summary"]["vllm_compatible"])
-    return ({k: statistics.median(m[k] for m in mine) for k in keys},
-            {k: statistics.median(t[k] for t in theirs) for k in keys})
+    return (
+        {k: statistics.median(m[k] for m in mine) for k in keys},
+        {k: statistics.median(t[k] for t in theirs) for k in keys},
+    )
 
 
 def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, tmp_path: Path) -> None:
@@ -66,8 +104,15 @@ def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, 
     differs by 1–3 ms on this machine, so the prompt is long enough (3,800 tokens) for TTFT to be
     mostly server time. Throughput is compared in a closed loop.
     """
-    vllm_bench(vllm_server, tmp_path, "warm.json", num_prompts=8, random_input_len=128, random_output_len=32,
-               max_concurrency=4)  # warm the server for both
+    vllm_bench(
+        vllm_server,
+        tmp_path,
+        "warm.json",
+        num_prompts=8,
+        random_input_len=128,
+        random_output_len=32,
+        max_concurrency=4,
+    )  # warm the server for both
     mine, theirs = _both(vllm_server, tmp_path, n=12, isl=3800, osl=96, rate=2.0)
     assert mine["completed"] == theirs["completed"] == 12
     assert mine["total_output_tokens"] == theirs["total_output_tokens"] == 12 * 96
@@ -82,8 +127,20 @@ def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, 
 
 
 def test_vllm_exact_lengths_tokenizer_and_metrics(vllm_server: engines.ServerHandle) -> None:
-    data = servelab_bench(vllm_server.url, vllm_server.model, "--concurrency", "1,4", "--num-requests", "12",
-                          "--input-len", "100", "--output-len", "20", "--tokenizer", str(vllm_server.model_dir))
+    data = servelab_bench(
+        vllm_server.url,
+        vllm_server.model,
+        "--concurrency",
+        "1,4",
+        "--num-requests",
+        "12",
+        "--input-len",
+        "100",
+        "--output-len",
+        "20",
+        "--tokenizer",
+        str(vllm_server.model_dir),
+    )
     assert data["capabilities"]["exact_length"] and data["capabilities"]["usage_returned"]
     assert data["capabilities"]["engine"] == "vllm"
     assert data["workload"]["token_counting"] == "tokenizer"
@@ -100,21 +157,56 @@ def test_vllm_exact_lengths_tokenizer_and_metrics(vllm_server: engines.ServerHan
 
 
 def test_vllm_usage_calibrated_input_lengths_and_chat(vllm_server: engines.ServerHandle) -> None:
-    data = servelab_bench(vllm_server.url, vllm_server.model, "--concurrency", "2", "--num-requests", "8",
-                          "--input-len", "200", "--output-len", "8")
+    data = servelab_bench(
+        vllm_server.url,
+        vllm_server.model,
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "8",
+        "--input-len",
+        "200",
+        "--output-len",
+        "8",
+    )
     assert data["workload"]["token_counting"] == "usage-calibrated"
     assert data["levels"][0]["summary"]["mean_input_tokens"] == pytest.approx(200, rel=0.1)
-    chat = servelab_bench(vllm_server.url, vllm_server.model, "--api", "chat", "--concurrency", "2",
-                          "--num-requests", "6", "--input-len", "80", "--output-len", "8")
+    chat = servelab_bench(
+        vllm_server.url,
+        vllm_server.model,
+        "--api",
+        "chat",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "6",
+        "--input-len",
+        "80",
+        "--output-len",
+        "8",
+    )
     s = chat["levels"][0]["summary"]
     assert s["completed"] == 6 and s["mean_output_tokens"] == 8
     assert s["mean_input_tokens"] == pytest.approx(80, rel=0.15)  # chat template included in the fit
 
 
 def test_transformers_serve_falls_back_and_still_measures(transformers_server: engines.ServerHandle) -> None:
-    data = servelab_bench(transformers_server.url, transformers_server.model, "--concurrency", "2",
-                          "--num-requests", "6", "--input-len", "32", "--output-len", "16", "--tokenizer",
-                          str(transformers_server.model_dir), "--api", "chat")
+    data = servelab_bench(
+        transformers_server.url,
+        transformers_server.model,
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "6",
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--tokenizer",
+        str(transformers_server.model_dir),
+        "--api",
+        "chat",
+    )
     assert data["capabilities"]["exact_length"] is False
     assert any("ignore_eos" in w for w in data["warnings"])
     s = data["levels"][0]["summary"]

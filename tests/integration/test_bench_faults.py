@@ -17,23 +17,41 @@ from tests.support.fault_server import fault_server
 
 
 def bench(url: str, *args: str, model: str = "fault-model", check: bool = True) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, "-m", "servelab", "bench", "--url", url, "--model", model, *args, "--json"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab", "bench", "--url", url, "--model", model, *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check:
         assert p.returncode == 0, p.stderr
     return json.loads(p.stdout) if p.stdout.strip() else {"stderr": p.stderr, "rc": p.returncode}
 
 
-COMMON = ["--concurrency", "4", "--num-requests", "40", "--output-len", "12", "--timeout", "3", "--warmup", "0"]
+COMMON = [
+    "--concurrency",
+    "4",
+    "--num-requests",
+    "40",
+    "--output-len",
+    "12",
+    "--timeout",
+    "3",
+    "--warmup",
+    "0",
+]
 
 
-@pytest.mark.parametrize("fault,kind", [
-    ("http_500", "http_500"),
-    ("http_429", "http_429"),
-    ("timeout", "timeout"),
-    ("drop_mid_stream", "disconnected"),
-    ("malformed_sse", "malformed_sse"),
-])
+@pytest.mark.parametrize(
+    "fault,kind",
+    [
+        ("http_500", "http_500"),
+        ("http_429", "http_429"),
+        ("timeout", "timeout"),
+        ("drop_mid_stream", "disconnected"),
+        ("malformed_sse", "malformed_sse"),
+    ],
+)
 def test_each_fault_is_counted_by_kind_with_an_example(fault: str, kind: str) -> None:
     with fault_server(token_interval_ms=1, fault=fault, fault_rate=0.25, seed=3) as fs:
         data = bench(fs.url, *COMMON)
@@ -90,15 +108,28 @@ def test_short_outputs_are_reported_not_hidden() -> None:
 
 def test_wrong_model_name_lists_served_models() -> None:
     with fault_server(token_interval_ms=1) as fs:
-        p = subprocess.run([sys.executable, "-m", "servelab", "bench", "--url", fs.url, "--model", "nope", *COMMON],
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-m", "servelab", "bench", "--url", fs.url, "--model", "nope", *COMMON],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert p.returncode == 1 and "fault-model" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_sweep_metrics_scrape_and_goodput() -> None:
     with fault_server(token_interval_ms=5, ttft_ms=20) as fs:
-        data = bench(fs.url, "--concurrency", "1,4", "--num-requests", "16", "--output-len", "10",
-                     "--slo", "ttft_ms<=200,tpot_ms<=4")
+        data = bench(
+            fs.url,
+            "--concurrency",
+            "1,4",
+            "--num-requests",
+            "16",
+            "--output-len",
+            "10",
+            "--slo",
+            "ttft_ms<=200,tpot_ms<=4",
+        )
     assert [lv["label"] for lv in data["levels"]] == ["c=1", "c=4"]
     for lv in data["levels"]:
         s = lv["summary"]
@@ -110,13 +141,18 @@ def test_sweep_metrics_scrape_and_goodput() -> None:
         sm = lv["server_metrics"]
         assert sm["available"] and sm["deltas"]["generation_tokens"] == s["total_output_tokens"]
         assert lv["summary"]["vllm_compatible"]["median_tpot_ms"] == s["tpot_ms"]["p50"]
-    assert data["levels"][1]["summary"]["output_throughput"] > 2.5 * data["levels"][0]["summary"]["output_throughput"]
+    assert (
+        data["levels"][1]["summary"]["output_throughput"]
+        > 2.5 * data["levels"][0]["summary"]["output_throughput"]
+    )
 
 
 def test_open_loop_measures_from_schedule_so_queueing_shows() -> None:
     """One slot on the server, arrivals faster than it serves: latency must grow with the queue."""
     with fault_server(token_interval_ms=2, max_num_seqs=1) as fs:
-        data = bench(fs.url, "--rate", "200", "--arrival", "constant", "--num-requests", "30", "--output-len", "10")
+        data = bench(
+            fs.url, "--rate", "200", "--arrival", "constant", "--num-requests", "30", "--output-len", "10"
+        )
     s = data["levels"][0]["summary"]
     assert s["completed"] == 30
     # each request takes ~20 ms and they arrive every 5 ms: the last waits ~30*15 ms
@@ -136,12 +172,38 @@ def test_duration_bound_and_rate_cap() -> None:
 
 def test_sharegpt_and_shared_prefix_workloads(tmp_path: Path) -> None:
     sg = tmp_path / "sg.json"
-    sg.write_text(json.dumps([{"conversations": [{"from": "human", "value": f"question {i} " * 5},
-                                                 {"from": "gpt", "value": "answer " * (3 + i)}]} for i in range(8)]))
+    sg.write_text(
+        json.dumps(
+            [
+                {
+                    "conversations": [
+                        {"from": "human", "value": f"question {i} " * 5},
+                        {"from": "gpt", "value": "answer " * (3 + i)},
+                    ]
+                }
+                for i in range(8)
+            ]
+        )
+    )
     with fault_server(token_interval_ms=1) as fs:
         a = bench(fs.url, "--concurrency", "2", "--num-requests", "8", "--dataset", str(sg))
-        b = bench(fs.url, "--concurrency", "2", "--num-requests", "8", "--workload", "shared-prefix",
-                  "--num-prefixes", "2", "--prefix-len", "50", "--input-len", "10", "--output-len", "4")
+        b = bench(
+            fs.url,
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "8",
+            "--workload",
+            "shared-prefix",
+            "--num-prefixes",
+            "2",
+            "--prefix-len",
+            "50",
+            "--input-len",
+            "10",
+            "--output-len",
+            "4",
+        )
     assert a["workload"]["name"] == "sharegpt:sg.json" and a["levels"][0]["summary"]["completed"] == 8
     assert sorted({lv for lv in [a["levels"][0]["summary"]["mean_output_tokens"]]})[0] > 3
     assert b["workload"]["name"] == "shared-prefix"
@@ -161,9 +223,29 @@ def _db() -> sqlite3.Connection:
 
 
 def _start_slow_bench(url: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "servelab", "bench", "--url", url, "--model", "fault-model",
-                             "--concurrency", "2", "--num-requests", "200", "--output-len", "20", "--warmup", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servelab",
+            "bench",
+            "--url",
+            url,
+            "--model",
+            "fault-model",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "200",
+            "--output-len",
+            "20",
+            "--warmup",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_rows(n: int, timeout: float = 60) -> int:
@@ -199,7 +281,7 @@ def test_sigterm_marks_the_run_interrupted_with_its_requests() -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     db = _db()
-    status, = db.execute("SELECT status FROM bench_runs").fetchone()
+    (status,) = db.execute("SELECT status FROM bench_runs").fetchone()
     level_status, summary = db.execute("SELECT status, summary_json FROM bench_levels").fetchone()
     stored = db.execute("SELECT count(*) FROM bench_requests").fetchone()[0]
     assert status == "interrupted" and level_status == "interrupted"

@@ -35,10 +35,30 @@ def sims() -> Iterator[list[subprocess.Popen[bytes]]]:
         p.wait(10)
 
 
-def start_sim(procs: list[subprocess.Popen[bytes]], port: int, *args: str, fast: bool = True,
-              personality: str = "vllm") -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "servelab", "sim", "--model", MODEL, "--gpu", "h100-sxm", "--num-gpus", "1",
-            "--port", str(port), "--speed", "50", "--cpu", "0", "--personality", personality, *args]
+def start_sim(
+    procs: list[subprocess.Popen[bytes]], port: int, *args: str, fast: bool = True, personality: str = "vllm"
+) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "servelab",
+        "sim",
+        "--model",
+        MODEL,
+        "--gpu",
+        "h100-sxm",
+        "--num-gpus",
+        "1",
+        "--port",
+        str(port),
+        "--speed",
+        "50",
+        "--cpu",
+        "0",
+        "--personality",
+        personality,
+        *args,
+    ]
     if fast:
         argv.append("--fast-start")
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -48,8 +68,9 @@ def start_sim(procs: list[subprocess.Popen[bytes]], port: int, *args: str, fast:
 
 def wait(port: int, timeout_s: float, pid: int | None = None) -> lifecycle.ReadyReport:
     ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=pid)
-    return asyncio.run(lifecycle.wait_url_ready(ep, registry.get("sim").readiness, timeout_s, "sim",
-                                                request_timeout_s=2.0))
+    return asyncio.run(
+        lifecycle.wait_url_ready(ep, registry.get("sim").readiness, timeout_s, "sim", request_timeout_s=2.0)
+    )
 
 
 def test_healthy_server_is_ready_after_a_real_completion(sims: list[subprocess.Popen[bytes]]) -> None:
@@ -57,7 +78,12 @@ def test_healthy_server_is_ready_after_a_real_completion(sims: list[subprocess.P
     p = start_sim(sims, port)
     report = wait(port, 60, pid=p.pid)
     assert report.models == [MODEL]
-    assert list(report.phases) == ["port", "health", "models", "warmup"]  # the engine's rule, then a completion
+    assert list(report.phases) == [
+        "port",
+        "health",
+        "models",
+        "warmup",
+    ]  # the engine's rule, then a completion
 
 
 @pytest.mark.parametrize("fault", ["cuda_init", "oom_init", "worker_init", "port_in_use", "nccl_shm"])
@@ -112,15 +138,34 @@ def test_wait_ready_cli(sims: list[subprocess.Popen[bytes]]) -> None:
     """The command the unit's ExecStartPost runs, with $MAINPID as systemd sets it."""
     port = free_port()
     p = start_sim(sims, port)
-    cmd = [sys.executable, "-m", "servelab", "wait-ready", f"http://127.0.0.1:{port}", "--engine", "sim",
-           "--model", MODEL, "--timeout", "60", "--json"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env={**os.environ, "MAINPID": str(p.pid)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "servelab",
+        "wait-ready",
+        f"http://127.0.0.1:{port}",
+        "--engine",
+        "sim",
+        "--model",
+        MODEL,
+        "--timeout",
+        "60",
+        "--json",
+    ]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "MAINPID": str(p.pid)}
+    )
     assert res.returncode == 0, res.stderr
     assert '"warmup"' in res.stdout
     dead = start_sim(sims, free_port(), "--fault", "cuda_init")
-    res = subprocess.run([*cmd[:4], f"http://127.0.0.1:{free_port()}", *cmd[5:]], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env={**os.environ, "MAINPID": str(dead.pid)})
+    res = subprocess.run(
+        [*cmd[:4], f"http://127.0.0.1:{free_port()}", *cmd[5:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "MAINPID": str(dead.pid)},
+    )
     assert res.returncode == 1 and "exited before it was ready" in res.stderr
 
 
@@ -135,10 +180,29 @@ def test_unit_commands_run_for_real(sims: list[subprocess.Popen[bytes]], tmp_pat
     from servelab.engines.base import Settings
 
     port = free_port()
-    launch = registry.get("sim").command(Settings(model=MODEL, port=port, options={
-        "gpu": "h100-sxm", "speed": 50, "fast_start": True, "python": sys.executable}))
-    rec = LaunchRecord("s-x", "it", "tp1", 1, "sim", launch.argv, {"ODD": 'a "b" 5% $HOME'}, launch.url, MODEL,
-                       MODEL, "0.1", 3.0, [], 1.0)
+    launch = registry.get("sim").command(
+        Settings(
+            model=MODEL,
+            port=port,
+            options={"gpu": "h100-sxm", "speed": 50, "fast_start": True, "python": sys.executable},
+        )
+    )
+    rec = LaunchRecord(
+        "s-x",
+        "it",
+        "tp1",
+        1,
+        "sim",
+        launch.argv,
+        {"ODD": 'a "b" 5% $HOME'},
+        launch.url,
+        MODEL,
+        MODEL,
+        "0.1",
+        3.0,
+        [],
+        1.0,
+    )
     text = systemd.render_unit(spec.build(rec, "it-unit"))
     (tmp_path / "it-unit.service").write_text(text)
     assert systemd.verify_unit(tmp_path / "it-unit.service") == []
@@ -153,19 +217,40 @@ def test_unit_commands_run_for_real(sims: list[subprocess.Popen[bytes]], tmp_pat
             k, _, v = unquote_words(ln.removeprefix("Environment="), dollar=False)[0].partition("=")
             env[k] = v
     assert env["ODD"] == 'a "b" 5% $HOME'
-    assert subprocess.run(line("ExecStartPre"), env=env, capture_output=True, timeout=60, cwd=ROOT).returncode == 0
-    server = subprocess.Popen([*line("ExecStart"), "--cpu", "0"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    assert (
+        subprocess.run(line("ExecStartPre"), env=env, capture_output=True, timeout=60, cwd=ROOT).returncode
+        == 0
+    )
+    server = subprocess.Popen(
+        [*line("ExecStart"), "--cpu", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     sims.append(server)
-    post = subprocess.run(line("ExecStartPost"), env={**env, "MAINPID": str(server.pid)}, capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    post = subprocess.run(
+        line("ExecStartPost"),
+        env={**env, "MAINPID": str(server.pid)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert post.returncode == 0, post.stderr
     assert b"SERVELAB_RUN=servelab-deploy:it-unit" in Path(f"/proc/{server.pid}/environ").read_bytes()
 
-    again = subprocess.run(line("ExecStartPre"), env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert again.returncode == 1 and f"held by pid {server.pid}" in again.stdout and "--kill-stale" in again.stdout
-    kill = subprocess.run([*line("ExecStartPre"), "--kill-stale"], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    again = subprocess.run(
+        line("ExecStartPre"), env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert (
+        again.returncode == 1
+        and f"held by pid {server.pid}" in again.stdout
+        and "--kill-stale" in again.stdout
+    )
+    kill = subprocess.run(
+        [*line("ExecStartPre"), "--kill-stale"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert kill.returncode == 0, kill.stdout + kill.stderr
     assert f"ended pid {server.pid}" in kill.stdout and server.wait(10) is not None
 
@@ -199,17 +284,28 @@ class FakeSystemd:
         pre = subprocess.run(cmds["ExecStartPre"], env=env, capture_output=True, text=True, timeout=60)
         if pre.returncode:
             return subprocess.CompletedProcess(list(args), 1, "", pre.stdout)
-        server = subprocess.Popen([*cmds["ExecStart"], "--cpu", "0"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        server = subprocess.Popen(
+            [*cmds["ExecStart"], "--cpu", "0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs.append(server)
-        post = subprocess.run(cmds["ExecStartPost"], env={**env, "MAINPID": str(server.pid)}, capture_output=True,
-                              text=True, timeout=timeout)
+        post = subprocess.run(
+            cmds["ExecStartPost"],
+            env={**env, "MAINPID": str(server.pid)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         return subprocess.CompletedProcess(list(args), post.returncode, "", post.stderr)
 
 
 @pytest.mark.parametrize("tuned_tps,ok", [(1.0, True), (1e9, False)])
 def test_install_checks_the_deployment_against_the_tuned_result(
-        tuned_tps: float, ok: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tuned_tps: float, ok: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     from click.testing import CliRunner
@@ -231,8 +327,10 @@ def test_install_checks_the_deployment_against_the_tuned_result(
     with open_store() as store:
         ids = store_study(store, "sim", port=free_port(), digest=digest)
     try:
-        res = CliRunner().invoke(deploy_cmd, [f"{ids['uid']}:tp1", "--name", "llm", "--install", "--json",
-                                              "--out", str(tmp_path / "out")])
+        res = CliRunner().invoke(
+            deploy_cmd,
+            [f"{ids['uid']}:tp1", "--name", "llm", "--install", "--json", "--out", str(tmp_path / "out")],
+        )
     finally:
         for p in fake.procs:
             if p.poll() is None:

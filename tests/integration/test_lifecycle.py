@@ -44,12 +44,30 @@ def _marker() -> str:
     return f"test-lifecycle-{uuid.uuid4().hex[:10]}"
 
 
-def sim_spec(personality: str, *extra: str, fast: bool = True, port: int | None = None,
-             served_model: str = MODEL) -> LaunchSpec:
+def sim_spec(
+    personality: str, *extra: str, fast: bool = True, port: int | None = None, served_model: str = MODEL
+) -> LaunchSpec:
     port = port or free_port()
-    argv = [sys.executable, "-m", "servelab", "sim", "--model", MODEL, "--gpu", "h100-sxm", "--num-gpus", "1",
-            "--personality", personality, "--port", str(port), "--speed", "50",
-            *(["--fast-start"] if fast else []), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "servelab",
+        "sim",
+        "--model",
+        MODEL,
+        "--gpu",
+        "h100-sxm",
+        "--num-gpus",
+        "1",
+        "--personality",
+        personality,
+        "--port",
+        str(port),
+        "--speed",
+        "50",
+        *(["--fast-start"] if fast else []),
+        *extra,
+    ]
     return LaunchSpec(argv=argv, env={}, host="127.0.0.1", port=port, served_model=served_model)
 
 
@@ -64,20 +82,24 @@ def run(tmp_path: Path) -> Iterator[list[lifecycle.Server]]:
         assert processes.with_marker(s.run_marker) == []
 
 
-def start(servers: list[lifecycle.Server], spec: LaunchSpec, tmp_path: Path, **kw: object) -> lifecycle.Server:
+def start(
+    servers: list[lifecycle.Server], spec: LaunchSpec, tmp_path: Path, **kw: object
+) -> lifecycle.Server:
     server = lifecycle.launch(spec, tmp_path / f"server-{len(servers)}.log", _marker(), **kw)  # type: ignore[arg-type]
     servers.append(server)
     return server
 
 
-def ready(server: lifecycle.Server, personality: str, timeout_s: float = SIM_TIMEOUT_S,
-          **kw: object) -> lifecycle.ReadyReport:
+def ready(
+    server: lifecycle.Server, personality: str, timeout_s: float = SIM_TIMEOUT_S, **kw: object
+) -> lifecycle.ReadyReport:
     return asyncio.run(lifecycle.wait_ready(server, READINESS[personality], timeout_s, personality, **kw))  # type: ignore[arg-type]
 
 
 def _reuseport(port: int, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(REUSEPORT_SERVER), "--port", str(port), *args],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REUSEPORT_SERVER), "--port", str(port), *args], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().startswith("LISTENING")
     return proc
 
@@ -185,8 +207,10 @@ def test_a_fatal_line_stops_the_wait_while_the_process_still_runs(
     tmp_path: Path, run: list[lifecycle.Server]
 ) -> None:
     """vLLM's API server can sit for minutes after its engine core died: the log decides, not the exit."""
-    code = ("import time; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
-            "GPU 0 has a total capacity of 79.19 GiB of which 1.00 GiB is free.', flush=True); time.sleep(120)")
+    code = (
+        "import time; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 0 has a total capacity of 79.19 GiB of which 1.00 GiB is free.', flush=True); time.sleep(120)"
+    )
     port = free_port()
     server = start(run, LaunchSpec([sys.executable, "-c", code], {}, "127.0.0.1", port, MODEL), tmp_path)
     with pytest.raises(LaunchFailed) as info:
@@ -206,7 +230,16 @@ def test_warmup_request_is_part_of_readiness(api: str, tmp_path: Path, run: list
 
 def test_api_key(tmp_path: Path, run: list[lifecycle.Server]) -> None:
     port = free_port()
-    argv = [sys.executable, str(REUSEPORT_SERVER), "--port", str(port), "--model", "m", "--api-key", "sk-test-123456"]
+    argv = [
+        sys.executable,
+        str(REUSEPORT_SERVER),
+        "--port",
+        str(port),
+        "--model",
+        "m",
+        "--api-key",
+        "sk-test-123456",
+    ]
     server = start(run, LaunchSpec(argv, {}, "127.0.0.1", port, "m"), tmp_path)
     with pytest.raises(LaunchFailed) as info:
         asyncio.run(lifecycle.wait_ready(server, Readiness(), 30))
@@ -223,15 +256,19 @@ def test_launch_rejects_what_cannot_start(tmp_path: Path) -> None:
     with pytest.raises(LaunchFailed, match="no port chosen"):
         lifecycle.launch(LaunchSpec(spec.argv, {}, "127.0.0.1", 0, MODEL), tmp_path / "x.log", _marker())
     with pytest.raises(LaunchFailed, match="cannot start") as info:
-        lifecycle.launch(LaunchSpec(["/nonexistent/engine"], {}, "127.0.0.1", free_port(), MODEL),
-                         tmp_path / "x.log", _marker())
+        lifecycle.launch(
+            LaunchSpec(["/nonexistent/engine"], {}, "127.0.0.1", free_port(), MODEL),
+            tmp_path / "x.log",
+            _marker(),
+        )
     assert "installed" in info.value.hint
 
 
 def test_serving_context_manager_always_tears_down(tmp_path: Path) -> None:
     async def go() -> lifecycle.Server:
-        async with lifecycle.serving(sim_spec("vllm"), tmp_path / "s.log", _marker(), READINESS["vllm"],
-                                     SIM_TIMEOUT_S, engine="vllm") as (server, report):
+        async with lifecycle.serving(
+            sim_spec("vllm"), tmp_path / "s.log", _marker(), READINESS["vllm"], SIM_TIMEOUT_S, engine="vllm"
+        ) as (server, report):
             assert report.models == [MODEL]
             assert server.exit_code() is None
         return server
@@ -308,7 +345,9 @@ def _orphan_pid(server: lifecycle.Server) -> int:
 
 
 @pytest.mark.parametrize("personality", ["vllm", "sglang"])
-def test_teardown_finds_and_kills_the_orphan(personality: str, tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_teardown_finds_and_kills_the_orphan(
+    personality: str, tmp_path: Path, run: list[lifecycle.Server]
+) -> None:
     server = start(run, sim_spec(personality, "--fault", "orphan"), tmp_path)
     ready(server, personality)
     orphan = _orphan_pid(server)
@@ -352,9 +391,17 @@ def test_sweep_orphans_cleans_up_after_a_killed_servelab(tmp_path: Path) -> None
     prefix = f"{_marker()}/"
     spec = sim_spec("vllm", "--fault", "orphan")
     sup = subprocess.Popen(
-        [sys.executable, "-c", SUPERVISOR, "\x1f".join(spec.argv), str(spec.port), prefix + "cand-1",
-         str(tmp_path / "server.log")],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            SUPERVISOR,
+            "\x1f".join(spec.argv),
+            str(spec.port),
+            prefix + "cand-1",
+            str(tmp_path / "server.log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert sup.stdout is not None
@@ -397,8 +444,13 @@ def test_teardown_removes_the_segments_its_run_left(tmp_path: Path, run: list[li
     ours = f"psm_servelabtest_{tag}"
     try:
         port = free_port()
-        spec = LaunchSpec([sys.executable, "-c", SHM_SERVER, ours, str(REUSEPORT_SERVER), str(port)], {},
-                          "127.0.0.1", port, "shm-model")
+        spec = LaunchSpec(
+            [sys.executable, "-c", SHM_SERVER, ours, str(REUSEPORT_SERVER), str(port)],
+            {},
+            "127.0.0.1",
+            port,
+            "shm-model",
+        )
         server = start(run, spec, tmp_path)
         asyncio.run(lifecycle.wait_ready(server, Readiness(), 30))
         seg = next(s for s in segments() if s.name == ours)
@@ -424,12 +476,28 @@ def test_vllm_cpu_launch_ready_teardown_leaves_nothing(how: str) -> None:
     port = free_port()
     cpus = {sorted(os.sched_getaffinity(0))[0]}  # core 0, as tests/integration/conftest.py pins vLLM
     spec = LaunchSpec(
-        argv=[str(engines.engines_python()), "-m", "vllm.entrypoints.openai.api_server", "--model",
-              str(model_dir), "--served-model-name", "tiny-qwen3-moe", "--host", "127.0.0.1", "--port",
-              str(port), "--max-model-len", "4096"],
-        env={k: v for k, v in engines._engines_env({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),
-                                                    "VLLM_CPU_KVCACHE_SPACE": "1"}).items()
-             if os.environ.get(k) != v},
+        argv=[
+            str(engines.engines_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            "tiny-qwen3-moe",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "4096",
+        ],
+        env={
+            k: v
+            for k, v in engines._engines_env(
+                {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "VLLM_CPU_KVCACHE_SPACE": "1"}
+            ).items()
+            if os.environ.get(k) != v
+        },
         host="127.0.0.1",
         port=port,
         served_model="tiny-qwen3-moe",
@@ -437,8 +505,11 @@ def test_vllm_cpu_launch_ready_teardown_leaves_nothing(how: str) -> None:
     log = engines.log_dir() / f"lifecycle-vllm-{how}-{port}.log"  # kept for CI artifacts, unlike tmp_path
     server = lifecycle.launch(spec, log, _marker(), cpus=cpus)
     try:
-        report = asyncio.run(lifecycle.wait_ready(server, Readiness(port_opens_when_ready=True),
-                                                  engines.VLLM_STARTUP_TIMEOUT_S, "vllm"))
+        report = asyncio.run(
+            lifecycle.wait_ready(
+                server, Readiness(port_opens_when_ready=True), engines.VLLM_STARTUP_TIMEOUT_S, "vllm"
+            )
+        )
         assert report.models == ["tiny-qwen3-moe"]
         tree = processes.process_tree(server.pid)
         titles = " ".join(p.cmdline for p in tree)
@@ -460,6 +531,8 @@ def test_vllm_cpu_launch_ready_teardown_leaves_nothing(how: str) -> None:
         assert down.exit_code == -signal.SIGKILL
     assert processes.with_marker(server.run_marker) == []
     assert all(not p.alive() for p in tree)
-    left = [s.name for s in segments() if s.key not in server.shm_before and s.name in {d.name for d in during}]
+    left = [
+        s.name for s in segments() if s.key not in server.shm_before and s.name in {d.name for d in during}
+    ]
     assert left == []
     assert port_is_free("127.0.0.1", port)

@@ -18,25 +18,52 @@ from tests.integration.test_tune_sim import ROOT, servelab, write_study
 pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = ROOT / "artifacts"
 
 GLM5 = [
-    {"name": "tp8-cutlass", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass"], "baseline": True},
+    {
+        "name": "tp8-cutlass",
+        "tp": 8,
+        "args": ["--moe-runner-backend", "flashinfer_cutlass"],
+        "baseline": True,
+    },
     {"name": "tp8-trtllm", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_trtllm"]},
     {"name": "tp4-pp2", "tp": 4, "pp": 2, "args": ["--moe-runner-backend", "flashinfer_cutlass"]},
-    {"name": "arfusion", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass",
-                                            "--enable-flashinfer-allreduce-fusion"]},
+    {
+        "name": "arfusion",
+        "tp": 8,
+        "args": ["--moe-runner-backend", "flashinfer_cutlass", "--enable-flashinfer-allreduce-fusion"],
+    },
 ]
 
 
-def glm5_study(path: Path, candidates: list[dict[str, Any]] | None = None, levels: list[int] | None = None) -> Path:
+def glm5_study(
+    path: Path, candidates: list[dict[str, Any]] | None = None, levels: list[int] | None = None
+) -> Path:
     """The GLM-5 story on the simulator, small: the not-applied backend, the collapse, TP8 against TP4+PP2."""
-    return write_study(path, "glm5-browser", candidates or GLM5, model="GLM-5-NVFP4", gpu="rtx-pro-6000",
-                       num_gpus=8, personality="sglang", levels=levels or [1, 4, 16], speed=20,
-                       extra_engine={"args": ["--disable-radix-cache"]},
-                       top='objective = "output_throughput"\n[slo]\ntpot_ms = { p50 = 150 }')
+    return write_study(
+        path,
+        "glm5-browser",
+        candidates or GLM5,
+        model="GLM-5-NVFP4",
+        gpu="rtx-pro-6000",
+        num_gpus=8,
+        personality="sglang",
+        levels=levels or [1, 4, 16],
+        speed=20,
+        extra_engine={"args": ["--disable-radix-cache"]},
+        top='objective = "output_throughput"\n[slo]\ntpot_ms = { p50 = 150 }',
+    )
 
 
 @contextmanager
@@ -45,13 +72,16 @@ def browser_page(console: list[str]) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists() or shutil.which("chromium"), (
-        "Chromium is missing: scripts/test.sh installs it (apt-get install -y --no-install-recommends chromium)")
+        "Chromium is missing: scripts/test.sh installs it (apt-get install -y --no-install-recommends chromium)"
+    )
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning")
-                    else None)
+            page.on(
+                "console",
+                lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None,
+            )
             page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
             yield page
         finally:
@@ -72,7 +102,8 @@ def level_cells(page: Any, label: str) -> dict[str, list[tuple[str, float]]]:
     """key -> [(shown text, stored value)] for every number cell of one candidate's level table."""
     cells = page.eval_on_selector_all(
         f'table.levels[data-candidate="{label}"] td[data-key]',
-        "els => els.map(e => [e.dataset.key, e.textContent, e.dataset.value || null])")
+        "els => els.map(e => [e.dataset.key, e.textContent, e.dataset.value || null])",
+    )
     out: dict[str, list[tuple[str, float]]] = {}
     for key, text, value in cells:
         if value is not None:
@@ -94,7 +125,9 @@ def test_html_report_in_chromium(tmp_path: Path) -> None:
     out = json.loads(servelab("tune", str(study), "--json", home=home).stdout)
     stored = json.loads(servelab("runs", "study", out["study"], "--json", home=home).stdout)
     report = tmp_path / "findings.html"
-    servelab("report", out["study"], "--html", str(report), "--md", str(tmp_path / "md" / "findings.md"), home=home)
+    servelab(
+        "report", out["study"], "--html", str(report), "--md", str(tmp_path / "md" / "findings.md"), home=home
+    )
     assert (tmp_path / "md" / "findings_files" / "throughput.svg").exists()
 
     console: list[str] = []
@@ -115,9 +148,17 @@ def test_html_report_in_chromium(tmp_path: Path) -> None:
             cells = level_cells(page, label)
             levels = by[label]["levels"]
             assert levels, label
-            for key, digits in (("output_throughput", 1), ("tpot_ms_p50", 2), ("ttft_ms_p99", 1), ("goodput", 1)):
+            for key, digits in (
+                ("output_throughput", 1),
+                ("tpot_ms_p50", 2),
+                ("ttft_ms_p99", 1),
+                ("goodput", 1),
+            ):
                 assert [v for _t, v in cells[key]] == [lv[key] for lv in levels], (label, key)
-                assert [t for t, _v in cells[key]] == [f"{lv[key]:,.{digits}f}" for lv in levels], (label, key)
+                assert [t for t, _v in cells[key]] == [f"{lv[key]:,.{digits}f}" for lv in levels], (
+                    label,
+                    key,
+                )
         assert page.locator("table.levels[data-candidate='tp8-trtllm']").count() == 0  # never benchmarked
         winner = stored["ranking"]["winner"]
         assert page.locator("strong.winner").inner_text() == winner

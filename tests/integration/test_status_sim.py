@@ -22,9 +22,28 @@ pytestmark = pytest.mark.integration
 def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     out, err = tmp_path / "sim.log", tmp_path / "sim.err"
     proc = subprocess.Popen(
-        [PY, "-m", "servelab", "sim", "--model", "Qwen3-30B-A3B", "--gpu", "h100-sxm", "--num-gpus", "2", "--tp", "2",
-         "--port", "0", "--speed", "50", "--fast-start"],
-        stdout=out.open("wb"), stderr=err.open("wb"), start_new_session=True,
+        [
+            PY,
+            "-m",
+            "servelab",
+            "sim",
+            "--model",
+            "Qwen3-30B-A3B",
+            "--gpu",
+            "h100-sxm",
+            "--num-gpus",
+            "2",
+            "--tp",
+            "2",
+            "--port",
+            "0",
+            "--speed",
+            "50",
+            "--fast-start",
+        ],
+        stdout=out.open("wb"),
+        stderr=err.open("wb"),
+        start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -35,12 +54,19 @@ def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
             break
         time.sleep(0.1)
     proc.kill()
-    raise AssertionError("the simulator printed no SIM-PORT line:\n" + err.read_text(errors="replace")[-2000:])
+    raise AssertionError(
+        "the simulator printed no SIM-PORT line:\n" + err.read_text(errors="replace")[-2000:]
+    )
 
 
 def _status(*args: str) -> dict:
-    res = subprocess.run([PY, "-m", "servelab", "status", "--json", *args], capture_output=True, text=True,
-                         timeout=120, env=os.environ.copy())
+    res = subprocess.run(
+        [PY, "-m", "servelab", "status", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -70,7 +96,10 @@ def test_status_reads_the_simulator_then_sees_it_down(tmp_path: Path) -> None:
         assert s["up"] and s["engine"] == "sim" and s["models"] == ["Qwen3-30B-A3B"]
         assert s["running"] == 0 and s["waiting"] == 0
         assert s["effective"]["tp_size"] == 2 and s["effective"]["max_model_len"] > 0 and s["version"]
-        assert "non-default args" in s["evidence"]["tp_size"] or "tensor_parallel_size" in s["evidence"]["tp_size"]
+        assert (
+            "non-default args" in s["evidence"]["tp_size"]
+            or "tensor_parallel_size" in s["evidence"]["tp_size"]
+        )
         g = obs["gpus"]
         assert g["available"] and g["source"] == f"sim:{url}" and len(g["gpus"]) == 2
         for gpu in g["gpus"]:

@@ -85,7 +85,9 @@ concurrency = [1, 4]
         assert eff["served_model_name"] == "tiny-study"
         if eager:
             # the config dump that shows it (enforce_eager=True / an empty cudagraph capture list)
-            assert eff["cuda_graph"] is False and ("enforce_eager" in ev["cuda_graph"] or "cudagraph" in ev["cuda_graph"])
+            assert eff["cuda_graph"] is False and (
+                "enforce_eager" in ev["cuda_graph"] or "cudagraph" in ev["cuda_graph"]
+            )
         assert t["verify"]["ok"] is True
         assert any(ch["name"] == "reference" and ch["ok"] for ch in t["verify"]["checks"])
         assert t["teardown"]["survivors"] == []

@@ -35,33 +35,70 @@ def _toml_value(v: Any) -> str:
     raise TypeError(v)
 
 
-def write_study(path: Path, name: str, candidates: list[dict[str, Any]], *, model: str = "Qwen3-30B-A3B",
-                gpu: str = "h100-sxm", num_gpus: int = 1, personality: str = "vllm", levels: list[int] | None = None,
-                speed: float = 50, extra_engine: dict[str, Any] | None = None, top: str = "",
-                options: dict[str, Any] | None = None) -> Path:
-    lines = [top, "[study]", f"name = {_toml_value(name)}", "[model]", f"path = {_toml_value(model)}",
-             "[host]", f"gpu = {_toml_value(gpu)}", f"num_gpus = {num_gpus}", "[engine]", 'name = "sim"',
-             "startup_timeout_s = 60"]
+def write_study(
+    path: Path,
+    name: str,
+    candidates: list[dict[str, Any]],
+    *,
+    model: str = "Qwen3-30B-A3B",
+    gpu: str = "h100-sxm",
+    num_gpus: int = 1,
+    personality: str = "vllm",
+    levels: list[int] | None = None,
+    speed: float = 50,
+    extra_engine: dict[str, Any] | None = None,
+    top: str = "",
+    options: dict[str, Any] | None = None,
+) -> Path:
+    lines = [
+        top,
+        "[study]",
+        f"name = {_toml_value(name)}",
+        "[model]",
+        f"path = {_toml_value(model)}",
+        "[host]",
+        f"gpu = {_toml_value(gpu)}",
+        f"num_gpus = {num_gpus}",
+        "[engine]",
+        'name = "sim"',
+        "startup_timeout_s = 60",
+    ]
     for k, v in (extra_engine or {}).items():
         lines.append(f"{k} = {_toml_value(v)}")
-    lines += ["[engine.options]", f"personality = {_toml_value(personality)}", f"speed = {speed}",
-              "fast_start = true", "cpus = [0]"]
+    lines += [
+        "[engine.options]",
+        f"personality = {_toml_value(personality)}",
+        f"speed = {speed}",
+        "fast_start = true",
+        "cpus = [0]",
+    ]
     lines += [f"{k} = {_toml_value(v)}" for k, v in (options or {}).items()]
     for c in candidates:
         lines.append("[[candidates]]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in c.items()]
-    lines += ["[workload]", "input_len = 256", "output_len = 32", "requests_per_stream = 2", "timeout_s = 20",
-              "[load]", f"concurrency = {_toml_value(levels or [1, 8])}"]
+    lines += [
+        "[workload]",
+        "input_len = 256",
+        "output_len = 32",
+        "requests_per_stream = 2",
+        "timeout_s = 20",
+        "[load]",
+        f"concurrency = {_toml_value(levels or [1, 8])}",
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def servelab(*args: str, home: Path, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+def servelab(
+    *args: str, home: Path, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SERVELAB_HOME": str(home)}
     cmd = [sys.executable, "-m", "servelab", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     if check and res.returncode != 0:
-        raise AssertionError(f"{cmd} exited {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}")
+        raise AssertionError(
+            f"{cmd} exited {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
+        )
     return res
 
 
@@ -79,14 +116,36 @@ def by_label(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_glm5_story_not_applied_collapse_and_winner(tmp_path: Path) -> None:
     """The GLM-5 story: trtllm silently replaced (not applied, never benchmarked), the allreduce-fusion
     flag collapsing throughput with GPU power falling, TP8 vs TP4+PP2 ranked."""
-    study = write_study(tmp_path / "glm5.toml", "glm5", [
-        {"name": "tp8-cutlass", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass"], "baseline": True},
-        {"name": "tp8-trtllm", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_trtllm"]},
-        {"name": "tp4-pp2", "tp": 4, "pp": 2, "args": ["--moe-runner-backend", "flashinfer_cutlass"]},
-        {"name": "arfusion", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass",
-                                                "--enable-flashinfer-allreduce-fusion"]},
-    ], model="GLM-5-NVFP4", gpu="rtx-pro-6000", num_gpus=8, personality="sglang", levels=[1, 8], speed=20,
-        extra_engine={"args": ["--disable-radix-cache"]})
+    study = write_study(
+        tmp_path / "glm5.toml",
+        "glm5",
+        [
+            {
+                "name": "tp8-cutlass",
+                "tp": 8,
+                "args": ["--moe-runner-backend", "flashinfer_cutlass"],
+                "baseline": True,
+            },
+            {"name": "tp8-trtllm", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_trtllm"]},
+            {"name": "tp4-pp2", "tp": 4, "pp": 2, "args": ["--moe-runner-backend", "flashinfer_cutlass"]},
+            {
+                "name": "arfusion",
+                "tp": 8,
+                "args": [
+                    "--moe-runner-backend",
+                    "flashinfer_cutlass",
+                    "--enable-flashinfer-allreduce-fusion",
+                ],
+            },
+        ],
+        model="GLM-5-NVFP4",
+        gpu="rtx-pro-6000",
+        num_gpus=8,
+        personality="sglang",
+        levels=[1, 8],
+        speed=20,
+        extra_engine={"args": ["--disable-radix-cache"]},
+    )
     res = servelab("tune", str(study), "--json", home=tmp_path / "home")
     out = json.loads(res.stdout)
     c = by_label(out)
@@ -95,8 +154,11 @@ def test_glm5_story_not_applied_collapse_and_winner(tmp_path: Path) -> None:
     trt = c["tp8-trtllm"]
     assert trt["status"] == "not_applied"
     [m] = trt["not_applied"]
-    assert (m["key"], m["requested"], m["effective"]) == ("moe_runner_backend", "flashinfer_trtllm",
-                                                          "flashinfer_cutlass")
+    assert (m["key"], m["requested"], m["effective"]) == (
+        "moe_runner_backend",
+        "flashinfer_trtllm",
+        "flashinfer_cutlass",
+    )
     assert "flashinfer_cutlass" in m["evidence"]  # the log line that proves it
     assert trt["levels"] == []  # never benchmarked, never reported as trtllm
 
@@ -154,8 +216,9 @@ def test_every_fault_is_diagnosed_and_the_study_goes_on(tmp_path: Path) -> None:
         {"name": "f-stall", "options": {"faults": ["stall_stream:3"]}},
         {"name": "f-malformed", "options": {"faults": ["malformed_sse:2"]}},
     ]
-    study = write_study(tmp_path / "faults.toml", "faults", cands, levels=[4],
-                        options={"verify": {"timeout_s": 10.0}})
+    study = write_study(
+        tmp_path / "faults.toml", "faults", cands, levels=[4], options={"verify": {"timeout_s": 10.0}}
+    )
     res = servelab("tune", str(study), "--json", "--startup-timeout", "20", home=tmp_path / "home")
     out = json.loads(res.stdout)
     c = by_label(out)
@@ -195,8 +258,10 @@ def _db_trials(home: Path) -> list[tuple[str, str]]:
         return []
     con = sqlite3.connect(db, timeout=10)
     try:
-        return con.execute("SELECT c.label, t.status FROM study_trials t JOIN study_candidates c"
-                           " ON c.id = t.candidate_id ORDER BY t.id").fetchall()
+        return con.execute(
+            "SELECT c.label, t.status FROM study_trials t JOIN study_candidates c"
+            " ON c.id = t.candidate_id ORDER BY t.id"
+        ).fetchall()
     except sqlite3.OperationalError:
         return []
     finally:
@@ -205,12 +270,25 @@ def _db_trials(home: Path) -> list[tuple[str, str]]:
 
 def test_sigkill_mid_study_then_resume(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    study = write_study(tmp_path / "resume.toml", "resume", [
-        {"name": "first"}, {"name": "second", "max_concurrency": 64}, {"name": "third", "max_concurrency": 32},
-    ], levels=[1, 8, 16], speed=10)
+    study = write_study(
+        tmp_path / "resume.toml",
+        "resume",
+        [
+            {"name": "first"},
+            {"name": "second", "max_concurrency": 64},
+            {"name": "third", "max_concurrency": 32},
+        ],
+        levels=[1, 8, 16],
+        speed=10,
+    )
     env = {**os.environ, "SERVELAB_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "tune", str(study), "--quiet"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servelab", "tune", str(study), "--quiet"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         trials = _db_trials(home)
@@ -246,8 +324,10 @@ def test_sigkill_mid_study_then_resume(tmp_path: Path) -> None:
 def test_resume_refuses_a_changed_study_and_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     home = tmp_path / "home"
     bad = tmp_path / "bad.toml"
-    bad.write_text('[study]\nname = "x"\n[model]\npath = "m"\n[engine]\nname = "nope"\n[workload]\nnum_requests = 2\n'
-                   '[load]\nconcurrency = [1]\n[[candidates]]\ntp = 1\n')
+    bad.write_text(
+        '[study]\nname = "x"\n[model]\npath = "m"\n[engine]\nname = "nope"\n[workload]\nnum_requests = 2\n'
+        "[load]\nconcurrency = [1]\n[[candidates]]\ntp = 1\n"
+    )
     res = servelab("tune", str(bad), home=home, check=False)
     assert res.returncode == 2
     assert "unknown engine 'nope'" in res.stderr and "sim" in res.stderr
@@ -260,12 +340,20 @@ def test_a_port_already_served_with_so_reuseport_fails_the_candidate(tmp_path: P
     from servelab.host.ports import free_port
 
     port = free_port()
-    holder = subprocess.Popen([sys.executable, str(ROOT / "tests/support/reuseport_server.py"), "--port", str(port)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests/support/reuseport_server.py"), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().startswith("LISTENING")
-        study = write_study(tmp_path / "port.toml", "port", [{"name": "on-busy-port"}], levels=[1],
-                            extra_engine={"port": port})
+        study = write_study(
+            tmp_path / "port.toml",
+            "port",
+            [{"name": "on-busy-port"}],
+            levels=[1],
+            extra_engine={"port": port},
+        )
         out = json.loads(servelab("tune", str(study), "--json", home=tmp_path / "home").stdout)
         [cand] = out["candidates"]
         assert cand["status"] == "failed"
@@ -279,11 +367,22 @@ def test_a_port_already_served_with_so_reuseport_fails_the_candidate(tmp_path: P
 
 def test_ctrl_c_tears_down_records_the_interruption_and_resumes(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    study = write_study(tmp_path / "int.toml", "interrupt", [{"name": "a"}, {"name": "b", "max_concurrency": 32}],
-                        levels=[1, 8, 16], speed=10)
+    study = write_study(
+        tmp_path / "int.toml",
+        "interrupt",
+        [{"name": "a"}, {"name": "b", "max_concurrency": 32}],
+        levels=[1, 8, 16],
+        speed=10,
+    )
     env = {**os.environ, "SERVELAB_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "tune", str(study), "--quiet"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servelab", "tune", str(study), "--quiet"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     while ("a", "benchmarking") not in _db_trials(home):
         assert time.monotonic() < deadline and proc.poll() is None, _db_trials(home)

@@ -25,7 +25,12 @@ from tests.integration.test_tune_sim import ROOT, servelab
 pytestmark = pytest.mark.integration
 
 CANDS = [
-    {"name": "tp8-cutlass", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_cutlass"], "baseline": True},
+    {
+        "name": "tp8-cutlass",
+        "tp": 8,
+        "args": ["--moe-runner-backend", "flashinfer_cutlass"],
+        "baseline": True,
+    },
     {"name": "tp4-pp2", "tp": 4, "pp": 2, "args": ["--moe-runner-backend", "flashinfer_cutlass"]},
 ]
 
@@ -40,15 +45,27 @@ def test_ui_live_progress_pages_and_comparison(tmp_path: Path) -> None:
     env = {**os.environ, "SERVELAB_HOME": str(home)}
     study = glm5_study(tmp_path / "s.toml", CANDS, levels=[1, 4, 16])
     study.write_text(study.read_text().replace("speed = 20", "speed = 8"))
-    ui = subprocess.Popen([sys.executable, "-m", "servelab", "ui", "--port", "0", "--json"], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "servelab", "ui", "--port", "0", "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tune = None
     try:
         assert ui.stdout is not None
         url = json.loads(ui.stdout.readline())["url"]
         assert url.startswith("http://127.0.0.1:")
-        tune = subprocess.Popen([sys.executable, "-m", "servelab", "tune", str(study), "--quiet"], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        tune = subprocess.Popen(
+            [sys.executable, "-m", "servelab", "tune", str(study), "--quiet"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 60
         while not (studies := _json(url + "api/studies")["studies"]):
             assert time.monotonic() < deadline and tune.poll() is None, "the study never appeared"
@@ -71,7 +88,9 @@ def test_ui_live_progress_pages_and_comparison(tmp_path: Path) -> None:
             assert page.locator("strong.winner").inner_text() == stored["ranking"]["winner"]
             for c in stored["candidates"]:
                 cells = level_cells(page, c["label"])
-                assert [v for _t, v in cells["output_throughput"]] == [lv["output_throughput"] for lv in c["levels"]]
+                assert [v for _t, v in cells["output_throughput"]] == [
+                    lv["output_throughput"] for lv in c["levels"]
+                ]
             save_screenshot(page, "ui-study.png")
 
             # a run's page, through the link in the trials table
@@ -85,7 +104,10 @@ def test_ui_live_progress_pages_and_comparison(tmp_path: Path) -> None:
             a, b = (c["trials"][0]["levels"][-1]["bench_run"] for c in stored["candidates"])
             page.goto(f"{url}compare?a={a}&b={b}")
             assert page.locator("table.diff").is_visible()
-            assert page.locator(".run-a table.levels").is_visible() and page.locator(".run-b table.levels").is_visible()
+            assert (
+                page.locator(".run-a table.levels").is_visible()
+                and page.locator(".run-b table.levels").is_visible()
+            )
             box_a = page.locator(".run-a").bounding_box()
             box_b = page.locator(".run-b").bounding_box()
             assert box_a and box_b and box_b["x"] > box_a["x"] + 100  # side by side

@@ -40,8 +40,12 @@ save_file({swap(k): v.contiguous() for k, v in t.items()}, path, metadata={"form
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servelab", "verify-output", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "servelab", "verify-output", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def check(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -52,20 +56,39 @@ def check(data: dict[str, Any], name: str) -> dict[str, Any]:
 def swapped_layers(tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("swapped") / "qwen3_moe_swapped"
     shutil.copytree(tiny_qwen3_moe, out)
-    subprocess.run([str(engines.engines_python()), "-c", SWAP_LAYERS, str(out / "model.safetensors")], check=True,
-                   timeout=300, capture_output=True)
+    subprocess.run(
+        [str(engines.engines_python()), "-c", SWAP_LAYERS, str(out / "model.safetensors")],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     return out
 
 
-def test_vllm_matches_transformers_on_the_same_weights(vllm_server: engines.ServerHandle,
-                                                       tiny_qwen3_moe: Path) -> None:
-    p = cli("--url", vllm_server.url, "--model", vllm_server.model, "--reference", f"hf:{tiny_qwen3_moe}",
-            "--reference-python", str(engines.engines_python()), "--json")
+def test_vllm_matches_transformers_on_the_same_weights(
+    vllm_server: engines.ServerHandle, tiny_qwen3_moe: Path
+) -> None:
+    p = cli(
+        "--url",
+        vllm_server.url,
+        "--model",
+        vllm_server.model,
+        "--reference",
+        f"hf:{tiny_qwen3_moe}",
+        "--reference-python",
+        str(engines.engines_python()),
+        "--json",
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     data = json.loads(p.stdout)
     assert data["ok"] and data["failed"] == [] and data["known_answers"] == "none"
-    assert [c["name"] for c in data["checks"]] == ["requests", "garbage", "determinism", "batch_invariance",
-                                                   "reference"]
+    assert [c["name"] for c in data["checks"]] == [
+        "requests",
+        "garbage",
+        "determinism",
+        "batch_invariance",
+        "reference",
+    ]
     ref = check(data, "reference")
     assert ref["ok"] and ref["evidence"]["dtype"] == "bfloat16"
     for prompt in ref["evidence"]["prompts"]:
@@ -78,25 +101,53 @@ def test_vllm_matches_transformers_on_the_same_weights(vllm_server: engines.Serv
 
 
 def test_vllm_chat_api_matches_the_reference(vllm_server: engines.ServerHandle, tiny_qwen3_moe: Path) -> None:
-    result = asyncio.run(verify_output(vllm_server.url, vllm_server.model, api="chat",
-                                       reference=f"hf:{tiny_qwen3_moe}", max_tokens=8, concurrency=4,
-                                       reference_python=str(engines.engines_python())))
+    result = asyncio.run(
+        verify_output(
+            vllm_server.url,
+            vllm_server.model,
+            api="chat",
+            reference=f"hf:{tiny_qwen3_moe}",
+            max_tokens=8,
+            concurrency=4,
+            reference_python=str(engines.engines_python()),
+        )
+    )
     ref = next(c for c in result.checks if c.name == "reference")
     assert result.ok and ref.ok, ref.detail
     assert all("prompt_mismatch" not in p for p in ref.evidence["prompts"])  # same template, same BOS
 
 
 @pytest.mark.parametrize("wrong", ["swapped_layers", "other_model"])
-def test_wrong_weights_fail_with_the_divergence_position(wrong: str, request: pytest.FixtureRequest,
-                                                        vllm_server: engines.ServerHandle) -> None:
-    path = request.getfixturevalue("swapped_layers") if wrong == "swapped_layers" else engines.build_tiny_model("llama")
-    p = cli("--url", vllm_server.url, "--model", vllm_server.model, "--reference", f"hf:{path}",
-            "--reference-python", str(engines.engines_python()))
+def test_wrong_weights_fail_with_the_divergence_position(
+    wrong: str, request: pytest.FixtureRequest, vllm_server: engines.ServerHandle
+) -> None:
+    path = (
+        request.getfixturevalue("swapped_layers")
+        if wrong == "swapped_layers"
+        else engines.build_tiny_model("llama")
+    )
+    p = cli(
+        "--url",
+        vllm_server.url,
+        "--model",
+        vllm_server.model,
+        "--reference",
+        f"hf:{path}",
+        "--reference-python",
+        str(engines.engines_python()),
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "output check failed: reference" in p.stdout
     assert "first divergence at token" in p.stdout and "nats below it" in p.stdout
-    result = asyncio.run(verify_output(vllm_server.url, vllm_server.model, reference=f"hf:{path}", concurrency=2,
-                                       reference_python=str(engines.engines_python())))
+    result = asyncio.run(
+        verify_output(
+            vllm_server.url,
+            vllm_server.model,
+            reference=f"hf:{path}",
+            concurrency=2,
+            reference_python=str(engines.engines_python()),
+        )
+    )
     assert not result.ok and [c.name for c in result.failures] == ["reference"]
     prompts = result.checks[-1].evidence["prompts"]
     rejected = [p for p in prompts if not p["ok"]]
@@ -107,10 +158,19 @@ def test_wrong_weights_fail_with_the_divergence_position(wrong: str, request: py
         assert p["first_rejected"]["gap"] > result.checks[-1].evidence["tolerance_nats"]
 
 
-def test_transformers_serve_without_token_ids(transformers_server: engines.ServerHandle, tiny_dense: Path) -> None:
+def test_transformers_serve_without_token_ids(
+    transformers_server: engines.ServerHandle, tiny_dense: Path
+) -> None:
     # transformers serve rejects `seed`/`return_token_ids`: plain requests, the text re-tokenized by the reference.
-    result = asyncio.run(verify_output(transformers_server.url, transformers_server.model, reference=f"hf:{tiny_dense}",
-                                       concurrency=2, reference_python=str(engines.engines_python())))
+    result = asyncio.run(
+        verify_output(
+            transformers_server.url,
+            transformers_server.model,
+            reference=f"hf:{tiny_dense}",
+            concurrency=2,
+            reference_python=str(engines.engines_python()),
+        )
+    )
     assert result.ok, [c.detail for c in result.failures]
     assert any("rejected" in n for n in result.notes)
     ref = result.checks[-1]
@@ -130,15 +190,33 @@ SIM_MODEL = "Qwen3-8B"
 @contextlib.contextmanager
 def sim(tmp_path: Path, *extra: str) -> Iterator[str]:
     err = tmp_path / f"sim-{len(list(tmp_path.iterdir()))}.err"
-    cmd = [sys.executable, "-m", "servelab", "sim", "--model", SIM_MODEL, "--gpu", "h100-sxm", "--num-gpus", "1",
-           "--port", "0", "--speed", "50", "--fast-start", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "servelab",
+        "sim",
+        "--model",
+        SIM_MODEL,
+        "--gpu",
+        "h100-sxm",
+        "--num-gpus",
+        "1",
+        "--port",
+        "0",
+        "--speed",
+        "50",
+        "--fast-start",
+        *extra,
+    ]
     with open(err, "wb") as e:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True)
     try:
         port = None
         end = time.monotonic() + 60
         while port is None and time.monotonic() < end and proc.poll() is None:
-            port = next((int(x.split()[1]) for x in err.read_text().splitlines() if x.startswith("SIM-PORT ")), None)
+            port = next(
+                (int(x.split()[1]) for x in err.read_text().splitlines() if x.startswith("SIM-PORT ")), None
+            )
             time.sleep(0.05)
         assert port, "no SIM-PORT line:\n" + err.read_text()[-3000:]
         yield f"http://127.0.0.1:{port}"

@@ -71,8 +71,11 @@ def test_cancelled_dependency_never_completes() -> None:
 
 
 def test_cycles_are_rejected() -> None:
-    items = [P.Item("1", "a", depends_on=("3",)), P.Item("2", "b", depends_on=("1",)),
-             P.Item("3", "c", depends_on=("2",))]
+    items = [
+        P.Item("1", "a", depends_on=("3",)),
+        P.Item("2", "b", depends_on=("1",)),
+        P.Item("3", "c", depends_on=("2",)),
+    ]
     cycle = P.find_cycle(items)
     assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"1", "2", "3"}
     assert P.find_cycle(items[:2]) is None
@@ -80,8 +83,11 @@ def test_cycles_are_rejected() -> None:
     with pytest.raises(ConfigError, match="dependency cycle"):
         P.import_json(P.Plan("workspace"), data, **KW)
     with pytest.raises(ConfigError, match="depends on itself"):
-        P.import_json(P.Plan("workspace"), {"format": P.JSON_FORMAT,
-                                            "items": [P.Item("1", "a", depends_on=("1",)).to_dict()]}, **KW)
+        P.import_json(
+            P.Plan("workspace"),
+            {"format": P.JSON_FORMAT, "items": [P.Item("1", "a", depends_on=("1",)).to_dict()]},
+            **KW,
+        )
 
 
 def test_bad_values_and_unknown_items_are_clear_errors() -> None:
@@ -126,7 +132,9 @@ def test_bound_item_needs_a_run_that_shows_the_config_applied() -> None:
     p = bound_plan()
     with pytest.raises(ConfigError, match="completes only with a run"):
         P.done(p, "1", **KW)
-    wrong = P.assess(BIND["requested"], {"run": "b-1", "effective": {"moe_runner_backend": "flashinfer_cutlass"}})
+    wrong = P.assess(
+        BIND["requested"], {"run": "b-1", "effective": {"moe_runner_backend": "flashinfer_cutlass"}}
+    )
     assert wrong["applied"] is False and "flashinfer_cutlass" in wrong["mismatches_text"][0]
     with pytest.raises(ConfigError, match="did not take effect"):
         P.done(p, "1", evidence=wrong, **KW)
@@ -138,23 +146,45 @@ def test_bound_item_needs_a_run_that_shows_the_config_applied() -> None:
         P.done(p, "1", evidence=silent, accept_unconfirmed=True, **KW)
     ok = P.done(p, "1", evidence=silent, accept_unconfirmed=True, reason="log line 12 shows trtllm", **KW)
     assert ok.plan.get("1").evidence[-1]["accepted_reason"] == "log line 12 shows trtllm"
-    good = P.assess(BIND["requested"], {"run": "b-3", "effective": {
-        "effective": {"moe_runner_backend": "flashinfer_trtllm"}, "evidence": {"moe_runner_backend": "line"}}})
+    good = P.assess(
+        BIND["requested"],
+        {
+            "run": "b-3",
+            "effective": {
+                "effective": {"moe_runner_backend": "flashinfer_trtllm"},
+                "evidence": {"moe_runner_backend": "line"},
+            },
+        },
+    )
     assert good["applied"] is True
     assert P.done(p, "1", evidence=good, **KW).plan.get("1").status == "completed"
 
 
 def test_a_not_applied_record_cannot_be_accepted() -> None:
-    rec = P.assess({}, {"run": "x", "status": "not_applied", "not_applied": [
-        {"key": "moe_runner_backend", "requested": "flashinfer_trtllm", "effective": "flashinfer_cutlass"}]})
+    rec = P.assess(
+        {},
+        {
+            "run": "x",
+            "status": "not_applied",
+            "not_applied": [
+                {
+                    "key": "moe_runner_backend",
+                    "requested": "flashinfer_trtllm",
+                    "effective": "flashinfer_cutlass",
+                }
+            ],
+        },
+    )
     assert rec["applied"] is False
     with pytest.raises(ConfigError, match="did not take effect"):
         P.done(bound_plan(), "1", evidence=rec, accept_unconfirmed=True, reason="trust me", **KW)
 
 
-CANDS = [("trtllm", 1200.0, {"moe_runner_backend": "flashinfer_trtllm"}),
-         ("cutlass", 1100.0, {"moe_runner_backend": "flashinfer_cutlass"}),
-         ("baseline", None, {})]
+CANDS = [
+    ("trtllm", 1200.0, {"moe_runner_backend": "flashinfer_trtllm"}),
+    ("cutlass", 1100.0, {"moe_runner_backend": "flashinfer_cutlass"}),
+    ("baseline", None, {}),
+]
 
 
 def test_fill_from_study_is_ordered_and_idempotent() -> None:
@@ -170,25 +200,69 @@ def test_on_trial_moves_items_with_evidence() -> None:
     p = P.fill(P.Plan("s-1"), "s-1", CANDS, now=NOW).plan
     p = P.on_trial(p, "s-1", "trtllm", "running", {"run": "b-1"}, now=NOW).plan
     assert p.items[0].status == "in_progress" and p.items[0].worker == "tune"
-    o = P.on_trial(p, "s-1", "trtllm", "not_applied", {"run": "b-1", "effective": {
-        "moe_runner_backend": "flashinfer_cutlass"}, "not_applied": [{"key": "moe_runner_backend",
-        "requested": "flashinfer_trtllm", "effective": "flashinfer_cutlass", "evidence": "log"}]}, now=NOW)
+    o = P.on_trial(
+        p,
+        "s-1",
+        "trtllm",
+        "not_applied",
+        {
+            "run": "b-1",
+            "effective": {"moe_runner_backend": "flashinfer_cutlass"},
+            "not_applied": [
+                {
+                    "key": "moe_runner_backend",
+                    "requested": "flashinfer_trtllm",
+                    "effective": "flashinfer_cutlass",
+                    "evidence": "log",
+                }
+            ],
+        },
+        now=NOW,
+    )
     it = o.plan.items[0]
     assert it.status == "pending" and it.evidence[-1]["applied"] is False
     assert o.events[-1].reason.startswith("not applied: requested moe_runner_backend='flashinfer_trtllm'")
     # A run that claims "measured" but shows another backend also reopens it.
     p = P.on_trial(o.plan, "s-1", "cutlass", "running", {}, now=NOW).plan
-    m = P.on_trial(p, "s-1", "cutlass", "measured", {"run": "b-2", "effective": {
-        "moe_runner_backend": "triton"}}, now=NOW).plan
+    m = P.on_trial(
+        p,
+        "s-1",
+        "cutlass",
+        "measured",
+        {"run": "b-2", "effective": {"moe_runner_backend": "triton"}},
+        now=NOW,
+    ).plan
     assert m.items[1].status == "pending"
-    m = P.on_trial(m, "s-1", "cutlass", "measured", {"run": "b-3", "effective": {
-        "moe_runner_backend": "flashinfer_cutlass"}}, now=NOW).plan
+    m = P.on_trial(
+        m,
+        "s-1",
+        "cutlass",
+        "measured",
+        {"run": "b-3", "effective": {"moe_runner_backend": "flashinfer_cutlass"}},
+        now=NOW,
+    ).plan
     assert m.items[1].status == "completed" and m.items[1].evidence[-1]["run"] == "b-3"
-    f = P.on_trial(m, "s-1", "baseline", "failed", {"run": "b-4", "diagnosis": {
-        "class": "cuda_oom", "advice": "lower mem_fraction"}}, now=NOW)
+    f = P.on_trial(
+        m,
+        "s-1",
+        "baseline",
+        "failed",
+        {"run": "b-4", "diagnosis": {"class": "cuda_oom", "advice": "lower mem_fraction"}},
+        now=NOW,
+    )
     assert f.plan.items[2].status == "blocked" and "cuda_oom — lower mem_fraction" in f.events[-1].reason
-    a = P.on_trial(m, "s-1", "cutlass", "anomalous", {"run": "b-3", "effective": {
-        "moe_runner_backend": "flashinfer_cutlass"}, "anomalies": ["ttft 3x baseline"]}, now=NOW)
+    a = P.on_trial(
+        m,
+        "s-1",
+        "cutlass",
+        "anomalous",
+        {
+            "run": "b-3",
+            "effective": {"moe_runner_backend": "flashinfer_cutlass"},
+            "anomalies": ["ttft 3x baseline"],
+        },
+        now=NOW,
+    )
     assert a.plan.items[1].status == "blocked" and a.plan.items[1].evidence[-1]["anomalies"]
     u = P.on_trial(m, "s-1", "baseline", "measured", {"run": "b-5"}, now=NOW)
     assert u.plan.items[2].status == "blocked"  # candidate-only binding: nothing shown, nothing proven
@@ -212,7 +286,9 @@ def rich_plan() -> P.Plan:
     p = P.add(p, "run trtllm", binding=BIND, depends_on=["1"], priority="high", **KW).plan
     p = P.note(p, "2", "pid 4242 holds GPU 0", **KW).plan
     p = P.done(p, "1", **KW).plan
-    good = P.assess(BIND["requested"], {"run": "b-3", "effective": {"moe_runner_backend": "flashinfer_trtllm"}})
+    good = P.assess(
+        BIND["requested"], {"run": "b-3", "effective": {"moe_runner_backend": "flashinfer_trtllm"}}
+    )
     p = P.start(p, "3", **KW).plan
     p = P.done(p, "3", evidence=good, **KW).plan
     return P.block(p, "2", reason="need root", **KW).plan
@@ -233,7 +309,12 @@ def test_json_round_trip_is_lossless() -> None:
 def test_todowrite_round_trip_and_merge_rules() -> None:
     p = rich_plan()
     todos = P.export_todowrite(p)
-    assert todos[0] == {"id": "1", "content": "check the container", "status": "completed", "priority": "medium"}
+    assert todos[0] == {
+        "id": "1",
+        "content": "check the container",
+        "status": "completed",
+        "priority": "medium",
+    }
     assert set(todos[2]) == {"id", "content", "status", "priority"}
     # Back into the same plan: nothing changes, servelab-only fields survive.
     back = P.import_todowrite(p, todos, **KW)
@@ -246,13 +327,21 @@ def test_todowrite_round_trip_and_merge_rules() -> None:
 def test_todowrite_updates_in_place_adds_new_and_never_deletes_silently() -> None:
     p = plan_of("check the container", "kill leftover processes", "read the logs")
     todos = [
-        {"id": "1", "content": "check the container (GPUs visible?)", "status": "completed", "priority": "high"},
+        {
+            "id": "1",
+            "content": "check the container (GPUs visible?)",
+            "status": "completed",
+            "priority": "high",
+        },
         {"content": "read the logs", "status": "in_progress", "priority": "medium"},  # matched by content
         {"content": "write the report", "status": "pending", "activeForm": "Writing the report"},
     ]
     o = P.import_todowrite(p, todos, **KW)
     assert o.info == {"added": ["4"], "updated": ["1", "3"], "unchanged": [], "missing": ["2"], "pruned": []}
-    assert o.plan.get("1").content == "check the container (GPUs visible?)" and o.plan.get("1").priority == "high"
+    assert (
+        o.plan.get("1").content == "check the container (GPUs visible?)"
+        and o.plan.get("1").priority == "high"
+    )
     assert o.plan.get("2").status == "pending"  # missing: kept as it was
     assert o.plan.get("4").extra == {"activeForm": "Writing the report"}
     assert P.export_todowrite(o.plan)[3]["activeForm"] == "Writing the report"
@@ -264,8 +353,14 @@ def test_todowrite_updates_in_place_adds_new_and_never_deletes_silently() -> Non
 def test_todowrite_status_changes_obey_the_rules_in_any_order() -> None:
     p = P.start(plan_of("a", "b"), "1", **KW).plan
     # Finishing 1 and starting 2 in the same list is fine, whatever the order in the file.
-    o = P.import_todowrite(p, [{"id": "2", "content": "b", "status": "in_progress"},
-                               {"id": "1", "content": "a", "status": "completed"}], **KW)
+    o = P.import_todowrite(
+        p,
+        [
+            {"id": "2", "content": "b", "status": "in_progress"},
+            {"id": "1", "content": "a", "status": "completed"},
+        ],
+        **KW,
+    )
     assert [i.status for i in o.plan.items] == ["completed", "in_progress"]
     with pytest.raises(ConfigError, match="two items in progress"):
         P.import_todowrite(p, [{"id": "2", "content": "b", "status": "in_progress"}], **KW)
@@ -273,16 +368,24 @@ def test_todowrite_status_changes_obey_the_rules_in_any_order() -> None:
         P.import_todowrite(bound_plan(), [{"id": "1", "content": "run trtllm", "status": "completed"}], **KW)
 
 
-@pytest.mark.parametrize("data,msg", [
-    ({"x": 1}, "JSON list"),
-    ([{"content": "a"}], "needs content and status"),
-    ([{"content": "a", "status": "done"}], "unknown status 'done'"),
-    ([{"content": "a", "status": "pending", "priority": "p0"}], "unknown priority 'p0'"),
-    ([{"content": "", "status": "pending"}], "non-empty"),
-    ([{"id": "1", "content": "a", "status": "pending"}, {"id": "1", "content": "b", "status": "pending"}],
-     "repeats id"),
-    (["a"], "not an object"),
-])
+@pytest.mark.parametrize(
+    "data,msg",
+    [
+        ({"x": 1}, "JSON list"),
+        ([{"content": "a"}], "needs content and status"),
+        ([{"content": "a", "status": "done"}], "unknown status 'done'"),
+        ([{"content": "a", "status": "pending", "priority": "p0"}], "unknown priority 'p0'"),
+        ([{"content": "", "status": "pending"}], "non-empty"),
+        (
+            [
+                {"id": "1", "content": "a", "status": "pending"},
+                {"id": "1", "content": "b", "status": "pending"},
+            ],
+            "repeats id",
+        ),
+        (["a"], "not an object"),
+    ],
+)
 def test_bad_todowrite_input(data: Any, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         P.import_todowrite(plan_of("a"), data, **KW)
@@ -297,11 +400,15 @@ def test_bad_json_import() -> None:
     with pytest.raises(ConfigError, match="not a servelab plan export"):
         P.import_json(P.Plan("w"), [{"content": "a"}], **KW)
     with pytest.raises(ConfigError, match="unknown field"):
-        P.import_json(P.Plan("w"), {"format": P.JSON_FORMAT, "items": [{"id": "1", "content": "a", "colour": 1}]},
-                      **KW)
+        P.import_json(
+            P.Plan("w"), {"format": P.JSON_FORMAT, "items": [{"id": "1", "content": "a", "colour": 1}]}, **KW
+        )
     with pytest.raises(ConfigError, match="binding"):
-        P.import_json(P.Plan("w"), {"format": P.JSON_FORMAT, "items": [{"id": "1", "content": "a",
-                                                                          "binding": {"gpu": 1}}]}, **KW)
+        P.import_json(
+            P.Plan("w"),
+            {"format": P.JSON_FORMAT, "items": [{"id": "1", "content": "a", "binding": {"gpu": 1}}]},
+            **KW,
+        )
 
 
 def test_markdown_export() -> None:
@@ -312,8 +419,9 @@ def test_markdown_export() -> None:
     assert "- [x] **1** [medium] check the container" in md
     assert "- [!] **2** [medium] kill leftover processes" in md and "  - note: pid 4242 holds GPU 0" in md
     assert "- [x] **3** [high] run trtllm (after 1)" in md and "evidence: run b-3 (-), config applied" in md
-    assert "why: waiting on ops" in P.export_markdown(P.block(P.start(plan_of("x"), "1", **KW).plan, "1",
-                                                               reason="waiting on ops", **KW).plan, events)
+    assert "why: waiting on ops" in P.export_markdown(
+        P.block(P.start(plan_of("x"), "1", **KW).plan, "1", reason="waiting on ops", **KW).plan, events
+    )
 
 
 # -- check ------------------------------------------------------------------------------------------
@@ -321,9 +429,16 @@ def server(url: str = "http://127.0.0.1:8000", up: bool = True, **eff: Any) -> d
     return {"url": url, "up": up, "models": ["m"], "effective": eff, "engine": "sglang"}
 
 
-def svc(unit: str = "servelab-glm.service", active: str = "active", sub: str = "running",
-        restarts: int = 0) -> dict[str, Any]:
-    return {"unit": unit, "active_state": active, "sub_state": sub, "restarts": restarts, "since": "Sun 10:00"}
+def svc(
+    unit: str = "servelab-glm.service", active: str = "active", sub: str = "running", restarts: int = 0
+) -> dict[str, Any]:
+    return {
+        "unit": unit,
+        "active_state": active,
+        "sub_state": sub,
+        "restarts": restarts,
+        "since": "Sun 10:00",
+    }
 
 
 def in_progress(content: str, binding: dict[str, Any] | None = None) -> P.Plan:
@@ -344,12 +459,27 @@ def test_check_flags_a_backend_the_server_does_not_run() -> None:
     assert f.evidence["requested_from"] == "text"
     assert kinds(p, {"servers": [server(moe_runner_backend="flashinfer_trtllm")]}) == []
     # Any one observed server running it is enough; the item did not name which.
-    assert kinds(p, {"servers": [server(moe_runner_backend="flashinfer_cutlass"),
-                                 server("http://h:2", moe_runner_backend="flashinfer_trtllm")]}) == []
+    assert (
+        kinds(
+            p,
+            {
+                "servers": [
+                    server(moe_runner_backend="flashinfer_cutlass"),
+                    server("http://h:2", moe_runner_backend="flashinfer_trtllm"),
+                ]
+            },
+        )
+        == []
+    )
     assert kinds(p, {"servers": [server(tp_size=2)]}) == ["config_unconfirmed"]
     # A pending item assumes nothing about what runs now.
-    assert kinds(P.add(P.Plan("w"), "try flashinfer_trtllm", **KW).plan,
-                 {"servers": [server(moe_runner_backend="flashinfer_cutlass")]}) == []
+    assert (
+        kinds(
+            P.add(P.Plan("w"), "try flashinfer_trtllm", **KW).plan,
+            {"servers": [server(moe_runner_backend="flashinfer_cutlass")]},
+        )
+        == []
+    )
 
 
 def test_check_flags_an_in_progress_item_whose_server_is_down() -> None:
@@ -389,19 +519,27 @@ def test_recognizers_are_narrow() -> None:
     assert t["requested"] == {"tp_size": "4", "kv_cache_dtype": "fp8_e4m3", "attention_backend": "fa3"}
     assert P.targets(P.Item("1", "compare flashinfer against triton"))["requested"] == {}
     assert P.targets(P.Item("1", "see http://h:1/metrics."))["url"] == "http://h:1/metrics"
-    assert P.referenced([P.Item("1", "check http://h:1 and foo.service")]) == (["http://h:1"], ["foo.service"])
+    assert P.referenced([P.Item("1", "check http://h:1 and foo.service")]) == (
+        ["http://h:1"],
+        ["foo.service"],
+    )
 
 
 def test_numbers_for_todos_without_ids_skip_ids_the_list_names() -> None:
-    o = P.import_todowrite(P.Plan("w"), [{"content": "x", "status": "pending"},
-                                         {"id": "1", "content": "y", "status": "pending"}], **KW)
+    o = P.import_todowrite(
+        P.Plan("w"),
+        [{"content": "x", "status": "pending"}, {"id": "1", "content": "y", "status": "pending"}],
+        **KW,
+    )
     assert [(i.id, i.content) for i in o.plan.items] == [("2", "x"), ("1", "y")]
 
 
 def test_json_import_checks_field_types() -> None:
-    for item, msg in [({"id": "1", "content": "a", "evidence": ["b-1"]}, "must be an object"),
-                      ({"id": "1", "content": "a", "worker": 3}, "worker must be"),
-                      ({"id": "1", "content": "a", "depends_on": "2"}, "must be a list"),
-                      ({"id": "a b", "content": "a"}, "without spaces")]:
+    for item, msg in [
+        ({"id": "1", "content": "a", "evidence": ["b-1"]}, "must be an object"),
+        ({"id": "1", "content": "a", "worker": 3}, "worker must be"),
+        ({"id": "1", "content": "a", "depends_on": "2"}, "must be a list"),
+        ({"id": "a b", "content": "a"}, "without spaces"),
+    ]:
         with pytest.raises(ConfigError, match=msg):
             P.import_json(P.Plan("w"), {"format": P.JSON_FORMAT, "items": [item]}, **KW)

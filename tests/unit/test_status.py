@@ -33,8 +33,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         routes = {
             "/health": (200, "text/plain", ""),
-            "/v1/models": (200, "application/json",
-                           json.dumps({"object": "list", "data": [{"id": "tiny", "owned_by": "vllm"}]})),
+            "/v1/models": (
+                200,
+                "application/json",
+                json.dumps({"object": "list", "data": [{"id": "tiny", "owned_by": "vllm"}]}),
+            ),
             "/metrics": (200, "text/plain", METRICS),
             "/version": (200, "application/json", json.dumps({"version": "0.32.0"})),
         }
@@ -80,8 +83,9 @@ def test_nothing_to_observe_on_a_cpu_host(monkeypatch: pytest.MonkeyPatch) -> No
     json.dumps(obs)  # the --json view must serialise
 
 
-def test_live_server_engine_metrics_and_effective_config(monkeypatch: pytest.MonkeyPatch, vllm_like: str,
-                                                         tmp_path: Path) -> None:
+def test_live_server_engine_metrics_and_effective_config(
+    monkeypatch: pytest.MonkeyPatch, vllm_like: str, tmp_path: Path
+) -> None:
     _no_local_gpus(monkeypatch)
     obs = status.observe(urls=[vllm_like], log=str(VLLM_LOG))
     (s,) = obs["servers"]
@@ -110,22 +114,37 @@ def test_down_server_after_a_clean_shutdown(monkeypatch: pytest.MonkeyPatch) -> 
     assert down["evidence"]
 
 
-def test_last_run_from_the_store_names_what_never_started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_last_run_from_the_store_names_what_never_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     _no_local_gpus(monkeypatch)
     log = tmp_path / "server.log"
     shutil.copy(GLM5_LOG, log)
     with log.open("a") as fh:
-        fh.write("[2026-11-29 18:20:01] INFO:     Shutting down\n"
-                 "[2026-11-29 18:20:01] INFO:     Application shutdown complete.\n")
+        fh.write(
+            "[2026-11-29 18:20:01] INFO:     Shutting down\n"
+            "[2026-11-29 18:20:01] INFO:     Application shutdown complete.\n"
+        )
     url = f"http://127.0.0.1:{free_port()}"
     with open_store() as store:
         repo = StudyRepo(store)
         sid, _ = repo.create_study("glm5", None, {}, "h")
         cid = repo.add_candidate(sid, 0, "tp8-trtllm", {}, None)
         tid = repo.start_trial(cid, 0, "servelab-study:s-x:tp8-trtllm:0")
-        repo.update_trial(tid, url=url, log_path=str(log), not_applied=[{
-            "key": "moe_runner_backend", "requested": "flashinfer_trtllm", "effective": "flashinfer_cutlass",
-            "evidence": "moe_runner_backend='flashinfer_cutlass'"}], status="not_applied")
+        repo.update_trial(
+            tid,
+            url=url,
+            log_path=str(log),
+            not_applied=[
+                {
+                    "key": "moe_runner_backend",
+                    "requested": "flashinfer_trtllm",
+                    "effective": "flashinfer_cutlass",
+                    "evidence": "moe_runner_backend='flashinfer_cutlass'",
+                }
+            ],
+            status="not_applied",
+        )
     obs = status.observe()
     assert [s["url"] for s in obs["servers"]] == [url]  # default: the last run's URL
     assert obs["last_run"]["candidate"] == "tp8-trtllm" and obs["log"]["path"] == str(log)
@@ -179,7 +198,9 @@ def test_cli_status_and_doctor_json(monkeypatch: pytest.MonkeyPatch) -> None:
     data = json.loads(res.output)
     assert {c["name"] for c in data["checks"]} >= {"/dev/shm size", "open-file limit", "GPU P2P"}
     assert res.exit_code == (1 if data["worst"] == "fail" else 0)
-    monkeypatch.setattr(doctor, "check_shm", lambda f: doctor.Check("/dev/shm size", "fail", "tiny", "remount"))
+    monkeypatch.setattr(
+        doctor, "check_shm", lambda f: doctor.Check("/dev/shm size", "fail", "tiny", "remount")
+    )
     monkeypatch.setattr(doctor, "CHECKS", (doctor.check_shm,))
     res = CliRunner().invoke(cli, ["doctor"])
     assert res.exit_code == 1 and "remount" in res.output
@@ -198,7 +219,7 @@ def test_whole_command_through_an_nvidia_smi_on_path(monkeypatch: pytest.MonkeyP
         'case "$1" in\n'
         f"  --query-gpu=*) tail -n +2 {query} | sed 's/ MiB//g; s/ %//g' ;;\n"
         f"  --query-compute-apps=*) tail -n +2 {fix / 'compute_apps_8xh200.csv'} | sed 's/ MiB//g; s/1328667/{os.getpid()}/' ;;\n"
-        f"  topo) if [ \"$2\" = -m ]; then cat {fix / 'topo_2x5090_phb.txt'}; else cat {fix / 'p2p_2x5090_gns.txt'}; fi ;;\n"
+        f'  topo) if [ "$2" = -m ]; then cat {fix / "topo_2x5090_phb.txt"}; else cat {fix / "p2p_2x5090_gns.txt"}; fi ;;\n'
         "  *) exit 9 ;;\n"
         "esac\n"
     )
@@ -206,7 +227,9 @@ def test_whole_command_through_an_nvidia_smi_on_path(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setattr(gpus, "read_nvml", lambda: None)
     # The published capture has these 5 columns; ask for them so the stand-in's answer matches the question.
-    monkeypatch.setattr(gpus, "QUERY_FIELDS", ("index", "uuid", "memory.used", "memory.total", "utilization.gpu"))
+    monkeypatch.setattr(
+        gpus, "QUERY_FIELDS", ("index", "uuid", "memory.used", "memory.total", "utilization.gpu")
+    )
     obs = status.observe()
     g = obs["gpus"]
     assert g["source"] == "nvidia-smi" and g["available"] and len(g["gpus"]) == 8

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import orjson
 
 _perf = time.perf_counter
+
+
 def _delta_text(choice: dict[str, Any]) -> str:
     """Chat chunks carry their text in the delta (content, or reasoning for reasoning models)."""
     delta = choice.get("delta")
@@ -120,8 +122,10 @@ class _Conn(asyncio.Protocol):
             res = self._res
             assert res is not None
             if not self._headers_done:
-                self._finish("disconnected" if self._got_bytes else "connection_closed",
-                             f"connection closed before a response{': ' + str(exc) if exc else ''}")
+                self._finish(
+                    "disconnected" if self._got_bytes else "connection_closed",
+                    f"connection closed before a response{': ' + str(exc) if exc else ''}",
+                )
             elif self._chunked is False and self._body_left is None:
                 self._end_of_body()  # close-delimited body ends here
             else:
@@ -359,7 +363,9 @@ class _Conn(asyncio.Protocol):
             if self._done:
                 return
         if not (self._done_event or res.finish_reason):
-            self._finish("incomplete", f"stream ended without [DONE] or finish_reason after {res.chunks} chunks")
+            self._finish(
+                "incomplete", f"stream ended without [DONE] or finish_reason after {res.chunks} chunks"
+            )
             return
         self._finish(None, None)
 
@@ -407,10 +413,14 @@ class _Conn(asyncio.Protocol):
 
     def _on_timeout(self) -> None:
         res = self._res
-        self._finish("timeout", f"no complete response within the timeout ({res.chunks if res else 0} chunks received)")
+        self._finish(
+            "timeout", f"no complete response within the timeout ({res.chunks if res else 0} chunks received)"
+        )
 
     # driving --------------------------------------------------------------------------------------
-    def start(self, request: bytes, mode: str, timeout_s: float | None, keep_text: bool = True) -> asyncio.Future[None]:
+    def start(
+        self, request: bytes, mode: str, timeout_s: float | None, keep_text: bool = True
+    ) -> asyncio.Future[None]:
         """Send `request`; `mode` is "stream" (SSE), "json" (one JSON body) or "raw" (keep the bytes)."""
         loop = asyncio.get_running_loop()
         self._fut = loop.create_future()
@@ -450,15 +460,23 @@ class _Conn(asyncio.Protocol):
 class Client:
     """Keep-alive connection pool plus request building for one server."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float | None = 600.0,
-                 connect_timeout_s: float = 30.0, keep_text: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout_s: float | None = 600.0,
+        connect_timeout_s: float = 30.0,
+        keep_text: bool = True,
+    ) -> None:
         self.keep_text = keep_text  # the streamed text is only needed to count tokens with a tokenizer
         self.endpoint = Endpoint.parse(url)
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.endpoint.scheme == "https" else None
+        self._ssl: ssl.SSLContext | None = (
+            ssl.create_default_context() if self.endpoint.scheme == "https" else None
+        )
 
     def build_request(self, path: str, body: dict[str, Any] | bytes | None, method: str = "POST") -> bytes:
         """Serialize an HTTP/1.1 request once, so sending it later costs only a write."""
@@ -483,7 +501,9 @@ class Client:
         )
         return proto
 
-    async def send(self, request: bytes, mode: str = "stream", timeout_s: float | None = None) -> StreamResult:
+    async def send(
+        self, request: bytes, mode: str = "stream", timeout_s: float | None = None
+    ) -> StreamResult:
         """Send a prebuilt request and wait for the whole response; never raises for server faults."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         for attempt in range(2):
@@ -493,8 +513,11 @@ class Client:
                 try:
                     conn = await self._connect()
                 except (OSError, TimeoutError) as exc:
-                    res = StreamResult(end_t=_perf(), error_kind="connect_error",
-                                       error_message=f"{type(exc).__name__}: {exc}")
+                    res = StreamResult(
+                        end_t=_perf(),
+                        error_kind="connect_error",
+                        error_message=f"{type(exc).__name__}: {exc}",
+                    )
                     return res
                 reused = False
             await conn.start(request, mode, timeout, self.keep_text)
@@ -517,4 +540,3 @@ class Client:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
-

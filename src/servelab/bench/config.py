@@ -45,8 +45,10 @@ class BenchConfig(BaseModel):
         if sum(x is not None for x in (self.num_requests, self.duration_s, self.requests_per_stream)) != 1:
             raise ValueError("give exactly one of --num-requests, --duration or --requests-per-stream")
         if self.requests_per_stream is not None and self.mode != "concurrency":
-            raise ValueError("--requests-per-stream sizes closed-loop --concurrency levels; give --num-requests "
-                             "or --duration with --rate")
+            raise ValueError(
+                "--requests-per-stream sizes closed-loop --concurrency levels; give --num-requests "
+                "or --duration with --rate"
+            )
         if self.mode == "concurrency":
             bad = [v for v in self.levels if v < 1 or v != int(v)]
             if bad:
@@ -58,13 +60,22 @@ class BenchConfig(BaseModel):
         if self.workload == "sharegpt" and not self.dataset:
             raise ValueError("the sharegpt workload needs --dataset FILE")
         if self.max_concurrency is not None and self.mode != "rate":
-            raise ValueError("--max-concurrency caps an open-loop --rate run; with --concurrency it is the level itself")
+            raise ValueError(
+                "--max-concurrency caps an open-loop --rate run; with --concurrency it is the level itself"
+            )
         return self
 
     def level_specs(self) -> list[LevelSpec]:
         return [
-            LevelSpec(self.mode, v, self.level_requests(v), self.duration_s, self.max_concurrency, self.arrival,
-                      self.burstiness)
+            LevelSpec(
+                self.mode,
+                v,
+                self.level_requests(v),
+                self.duration_s,
+                self.max_concurrency,
+                self.arrival,
+                self.burstiness,
+            )
             for v in self.levels
         ]
 

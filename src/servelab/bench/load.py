@@ -118,23 +118,37 @@ class ClientMonitor:
             "wall_s": self.wall_s,
             "cpu_utilization": util,
             "cpu_us_per_output_token": (self.cpu_s / output_tokens * 1e6) if output_tokens else None,
-            "loop_lag_ms": {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99)),
-                            "max": float(lags.max())},
-            "send_lateness_ms": {"p50": float(np.percentile(late, 50)), "p99": float(np.percentile(late, 99)),
-                                 "max": float(late.max())} if self.lateness else None,
+            "loop_lag_ms": {
+                "p50": float(np.percentile(lags, 50)),
+                "p99": float(np.percentile(lags, 99)),
+                "max": float(lags.max()),
+            },
+            "send_lateness_ms": {
+                "p50": float(np.percentile(late, 50)),
+                "p99": float(np.percentile(late, 99)),
+                "max": float(late.max()),
+            }
+            if self.lateness
+            else None,
         }
         warnings = []
         if util > 0.85:
-            warnings.append(f"the benchmark client used {util:.0%} of a CPU core: it may be the bottleneck, "
-                            "not the server; run it on a less loaded machine or lower the load")
+            warnings.append(
+                f"the benchmark client used {util:.0%} of a CPU core: it may be the bottleneck, "
+                "not the server; run it on a less loaded machine or lower the load"
+            )
         lag_limit = max(5.0, 0.25 * median_itl_ms) if median_itl_ms else 5.0
         if out["loop_lag_ms"]["p99"] > lag_limit:
-            warnings.append(f"client event-loop lag p99 {out['loop_lag_ms']['p99']:.1f} ms exceeds "
-                            f"{lag_limit:.1f} ms: measured latencies include client delay")
+            warnings.append(
+                f"client event-loop lag p99 {out['loop_lag_ms']['p99']:.1f} ms exceeds "
+                f"{lag_limit:.1f} ms: measured latencies include client delay"
+            )
         if self.lateness and out["send_lateness_ms"]["p99"] > 10.0:
-            warnings.append(f"requests were sent late (p99 {out['send_lateness_ms']['p99']:.1f} ms behind schedule): "
-                            "the client could not keep the requested rate; latencies are still measured from "
-                            "the scheduled time")
+            warnings.append(
+                f"requests were sent late (p99 {out['send_lateness_ms']['p99']:.1f} ms behind schedule): "
+                "the client could not keep the requested rate; latencies are still measured from "
+                "the scheduled time"
+            )
         out["client_bound"] = bool(warnings)
         out["warnings"] = warnings
         return out
@@ -153,8 +167,17 @@ RecordFactory = Callable[[int, PreparedRequest, float, float | None, StreamResul
 OnRecord = Callable[[RequestRecord], None]
 
 
-async def _one(client: Client, idx: int, req: PreparedRequest, due: float, t0: float, scheduled: float | None,
-               make: RecordFactory, on_record: OnRecord, records: list[RequestRecord]) -> None:
+async def _one(
+    client: Client,
+    idx: int,
+    req: PreparedRequest,
+    due: float,
+    t0: float,
+    scheduled: float | None,
+    make: RecordFactory,
+    on_record: OnRecord,
+    records: list[RequestRecord],
+) -> None:
     res = await client.send(req.payload)
     rec = make(idx, req, due - t0, scheduled, res)
     if res.first_token_t is not None:
@@ -165,8 +188,14 @@ async def _one(client: Client, idx: int, req: PreparedRequest, due: float, t0: f
     on_record(rec)
 
 
-async def run_closed(client: Client, requests: list[PreparedRequest], spec: LevelSpec, make: RecordFactory,
-                     on_record: OnRecord, monitor: ClientMonitor) -> tuple[list[RequestRecord], float]:
+async def run_closed(
+    client: Client,
+    requests: list[PreparedRequest],
+    spec: LevelSpec,
+    make: RecordFactory,
+    on_record: OnRecord,
+    monitor: ClientMonitor,
+) -> tuple[list[RequestRecord], float]:
     """`spec.value` workers, each sending its next request as soon as the previous one finishes."""
     records: list[RequestRecord] = []
     total = spec.num_requests
@@ -189,8 +218,15 @@ async def run_closed(client: Client, requests: list[PreparedRequest], spec: Leve
     return records, time.perf_counter() - t0
 
 
-async def run_open(client: Client, requests: list[PreparedRequest], spec: LevelSpec, make: RecordFactory,
-                   on_record: OnRecord, monitor: ClientMonitor, seed: int) -> tuple[list[RequestRecord], float]:
+async def run_open(
+    client: Client,
+    requests: list[PreparedRequest],
+    spec: LevelSpec,
+    make: RecordFactory,
+    on_record: OnRecord,
+    monitor: ClientMonitor,
+    seed: int,
+) -> tuple[list[RequestRecord], float]:
     """Send on the schedule regardless of completions (optionally capped at max_concurrency)."""
     n = spec.num_requests
     if n is None:
@@ -217,14 +253,24 @@ async def run_open(client: Client, requests: list[PreparedRequest], spec: LevelS
             await asyncio.sleep(delay)
         monitor.lateness.append(max(0.0, time.perf_counter() - due))
         req = requests[i % len(requests)]
-        coro = capped(i, due, req, offset) if sem else _one(client, i, req, due, t0, offset, make, on_record, records)
+        coro = (
+            capped(i, due, req, offset)
+            if sem
+            else _one(client, i, req, due, t0, offset, make, on_record, records)
+        )
         tasks.append(loop.create_task(coro))
     await asyncio.gather(*tasks)
     return records, time.perf_counter() - t0
 
 
-async def run_level(client: Client, requests: list[PreparedRequest], spec: LevelSpec, make: RecordFactory,
-                    on_record: OnRecord, seed: int = 0) -> tuple[list[RequestRecord], float, ClientMonitor]:
+async def run_level(
+    client: Client,
+    requests: list[PreparedRequest],
+    spec: LevelSpec,
+    make: RecordFactory,
+    on_record: OnRecord,
+    seed: int = 0,
+) -> tuple[list[RequestRecord], float, ClientMonitor]:
     in_flight = int(spec.value) if spec.mode == "concurrency" else (spec.max_concurrency or 4096)
     raise_fd_limit(in_flight)
     monitor = ClientMonitor()
@@ -254,4 +300,3 @@ async def warmup(client: Client, requests: list[PreparedRequest], count: int, co
 
     await asyncio.gather(*(one(i) for i in range(count)))
     return ok
-

@@ -48,7 +48,13 @@ class RequestRecord:
 
 def tpot_s(rec: RequestRecord) -> float | None:
     """Time per output token after the first: (E2E − TTFT) / (N − 1); undefined for N ≤ 1."""
-    if not rec.ok or rec.ttft_s is None or rec.e2e_s is None or not rec.output_tokens or rec.output_tokens < 2:
+    if (
+        not rec.ok
+        or rec.ttft_s is None
+        or rec.e2e_s is None
+        or not rec.output_tokens
+        or rec.output_tokens < 2
+    ):
         return None
     return (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1)
 
@@ -114,7 +120,9 @@ def benchmark_duration_s(records: list[RequestRecord]) -> float:
     return max(ends) - first
 
 
-def summarize(records: list[RequestRecord], slo: SLO | None = None, duration_s: float | None = None) -> dict[str, Any]:
+def summarize(
+    records: list[RequestRecord], slo: SLO | None = None, duration_s: float | None = None
+) -> dict[str, Any]:
     """Every metric of one load level.
 
     Throughputs divide by `duration_s` when given (the level's wall time), else by the span from the
@@ -138,7 +146,9 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None, duration_s: 
         examples.setdefault(r.error_kind or "unknown", (r.error_message or "")[:300])
 
     mismatched = [
-        r for r in ok if r.requested_output_tokens is not None and r.output_tokens != r.requested_output_tokens
+        r
+        for r in ok
+        if r.requested_output_tokens is not None and r.output_tokens != r.requested_output_tokens
     ]
     summary: dict[str, Any] = {
         "num_requests": len(records),
@@ -161,13 +171,16 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None, duration_s: 
         "e2e_ms": stats_ms(e2es),
         "length_mismatches": len(mismatched),
         "length_mismatch_examples": [
-            {"idx": r.idx, "requested": r.requested_output_tokens, "got": r.output_tokens} for r in mismatched[:5]
+            {"idx": r.idx, "requested": r.requested_output_tokens, "got": r.output_tokens}
+            for r in mismatched[:5]
         ],
         "token_sources": dict(Counter(r.token_source or "none" for r in ok)),
     }
     tok_checked = [r for r in ok if r.tokenizer_output_tokens is not None and r.token_source == "usage"]
     if tok_checked:
-        disagree = [r for r in tok_checked if abs((r.tokenizer_output_tokens or 0) - (r.output_tokens or 0)) > 1]
+        disagree = [
+            r for r in tok_checked if abs((r.tokenizer_output_tokens or 0) - (r.output_tokens or 0)) > 1
+        ]
         summary["tokenizer_crosscheck"] = {"checked": len(tok_checked), "disagree": len(disagree)}
     if slo is not None and slo.limits:
         summary["slo"] = slo.as_dict()

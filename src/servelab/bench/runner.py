@@ -64,7 +64,9 @@ async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
     if res.error_kind == "connect_error" or res.status == 0:
         raise ServerError(f"cannot reach {cfg.url}: {res.error_message}")
     if res.status != 200:
-        raise ServerError(f"{cfg.url}/v1/models answered HTTP {res.status}: {res.body[:200].decode('utf-8', 'replace')}")
+        raise ServerError(
+            f"{cfg.url}/v1/models answered HTTP {res.status}: {res.body[:200].decode('utf-8', 'replace')}"
+        )
     try:
         data = orjson.loads(res.body)
         models = [m["id"] for m in data.get("data", [])]
@@ -100,20 +102,35 @@ async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabi
     else:  # pragma: no cover - loop always breaks or raises
         pass
     if not caps.exact_length and cfg.exact_output_len:
-        warnings.append("the server rejected ignore_eos/min_tokens: output lengths cannot be forced; requests that "
-                        "stop early are reported as length mismatches")
+        warnings.append(
+            "the server rejected ignore_eos/min_tokens: output lengths cannot be forced; requests that "
+            "stop early are reported as length mismatches"
+        )
     if not caps.stream_usage:
-        warnings.append("the server rejected stream_options.include_usage: token counts come from the tokenizer "
-                        "(if given) or the number of streamed chunks")
+        warnings.append(
+            "the server rejected stream_options.include_usage: token counts come from the tokenizer "
+            "(if given) or the number of streamed chunks"
+        )
     caps.usage_returned = res.completion_tokens is not None
     if caps.stream_usage and not caps.usage_returned:
-        warnings.append("the server ignores stream_options.include_usage: token counts come from the tokenizer "
-                        "(if given) or the number of streamed chunks")
+        warnings.append(
+            "the server ignores stream_options.include_usage: token counts come from the tokenizer "
+            "(if given) or the number of streamed chunks"
+        )
     return caps
 
 
-TRANSIENT = ("http_500", "http_502", "http_503", "http_429", "timeout", "disconnected", "malformed_sse",
-             "incomplete", "server_error_event")
+TRANSIENT = (
+    "http_500",
+    "http_502",
+    "http_503",
+    "http_429",
+    "timeout",
+    "disconnected",
+    "malformed_sse",
+    "incomplete",
+    "server_error_event",
+)
 
 
 async def _send_retrying(client: Client, req: bytes, timeout_s: float, tries: int = 4) -> StreamResult:
@@ -132,7 +149,9 @@ async def _get(client: Client, path: str) -> tuple[int, bytes]:
     return res.status, res.body
 
 
-async def calibrate_tokens_per_word(client: Client, cfg: BenchConfig, caps: Capabilities) -> tuple[float, float] | None:
+async def calibrate_tokens_per_word(
+    client: Client, cfg: BenchConfig, caps: Capabilities
+) -> tuple[float, float] | None:
     """Fit prompt_tokens = overhead + slope·words from the server's own usage on two probe prompts."""
     if not caps.usage_returned:
         return None
@@ -146,18 +165,22 @@ async def calibrate_tokens_per_word(client: Client, cfg: BenchConfig, caps: Capa
     return W.fit_tokens_per_word(samples)
 
 
-def build_workload(cfg: BenchConfig, counter: W.TokenCounter | None, fit: tuple[float, float] | None,
-                   count: int, seed: int) -> W.Workload:
+def build_workload(
+    cfg: BenchConfig, counter: W.TokenCounter | None, fit: tuple[float, float] | None, count: int, seed: int
+) -> W.Workload:
     overhead, per_word = fit if fit else (0.0, 1.0)
-    in_len = W.LengthSpec(max(1, cfg.input_len - round(overhead) if not counter else cfg.input_len), cfg.range_ratio)
+    in_len = W.LengthSpec(
+        max(1, cfg.input_len - round(overhead) if not counter else cfg.input_len), cfg.range_ratio
+    )
     out_len = W.LengthSpec(cfg.output_len, cfg.range_ratio)
     cal = fit is not None
     if cfg.workload == "sharegpt":
         assert cfg.dataset
         return W.sharegpt(cfg.dataset, count, seed, counter, per_word, calibrated=cal)
     if cfg.workload == "shared-prefix":
-        return W.shared_prefix(count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word,
-                               calibrated=cal)
+        return W.shared_prefix(
+            count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word, calibrated=cal
+        )
     return W.synthetic(count, in_len, out_len, seed, counter, per_word, calibrated=cal)
 
 
@@ -165,11 +188,20 @@ class _RecordMaker:
     def __init__(self, counter: W.TokenCounter | None) -> None:
         self.counter = counter
 
-    def __call__(self, idx: int, req: PreparedRequest, start_s: float, scheduled: float | None,
-                 res: StreamResult) -> M.RequestRecord:
-        rec = M.RequestRecord(idx=idx, prompt_idx=req.prompt_idx, start_s=start_s, ok=res.ok, scheduled_s=scheduled,
-                              itl_s=res.itl_s, requested_output_tokens=req.requested_output_tokens,
-                              error_kind=res.error_kind, error_message=res.error_message)
+    def __call__(
+        self, idx: int, req: PreparedRequest, start_s: float, scheduled: float | None, res: StreamResult
+    ) -> M.RequestRecord:
+        rec = M.RequestRecord(
+            idx=idx,
+            prompt_idx=req.prompt_idx,
+            start_s=start_s,
+            ok=res.ok,
+            scheduled_s=scheduled,
+            itl_s=res.itl_s,
+            requested_output_tokens=req.requested_output_tokens,
+            error_kind=res.error_kind,
+            error_message=res.error_message,
+        )
         rec.input_tokens = res.prompt_tokens if res.prompt_tokens is not None else req.target_input_tokens
         if res.completion_tokens is not None:
             rec.output_tokens, rec.token_source = res.completion_tokens, "usage"
@@ -180,7 +212,11 @@ class _RecordMaker:
         else:
             rec.output_tokens, rec.token_source = res.chunks, "chunks"
         if res.ok and res.chunks == 0 and res.completion_tokens == 0:
-            rec.ok, rec.error_kind, rec.error_message = False, "empty_response", "the server streamed no tokens"
+            rec.ok, rec.error_kind, rec.error_message = (
+                False,
+                "empty_response",
+                "the server streamed no tokens",
+            )
         return rec
 
 
@@ -221,7 +257,9 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
     try:
         client = Client(cfg.url, api_key=cfg.api_key, timeout_s=cfg.timeout_s, keep_text=counter is not None)
     except ValueError as exc:
-        raise ConfigError(str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000") from exc
+        raise ConfigError(
+            str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000"
+        ) from exc
     metrics_client = Client(cfg.url, api_key=cfg.api_key, timeout_s=10)
     warnings: list[str] = []
     repo = BenchRepo(store)
@@ -231,52 +269,82 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         if counter is None:
             fit = await calibrate_tokens_per_word(client, cfg, caps)
             if fit is None and counter is None:
-                warnings.append("no tokenizer and no usage from the server: input lengths are counted in words")
+                warnings.append(
+                    "no tokenizer and no usage from the server: input lengths are counted in words"
+                )
         specs = cfg.level_specs()
         # Duration-bound levels cycle through a pool of prompts; a pool big enough that a repeat (and
         # with it a prefix-cache hit that would flatter TTFT) is rare, and a warning when it happens.
         count = cfg.num_requests or max(
             [spec.num_requests or 0 for spec in specs]
-            + [2048 if cfg.duration_s else 0, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5)])
+            + [2048 if cfg.duration_s else 0, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5)]
+        )
         wl = build_workload(cfg, counter, fit, count, cfg.seed)
         warm_wl = build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
         path = _path(cfg)
         prepared = [
-            PreparedRequest(i, client.build_request(path, _body(cfg, caps, p.text, p.output_len)), p.output_len,
-                            p.input_len, p.text)
+            PreparedRequest(
+                i,
+                client.build_request(path, _body(cfg, caps, p.text, p.output_len)),
+                p.output_len,
+                p.input_len,
+                p.text,
+            )
             for i, p in enumerate(wl.prompts)
         ]
-        warm = [PreparedRequest(i, client.build_request(path, _body(cfg, caps, p.text, p.output_len)), p.output_len,
-                                p.input_len, p.text) for i, p in enumerate(warm_wl.prompts)]
-        config = cfg.model_dump() | {"workload_info": wl.describe(), "capabilities": caps.__dict__,
-                                     "tokens_per_word_fit": fit}
+        warm = [
+            PreparedRequest(
+                i,
+                client.build_request(path, _body(cfg, caps, p.text, p.output_len)),
+                p.output_len,
+                p.input_len,
+                p.text,
+            )
+            for i, p in enumerate(warm_wl.prompts)
+        ]
+        config = cfg.model_dump() | {
+            "workload_info": wl.describe(),
+            "capabilities": caps.__dict__,
+            "tokens_per_word_fit": fit,
+        }
         run_id, uid = repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash)
         repo.set_run_info(run_id, engine=caps.engine, warnings=warnings)
-        notify("run_started", {"uid": uid, "levels": len(specs), "workload": wl.describe(), "warnings": warnings})
+        notify(
+            "run_started", {"uid": uid, "levels": len(specs), "workload": wl.describe(), "warnings": warnings}
+        )
         make = _RecordMaker(counter)
         levels_out: list[dict[str, Any]] = []
         status = "completed"
         try:
             for li, spec in enumerate(specs):
-                levels_out.append(await _run_one_level(client, metrics_client, repo, run_id, li, spec, cfg, prepared,
-                                                       warm, make, slo, notify))
+                levels_out.append(
+                    await _run_one_level(
+                        client, metrics_client, repo, run_id, li, spec, cfg, prepared, warm, make, slo, notify
+                    )
+                )
         except asyncio.CancelledError:
             repo.set_run_info(run_id, warnings=warnings)
             repo.finish_run(run_id, "interrupted", {"levels": [lv["summary"] for lv in levels_out]})
-            raise Interrupted(f"benchmark interrupted; run {uid} keeps every request that had finished",
-                              hint=f"`servelab runs show {uid}` shows what was measured.") from None
+            raise Interrupted(
+                f"benchmark interrupted; run {uid} keeps every request that had finished",
+                hint=f"`servelab runs show {uid}` shows what was measured.",
+            ) from None
         repeated = sum(lv["summary"].get("prompts_repeated", 0) for lv in levels_out)
         if repeated:
-            warnings.append(f"{repeated} requests reused a prompt of the pool of {len(prepared)}: a server with "
-                            "prefix caching may answer those faster; give --num-requests or a shorter --duration")
+            warnings.append(
+                f"{repeated} requests reused a prompt of the pool of {len(prepared)}: a server with "
+                "prefix caching may answer those faster; give --num-requests or a shorter --duration"
+            )
         checked = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("checked", 0) for lv in levels_out)
         disagree = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("disagree", 0) for lv in levels_out)
         if disagree:
-            warnings.append(f"for {disagree} of {checked} requests the tokenizer's count of the streamed text "
-                            "disagrees with the server's usage by more than one token: the server streams text "
-                            "that is not the generated tokens, or --tokenizer is not the server's tokenizer")
+            warnings.append(
+                f"for {disagree} of {checked} requests the tokenizer's count of the streamed text "
+                "disagrees with the server's usage by more than one token: the server streams text "
+                "that is not the generated tokens, or --tokenizer is not the server's tokenizer"
+            )
         repo.set_run_info(run_id, warnings=warnings)
         repo.finish_run(run_id, status, {"levels": [lv["summary"] for lv in levels_out]})
         notify("run_finished", {"uid": uid, "status": status})
@@ -286,21 +354,42 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         metrics_client.close()
 
 
-async def _run_one_level(client: Client, metrics_client: Client, repo: BenchRepo, run_id: int, li: int,
-                         spec: LevelSpec, cfg: BenchConfig, prepared: list[PreparedRequest],
-                         warm: list[PreparedRequest], make: _RecordMaker, slo: M.SLO | None,
-                         notify: Observer) -> dict[str, Any]:
+async def _run_one_level(
+    client: Client,
+    metrics_client: Client,
+    repo: BenchRepo,
+    run_id: int,
+    li: int,
+    spec: LevelSpec,
+    cfg: BenchConfig,
+    prepared: list[PreparedRequest],
+    warm: list[PreparedRequest],
+    make: _RecordMaker,
+    slo: M.SLO | None,
+    notify: Observer,
+) -> dict[str, Any]:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
-    notify("level_started", {"index": li, "label": spec.label, "num_requests": spec.num_requests,
-                             "duration_s": spec.duration_s, "warmup": n_warm})
+    notify(
+        "level_started",
+        {
+            "index": li,
+            "label": spec.label,
+            "num_requests": spec.num_requests,
+            "duration_s": spec.duration_s,
+            "warmup": n_warm,
+        },
+    )
     await warmup(client, warm, n_warm, int(spec.value) if spec.mode == "concurrency" else n_warm)
     scrape = LevelScrape()
     before = await _snapshot(metrics_client)
     scrape.available = before is not None
     scrape.before = before or {}
-    sampler = (asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s))
-               if scrape.available and cfg.scrape_interval_s > 0 else None)
+    sampler = (
+        asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s))
+        if scrape.available and cfg.scrape_interval_s > 0
+        else None
+    )
     done: list[M.RequestRecord] = []
 
     def on_record(rec: M.RequestRecord) -> None:
@@ -330,14 +419,23 @@ async def _run_one_level(client: Client, metrics_client: Client, repo: BenchRepo
     out_tokens = summary["total_output_tokens"]
     client_stats = monitor.summary(out_tokens, summary["itl_ms"]["p50"]) if monitor else {}
     server = scrape.summary()
-    summary["vllm_compatible"] = M.vllm_compatible(summary, {
-        "max_concurrency": int(spec.value) if spec.mode == "concurrency" else spec.max_concurrency,
-        "request_rate": spec.value if spec.mode == "rate" else "inf",
-        "burstiness": spec.burstiness,
-    })
+    summary["vllm_compatible"] = M.vllm_compatible(
+        summary,
+        {
+            "max_concurrency": int(spec.value) if spec.mode == "concurrency" else spec.max_concurrency,
+            "request_rate": spec.value if spec.mode == "rate" else "inf",
+            "burstiness": spec.burstiness,
+        },
+    )
     repo.finish_level(level_id, status, summary, server, client_stats)
-    level = {"index": li, "status": status, "label": spec.label, "summary": summary, "server_metrics": server,
-             "client": client_stats}
+    level = {
+        "index": li,
+        "status": status,
+        "label": spec.label,
+        "summary": summary,
+        "server_metrics": server,
+        "client": client_stats,
+    }
     notify("level_finished", level)
     if status != "completed":
         raise asyncio.CancelledError

@@ -15,7 +15,10 @@ from typing import Any
 ENGINE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "requests_running": ("gauge", ("vllm:num_requests_running", "sglang:num_running_reqs")),
     "requests_waiting": ("gauge", ("vllm:num_requests_waiting", "sglang:num_queue_reqs")),
-    "kv_cache_usage": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")),
+    "kv_cache_usage": (
+        "gauge",
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+    ),
     "gen_throughput": ("gauge", ("sglang:gen_throughput",)),
     "generation_tokens": ("counter", ("vllm:generation_tokens_total", "sglang:generation_tokens_total")),
     "prompt_tokens": ("counter", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total")),

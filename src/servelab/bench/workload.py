@@ -21,7 +21,226 @@ import orjson
 from servelab.errors import ConfigError
 
 # Plain lowercase words; random sequences of them tokenize to a stable number of tokens per word.
-_WORDS = ["time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system", "program", "question", "work", "government", "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community", "name", "president", "team", "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war", "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force", "education", "foot", "boy", "age", "policy", "music", "market", "sense", "nation", "plan", "college", "interest", "death", "experience", "effect", "class", "control", "care", "field", "development", "role", "effort", "rate", "heart", "drug", "show", "leader", "light", "voice", "wife", "police", "mind", "price", "report", "decision", "son", "view", "relationship", "town", "road", "arm", "difference", "value", "building", "action", "model", "season", "society", "tax", "director", "position", "player", "record", "paper", "space", "ground", "form", "event", "official", "matter", "center", "couple", "site", "project", "activity", "star", "table", "need", "court", "oil", "situation", "cost", "industry", "figure", "street", "image", "phone", "data", "picture", "practice", "piece", "land", "product", "doctor", "wall", "patient", "worker", "news", "test", "movie", "north", "love", "support", "technology", "step", "baby", "computer", "type", "attention", "film", "tree", "source", "organization", "hair", "window", "evidence", "population", "site", "river", "summer", "garden", "stone", "signal", "engine", "cloud", "bridge", "letter", "winter", "island"]
+_WORDS = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+    "foot",
+    "boy",
+    "age",
+    "policy",
+    "music",
+    "market",
+    "sense",
+    "nation",
+    "plan",
+    "college",
+    "interest",
+    "death",
+    "experience",
+    "effect",
+    "class",
+    "control",
+    "care",
+    "field",
+    "development",
+    "role",
+    "effort",
+    "rate",
+    "heart",
+    "drug",
+    "show",
+    "leader",
+    "light",
+    "voice",
+    "wife",
+    "police",
+    "mind",
+    "price",
+    "report",
+    "decision",
+    "son",
+    "view",
+    "relationship",
+    "town",
+    "road",
+    "arm",
+    "difference",
+    "value",
+    "building",
+    "action",
+    "model",
+    "season",
+    "society",
+    "tax",
+    "director",
+    "position",
+    "player",
+    "record",
+    "paper",
+    "space",
+    "ground",
+    "form",
+    "event",
+    "official",
+    "matter",
+    "center",
+    "couple",
+    "site",
+    "project",
+    "activity",
+    "star",
+    "table",
+    "need",
+    "court",
+    "oil",
+    "situation",
+    "cost",
+    "industry",
+    "figure",
+    "street",
+    "image",
+    "phone",
+    "data",
+    "picture",
+    "practice",
+    "piece",
+    "land",
+    "product",
+    "doctor",
+    "wall",
+    "patient",
+    "worker",
+    "news",
+    "test",
+    "movie",
+    "north",
+    "love",
+    "support",
+    "technology",
+    "step",
+    "baby",
+    "computer",
+    "type",
+    "attention",
+    "film",
+    "tree",
+    "source",
+    "organization",
+    "hair",
+    "window",
+    "evidence",
+    "population",
+    "site",
+    "river",
+    "summer",
+    "garden",
+    "stone",
+    "signal",
+    "engine",
+    "cloud",
+    "bridge",
+    "letter",
+    "winter",
+    "island",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +295,15 @@ class TokenCounter:
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover - dependency of the package
-            raise ConfigError("the `tokenizers` package is needed for --tokenizer", hint="pip install tokenizers") from exc
+            raise ConfigError(
+                "the `tokenizers` package is needed for --tokenizer", hint="pip install tokenizers"
+            ) from exc
         try:
             self._tok = Tokenizer.from_file(str(file))
         except Exception as exc:
-            raise ConfigError(f"cannot load tokenizer {file}: {exc}", hint="Pass a valid tokenizer.json.") from exc
+            raise ConfigError(
+                f"cannot load tokenizer {file}: {exc}", hint="Pass a valid tokenizer.json."
+            ) from exc
         self.path = str(file)
 
     def count(self, text: str) -> int:
@@ -112,7 +335,11 @@ def _words(rng: random.Random, n: int) -> str:
 
 
 def _fit_words(
-    rng: random.Random, target_tokens: int, counter: TokenCounter | None, tokens_per_word: float, prefix: str = ""
+    rng: random.Random,
+    target_tokens: int,
+    counter: TokenCounter | None,
+    tokens_per_word: float,
+    prefix: str = "",
 ) -> tuple[str, int | None]:
     """Random words whose token count (prefix included) is the target; exact with a tokenizer."""
     need = max(1, target_tokens)
@@ -190,11 +417,17 @@ def sharegpt(
     try:
         data = orjson.loads(p.read_bytes())
     except FileNotFoundError:
-        raise ConfigError(f"dataset {path} does not exist", hint="Give the path of a ShareGPT-format JSON file.") from None
+        raise ConfigError(
+            f"dataset {path} does not exist", hint="Give the path of a ShareGPT-format JSON file."
+        ) from None
     except (orjson.JSONDecodeError, OSError) as exc:
-        raise ConfigError(f"dataset {path} is not valid JSON: {exc}", hint="Expected a ShareGPT-format JSON list.") from exc
+        raise ConfigError(
+            f"dataset {path} is not valid JSON: {exc}", hint="Expected a ShareGPT-format JSON list."
+        ) from exc
     if not isinstance(data, list):
-        raise ConfigError(f"dataset {path}: top level must be a list of conversations, got {type(data).__name__}")
+        raise ConfigError(
+            f"dataset {path}: top level must be a list of conversations, got {type(data).__name__}"
+        )
 
     def length(text: str) -> int:
         return counter.count(text) if counter else max(1, round(len(text.split()) * tokens_per_word))
@@ -251,6 +484,8 @@ def fit_tokens_per_word(samples: list[tuple[int, int]]) -> tuple[float, float]:
 
 def load_sharegpt_sample(write_to: Path, conversations: list[tuple[str, str]]) -> None:
     """Write a ShareGPT-format file (used by examples and tests)."""
-    items = [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]} for q, a in conversations]
+    items = [
+        {"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}
+        for q, a in conversations
+    ]
     write_to.write_text(json.dumps(items))
-

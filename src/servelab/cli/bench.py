@@ -27,8 +27,9 @@ def parse_levels(text: str | None, name: str) -> list[float] | None:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"{name} takes a comma-separated list of numbers, got {text!r}",
-                          hint=f"e.g. {name} 1,8,64") from None
+        raise ConfigError(
+            f"{name} takes a comma-separated list of numbers, got {text!r}", hint=f"e.g. {name} 1,8,64"
+        ) from None
     if not values:
         raise ConfigError(f"{name} is empty", hint=f"e.g. {name} 1,8,64")
     return values
@@ -39,7 +40,9 @@ def config_error(exc: ValidationError) -> ConfigError:
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "options"
         parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
-    return ConfigError("invalid benchmark options: " + "; ".join(parts), hint="`servelab bench --help` lists the options.")
+    return ConfigError(
+        "invalid benchmark options: " + "; ".join(parts), hint="`servelab bench --help` lists the options."
+    )
 
 
 class _ProgressObserver:
@@ -54,8 +57,14 @@ class _ProgressObserver:
             for w in data["warnings"]:
                 warn(w)
             if progress_enabled():
-                self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                         TimeElapsedColumn(), console=stderr, transient=True)
+                self.progress = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=stderr,
+                    transient=True,
+                )
                 self.progress.start()
         elif event == "level_started" and self.progress is not None:
             self.task = self.progress.add_task(f"level {data['label']}", total=data["num_requests"])
@@ -75,9 +84,21 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 
 
 def render(data: dict[str, Any]) -> None:
-    table = Table(title=f"servelab bench {data['run']} · {data['model']} · {data['status']}", title_justify="left")
-    cols = ["level", "ok/fail", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",
-            "E2E p50"]
+    table = Table(
+        title=f"servelab bench {data['run']} · {data['model']} · {data['status']}", title_justify="left"
+    )
+    cols = [
+        "level",
+        "ok/fail",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "ITL p50",
+        "E2E p50",
+    ]
     has_slo = any("goodput" in lv["summary"] for lv in data["levels"])
     if has_slo:
         cols.append("goodput req/s")
@@ -85,10 +106,18 @@ def render(data: dict[str, Any]) -> None:
         table.add_column(c, justify="right" if c != "level" else "left")
     for lv in data["levels"]:
         s = lv["summary"]
-        row = [lv["label"], f"{s['completed']}/{s['failed']}", _fmt(s["request_throughput"], 2),
-               _fmt(s["output_throughput"]), _fmt(s["ttft_ms"]["p50"]), _fmt(s["ttft_ms"]["p99"]),
-               _fmt(s["tpot_ms"]["p50"], 2), _fmt(s["tpot_ms"]["p99"], 2), _fmt(s["itl_ms"]["p50"], 2),
-               _fmt(s["e2e_ms"]["p50"])]
+        row = [
+            lv["label"],
+            f"{s['completed']}/{s['failed']}",
+            _fmt(s["request_throughput"], 2),
+            _fmt(s["output_throughput"]),
+            _fmt(s["ttft_ms"]["p50"]),
+            _fmt(s["ttft_ms"]["p99"]),
+            _fmt(s["tpot_ms"]["p50"], 2),
+            _fmt(s["tpot_ms"]["p99"], 2),
+            _fmt(s["itl_ms"]["p50"], 2),
+            _fmt(s["e2e_ms"]["p50"]),
+        ]
         if has_slo:
             row.append(_fmt(s.get("goodput"), 2))
         table.add_row(*row)
@@ -102,8 +131,10 @@ def render(data: dict[str, Any]) -> None:
             for k, ex in s["error_examples"].items():
                 stdout.print(f"  {k}: {ex[:160]}", markup=False)
         if s["length_mismatches"]:
-            stdout.print(f"[yellow]{lv['label']}: {s['length_mismatches']} requests returned a different number "
-                         f"of tokens than asked[/yellow]")
+            stdout.print(
+                f"[yellow]{lv['label']}: {s['length_mismatches']} requests returned a different number "
+                f"of tokens than asked[/yellow]"
+            )
         sm = lv["server_metrics"]
         if sm.get("available") and sm.get("deltas"):
             d = sm["deltas"]
@@ -125,8 +156,14 @@ def result_json(res: BenchResult, cfg: BenchConfig) -> dict[str, Any]:
         "capabilities": res.capabilities,
         "warnings": res.warnings,
         "levels": [
-            {"index": lv["index"], "label": lv["label"], "status": lv["status"], "summary": lv["summary"],
-             "server_metrics": lv["server_metrics"], "client": lv["client"]}
+            {
+                "index": lv["index"],
+                "label": lv["label"],
+                "status": lv["status"],
+                "summary": lv["summary"],
+                "server_metrics": lv["server_metrics"],
+                "client": lv["client"],
+            }
             for lv in res.levels
         ],
     }
@@ -137,7 +174,9 @@ async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
         try:
             return await run_bench(cfg, store, observer)
         except asyncio.CancelledError:
-            raise Interrupted("benchmark interrupted before its first level started; nothing was measured") from None
+            raise Interrupted(
+                "benchmark interrupted before its first level started; nothing was measured"
+            ) from None
 
 
 def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
@@ -145,60 +184,127 @@ def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
 
 
 @click.command()
-@click.option("--url", required=True, help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+@click.option(
+    "--url", required=True, help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000"
+)
 @click.option("--model", required=True, help="Model name as the server serves it (see /v1/models).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--concurrency", "concurrency", help="Closed-loop levels, comma-separated, e.g. 1,8,64.")
 @click.option("--rate", "rate", help="Open-loop request rates per second, comma-separated, e.g. 2,4,8.")
 @click.option("--max-concurrency", type=int, help="Cap on in-flight requests for --rate levels.")
-@click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson", show_default=True)
-@click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape for --arrival gamma.")
+@click.option(
+    "--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson", show_default=True
+)
+@click.option(
+    "--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape for --arrival gamma."
+)
 @click.option("--num-requests", type=int, help="Requests per level.")
 @click.option("--duration", type=float, help="Seconds per level (instead of --num-requests).")
-@click.option("--requests-per-stream", type=int,
-              help="Per level, this many requests per concurrent stream (at least 8): c=1 → 8, c=64 → 64×N.")
-@click.option("--workload", type=click.Choice(["synthetic", "sharegpt", "shared-prefix"]), default=None,
-              help="Default: sharegpt when --dataset is given, else synthetic.")
+@click.option(
+    "--requests-per-stream",
+    type=int,
+    help="Per level, this many requests per concurrent stream (at least 8): c=1 → 8, c=64 → 64×N.",
+)
+@click.option(
+    "--workload",
+    type=click.Choice(["synthetic", "sharegpt", "shared-prefix"]),
+    default=None,
+    help="Default: sharegpt when --dataset is given, else synthetic.",
+)
 @click.option("--input-len", type=int, default=256, show_default=True, help="Prompt tokens (synthetic).")
 @click.option("--output-len", type=int, default=128, show_default=True, help="Output tokens to ask for.")
-@click.option("--range-ratio", type=float, default=0.0, show_default=True,
-              help="Spread lengths uniformly by ±this fraction.")
+@click.option(
+    "--range-ratio",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Spread lengths uniformly by ±this fraction.",
+)
 @click.option("--dataset", type=click.Path(dir_okay=False), help="ShareGPT-format JSON file.")
-@click.option("--num-prefixes", type=int, default=4, show_default=True, help="shared-prefix: distinct prefixes.")
-@click.option("--prefix-len", type=int, default=512, show_default=True, help="shared-prefix: tokens per prefix.")
-@click.option("--tokenizer", type=click.Path(), help="Local tokenizer (model dir or tokenizer.json) to count tokens.")
+@click.option(
+    "--num-prefixes", type=int, default=4, show_default=True, help="shared-prefix: distinct prefixes."
+)
+@click.option(
+    "--prefix-len", type=int, default=512, show_default=True, help="shared-prefix: tokens per prefix."
+)
+@click.option(
+    "--tokenizer", type=click.Path(), help="Local tokenizer (model dir or tokenizer.json) to count tokens."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slo", help="Latency limits for goodput, e.g. ttft_ms<=500,tpot_ms<=50")
-@click.option("--warmup", type=int, default=-1, help="Unrecorded warm-up requests per level (default: one per stream, ≤16).")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout, s.")
+@click.option(
+    "--warmup",
+    type=int,
+    default=-1,
+    help="Unrecorded warm-up requests per level (default: one per stream, ≤16).",
+)
+@click.option(
+    "--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout, s."
+)
 @click.option("--no-exact-length", is_flag=True, help="Do not send ignore_eos/min_tokens.")
 @click.option("--temperature", type=float, help="Sampling temperature to send (default: the server's).")
-@click.option("--scrape-interval", type=float, default=1.0, show_default=True,
-              help="Seconds between /metrics samples during a level; 0 keeps only the before/after snapshots.")
-@click.option("--api-key", envvar="SERVELAB_API_KEY", help="Bearer token (or $SERVELAB_API_KEY); never stored.")
-@click.option("--export-vllm", type=click.Path(file_okay=False), help="Also write one JSON per level in vllm bench serve's fields to this directory.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (documented in docs/cli/bench.md).")
+@click.option(
+    "--scrape-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between /metrics samples during a level; 0 keeps only the before/after snapshots.",
+)
+@click.option(
+    "--api-key", envvar="SERVELAB_API_KEY", help="Bearer token (or $SERVELAB_API_KEY); never stored."
+)
+@click.option(
+    "--export-vllm",
+    type=click.Path(file_okay=False),
+    help="Also write one JSON per level in vllm bench serve's fields to this directory.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the result as JSON (documented in docs/cli/bench.md)."
+)
 def bench(**opts: Any) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and goodput at one or more load levels."""
     conc = parse_levels(opts.pop("concurrency"), "--concurrency")
     rate = parse_levels(opts.pop("rate"), "--rate")
     if (conc is None) == (rate is None):
-        raise ConfigError("give exactly one of --concurrency or --rate", hint="e.g. --concurrency 1,8,64 or --rate 2,4,8")
+        raise ConfigError(
+            "give exactly one of --concurrency or --rate", hint="e.g. --concurrency 1,8,64 or --rate 2,4,8"
+        )
     export = opts.pop("export_vllm")
     as_json = opts.pop("as_json")
     workload = opts.pop("workload") or ("sharegpt" if opts.get("dataset") else "synthetic")
     if opts.get("dataset") and not Path(opts["dataset"]).is_file():
-        raise ConfigError(f"--dataset {opts['dataset']} does not exist", hint="Give the path of a ShareGPT-format JSON file.")
+        raise ConfigError(
+            f"--dataset {opts['dataset']} does not exist",
+            hint="Give the path of a ShareGPT-format JSON file.",
+        )
     try:
         cfg = BenchConfig(
-            url=opts["url"], model=opts["model"], api=opts["api"], mode="concurrency" if conc else "rate",
-            levels=conc or rate, max_concurrency=opts["max_concurrency"], num_requests=opts["num_requests"],
-            duration_s=opts["duration"], requests_per_stream=opts["requests_per_stream"], workload=workload, input_len=opts["input_len"],
-            output_len=opts["output_len"], range_ratio=opts["range_ratio"], dataset=opts["dataset"],
-            num_prefixes=opts["num_prefixes"], prefix_len=opts["prefix_len"], tokenizer=opts["tokenizer"],
-            seed=opts["seed"], slo=opts["slo"], arrival=opts["arrival"], burstiness=opts["burstiness"],
-            warmup=opts["warmup"], timeout_s=opts["timeout_s"], exact_output_len=not opts["no_exact_length"],
-            api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"), temperature=opts["temperature"],
+            url=opts["url"],
+            model=opts["model"],
+            api=opts["api"],
+            mode="concurrency" if conc else "rate",
+            levels=conc or rate,
+            max_concurrency=opts["max_concurrency"],
+            num_requests=opts["num_requests"],
+            duration_s=opts["duration"],
+            requests_per_stream=opts["requests_per_stream"],
+            workload=workload,
+            input_len=opts["input_len"],
+            output_len=opts["output_len"],
+            range_ratio=opts["range_ratio"],
+            dataset=opts["dataset"],
+            num_prefixes=opts["num_prefixes"],
+            prefix_len=opts["prefix_len"],
+            tokenizer=opts["tokenizer"],
+            seed=opts["seed"],
+            slo=opts["slo"],
+            arrival=opts["arrival"],
+            burstiness=opts["burstiness"],
+            warmup=opts["warmup"],
+            timeout_s=opts["timeout_s"],
+            exact_output_len=not opts["no_exact_length"],
+            api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"),
+            temperature=opts["temperature"],
             scrape_interval_s=opts["scrape_interval"],
         )
     except ValidationError as exc:
@@ -210,5 +316,7 @@ def bench(**opts: Any) -> None:
         out.mkdir(parents=True, exist_ok=True)
         for lv in res.levels:
             compat = lv["summary"]["vllm_compatible"] | {"model_id": cfg.model, "servelab_run": res.uid}
-            (out / f"{res.uid}-level{lv['index']}.json").write_bytes(orjson.dumps(compat, option=orjson.OPT_INDENT_2))
+            (out / f"{res.uid}-level{lv['index']}.json").write_bytes(
+                orjson.dumps(compat, option=orjson.OPT_INDENT_2)
+            )
     emit(data, as_json, render)

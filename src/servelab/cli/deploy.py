@@ -32,32 +32,71 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
 @click.argument("run")
 @click.option("--target", type=click.Choice(TARGETS), default="systemd", show_default=True)
 @click.option("--name", default=None, help="Unit / service name (default: servelab-STUDYNAME).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to write the file (default: $SERVELAB_HOME/deployments/NAME).")
-@click.option("--install", is_flag=True, help="systemd only: install, enable and start the unit, then verify and "
-              "benchmark it against the tuned result.")
-@click.option("--dry-run", is_flag=True, help="Print what would be written and done; write and record nothing.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the file (default: $SERVELAB_HOME/deployments/NAME).",
+)
+@click.option(
+    "--install",
+    is_flag=True,
+    help="systemd only: install, enable and start the unit, then verify and "
+    "benchmark it against the tuned result.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print what would be written and done; write and record nothing."
+)
 @click.option("--user", default=None, help="User= for the unit / user for the container.")
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Serve on this port instead of the run's.")
-@click.option("--env", "env_values", multiple=True, metavar="NAME=VALUE",
-              help="Set an environment variable (supplies a value the store redacted). Repeatable.")
-@click.option("--arg", "arg_values", multiple=True, metavar="FLAG=VALUE",
-              help="Replace the value of an engine flag (e.g. --arg --api-key=KEY for a redacted one). Repeatable.")
-@click.option("--env-file", default=None, help="EnvironmentFile= (systemd) / env_file (Compose) / a Secret "
-              "NAME-env (Kubernetes) that supplies the redacted variables.")
-@click.option("--start-timeout", type=float, default=None,
-              help="TimeoutStartSec in seconds (default: measured start-up × 3 + 120, at least 300).")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=None, help="Serve on this port instead of the run's."
+)
+@click.option(
+    "--env",
+    "env_values",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set an environment variable (supplies a value the store redacted). Repeatable.",
+)
+@click.option(
+    "--arg",
+    "arg_values",
+    multiple=True,
+    metavar="FLAG=VALUE",
+    help="Replace the value of an engine flag (e.g. --arg --api-key=KEY for a redacted one). Repeatable.",
+)
+@click.option(
+    "--env-file",
+    default=None,
+    help="EnvironmentFile= (systemd) / env_file (Compose) / a Secret "
+    "NAME-env (Kubernetes) that supplies the redacted variables.",
+)
+@click.option(
+    "--start-timeout",
+    type=float,
+    default=None,
+    help="TimeoutStartSec in seconds (default: measured start-up × 3 + 120, at least 300).",
+)
 @click.option("--stop-timeout", type=float, default=None, help="TimeoutStopSec in seconds (default 60).")
 @click.option("--kill-stale", is_flag=True, help="The unit's preflight ends leftover processes in its way.")
 @click.option("--no-hardening", is_flag=True, help="Leave out the systemd hardening lines.")
-@click.option("--image", default=None, help="Container image (default: the engine's image at the measured version).")
+@click.option(
+    "--image", default=None, help="Container image (default: the engine's image at the measured version)."
+)
 @click.option("--shm-size", default=None, help="/dev/shm size for containers (default 16g).")
 @click.option("--namespace", default=None, help="Kubernetes namespace.")
-@click.option("--tolerance", type=float, default=0.10, show_default=True,
-              help="--install: largest relative shortfall against the tuned result that still passes.")
+@click.option(
+    "--tolerance",
+    type=float,
+    default=0.10,
+    show_default=True,
+    help="--install: largest relative shortfall against the tuned result that still passes.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON (keys in docs/cli/deploy.md).")
-def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_run: bool, as_json: bool,
-               **opts: Any) -> None:
+def deploy_cmd(
+    run: str, target: str, out_dir: Path | None, install: bool, dry_run: bool, as_json: bool, **opts: Any
+) -> None:
     """Deploy RUN (STUDY for its winner, STUDY:CANDIDATE, or trial:ID) as a systemd unit, a Docker Compose
     service or a Kubernetes Deployment + Service, from the exact command line and environment it ran with."""
     from servelab.deploy import install as inst
@@ -67,8 +106,10 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
     from servelab.store import open_store
 
     if install and target != "systemd":
-        raise ConfigError(f"--install installs systemd units, not {target}",
-                          hint="apply the file yourself: `docker compose -f FILE up -d` / `kubectl apply -f FILE`")
+        raise ConfigError(
+            f"--install installs systemd units, not {target}",
+            hint="apply the file yourself: `docker compose -f FILE up -d` / `kubectl apply -f FILE`",
+        )
     if install and not dry_run:
         inst.require_systemd()  # before anything is read, written or recorded
     if not 0 <= opts["tolerance"] < 1:
@@ -76,17 +117,35 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
     with open_store() as store:
         stored = source.resolve(store, run)  # as stored: secrets masked, so safe to show and record
         secrets = bool(opts["env_values"] or opts["arg_values"])
-        rec = source.apply_overrides(stored, env=_pairs(opts["env_values"], "--env"),
-                                     args=_pairs(opts["arg_values"], "--arg"), port=opts["port"],
-                                     env_file=opts["env_file"] is not None)
-        spec = specmod.build(rec, opts["name"], user=opts["user"], start_timeout_s=opts["start_timeout"],
-                             stop_timeout_s=opts["stop_timeout"], env_file=opts["env_file"])
+        rec = source.apply_overrides(
+            stored,
+            env=_pairs(opts["env_values"], "--env"),
+            args=_pairs(opts["arg_values"], "--arg"),
+            port=opts["port"],
+            env_file=opts["env_file"] is not None,
+        )
+        spec = specmod.build(
+            rec,
+            opts["name"],
+            user=opts["user"],
+            start_timeout_s=opts["start_timeout"],
+            stop_timeout_s=opts["stop_timeout"],
+            env_file=opts["env_file"],
+        )
         text, filename, notes = _render(spec, target, opts)
         out = (out_dir or data_home() / "deployments" / spec.name) / filename
         result: dict[str, Any] = {
-            "name": spec.name, "target": target, "source": redact(stored.to_dict()), "file": str(out),
-            "dry_run": dry_run, "start_timeout_s": spec.start_timeout_s, "stop_timeout_s": spec.stop_timeout_s,
-            "url": spec.local_url, "notes": notes, "verify": None, "install": None,
+            "name": spec.name,
+            "target": target,
+            "source": redact(stored.to_dict()),
+            "file": str(out),
+            "dry_run": dry_run,
+            "start_timeout_s": spec.start_timeout_s,
+            "stop_timeout_s": spec.stop_timeout_s,
+            "url": spec.local_url,
+            "notes": notes,
+            "verify": None,
+            "install": None,
         }
         if dry_run:
             result["content"] = text
@@ -102,16 +161,26 @@ def deploy_cmd(run: str, target: str, out_dir: Path | None, install: bool, dry_r
             result["verify"] = _verify(out)
         from servelab.deploy.records import DeploymentRepo
 
-        dep_id = DeploymentRepo(store).add(spec.name, target, f"{rec.study_uid}:{rec.candidate}", rec.trial_id,
-                                           str(out), {**result, "argv": stored.argv, "env": sorted(spec.env)})
+        dep_id = DeploymentRepo(store).add(
+            spec.name,
+            target,
+            f"{rec.study_uid}:{rec.candidate}",
+            rec.trial_id,
+            str(out),
+            {**result, "argv": stored.argv, "env": sorted(spec.env)},
+        )
         result["deployment_id"] = dep_id
         if install:
+
             def observe(event: str, data: dict[str, Any]) -> None:
                 if not as_json and event == "systemctl":
                     stderr.print(f"systemctl {' '.join(data['args'])}")
 
-            result["install"] = asyncio.run(inst.install(spec, text, store, dep_id, tolerance=opts["tolerance"],
-                                                         observe=observe, private=secrets))
+            result["install"] = asyncio.run(
+                inst.install(
+                    spec, text, store, dep_id, tolerance=opts["tolerance"], observe=observe, private=secrets
+                )
+            )
     emit(result, as_json, _render_result)
     if result["install"] and not result["install"]["check"]["ok"]:
         sys.exit(1)
@@ -121,8 +190,11 @@ def _render(spec: Any, target: str, opts: dict[str, Any]) -> tuple[str, str, lis
     from servelab.deploy import compose, containers, kubernetes, systemd
 
     if target == "systemd":
-        return (systemd.render_unit(spec, kill_stale=opts["kill_stale"], hardening=not opts["no_hardening"]),
-                f"{spec.name}.service", list(spec.notes))
+        return (
+            systemd.render_unit(spec, kill_stale=opts["kill_stale"], hardening=not opts["no_hardening"]),
+            f"{spec.name}.service",
+            list(spec.notes),
+        )
     cp = containers.plan(spec, opts["image"], opts["shm_size"])
     if target == "compose":
         return compose.dump(compose.render(spec, cp)), "compose.yaml", cp.notes
@@ -148,21 +220,30 @@ def _actions(spec: Any, target: str, out: Path, install: bool) -> list[str]:
     if target == "systemd":
         acts.append(f"systemd-analyze verify {out}")
     if install:
-        acts += [f"write /etc/systemd/system/{spec.name}.service", "systemctl daemon-reload",
-                 f"systemctl enable {spec.name}.service", f"systemctl start {spec.name}.service",
-                 f"wait-ready {spec.local_url}", "verify-output",
-                 f"benchmark at the study's main level ({spec.record.main_level})",
-                 "compare with the tuned result and record the check"]
+        acts += [
+            f"write /etc/systemd/system/{spec.name}.service",
+            "systemctl daemon-reload",
+            f"systemctl enable {spec.name}.service",
+            f"systemctl start {spec.name}.service",
+            f"wait-ready {spec.local_url}",
+            "verify-output",
+            f"benchmark at the study's main level ({spec.record.main_level})",
+            "compare with the tuned result and record the check",
+        ]
     return acts
 
 
 def _render_result(d: dict[str, Any]) -> None:
     src = d["source"]
-    stdout.print(f"[bold]{escape(d['name'])}[/bold] ({d['target']}) from study {escape(src['study'])}, "
-                 f"candidate {escape(src['candidate'])}, trial {src['trial']}: {escape(src['engine'])} "
-                 f"{escape(str(src['engine_version'] or '?'))}, model {escape(src['model_path'])}")
-    stdout.print(f"serves {escape(d['url'])}; start timeout {d['start_timeout_s']} s, stop timeout "
-                 f"{d['stop_timeout_s']} s")
+    stdout.print(
+        f"[bold]{escape(d['name'])}[/bold] ({d['target']}) from study {escape(src['study'])}, "
+        f"candidate {escape(src['candidate'])}, trial {src['trial']}: {escape(src['engine'])} "
+        f"{escape(str(src['engine_version'] or '?'))}, model {escape(src['model_path'])}"
+    )
+    stdout.print(
+        f"serves {escape(d['url'])}; start timeout {d['start_timeout_s']} s, stop timeout "
+        f"{d['stop_timeout_s']} s"
+    )
     for n in d["notes"]:
         stdout.print(f"note: {escape(n)}")
     if d["dry_run"]:
@@ -177,7 +258,9 @@ def _render_result(d: dict[str, Any]) -> None:
         elif v["ok"]:
             stdout.print("systemd-analyze verify: [green]ok[/green]")
         else:
-            stdout.print("[red]systemd-analyze verify found problems:[/red]\n  " + escape("\n  ".join(v["problems"])))
+            stdout.print(
+                "[red]systemd-analyze verify found problems:[/red]\n  " + escape("\n  ".join(v["problems"]))
+            )
     ins = d.get("install")
     if ins:
         c = ins["check"]
@@ -185,19 +268,31 @@ def _render_result(d: dict[str, Any]) -> None:
         stdout.print(f"installed {escape(ins['unit'])}; state {escape(str(ins['status'].get('state')))}")
         stdout.print(f"deployment check: [{color}]{escape(c['verdict'])}[/{color}]")
     elif d["target"] == "systemd":
-        stdout.print(f"install: sudo cp {escape(d['file'])} /etc/systemd/system/ && sudo systemctl daemon-reload && "
-                     f"sudo systemctl enable --now {escape(d['name'])}.service (or servelab deploy --install)")
+        stdout.print(
+            f"install: sudo cp {escape(d['file'])} /etc/systemd/system/ && sudo systemctl daemon-reload && "
+            f"sudo systemctl enable --now {escape(d['name'])}.service (or servelab deploy --install)"
+        )
 
 
 @click.command("preflight")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), required=True, help="The port the server will listen on.")
-@click.option("--gpus", default="all", show_default=True, help="GPUs the server uses: all, none, or indices 0,1.")
-@click.option("--marker", default="", help="This unit's SERVELAB_RUN value (its own leftovers count as stale).")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), required=True, help="The port the server will listen on."
+)
+@click.option(
+    "--gpus", default="all", show_default=True, help="GPUs the server uses: all, none, or indices 0,1."
+)
+@click.option(
+    "--marker", default="", help="This unit's SERVELAB_RUN value (its own leftovers count as stale)."
+)
 @click.option("--engine", default=None, help="Engine name (picks the compile caches to reset).")
-@click.option("--kill-stale", is_flag=True, help="End the processes in the way that are not live servelab units.")
+@click.option(
+    "--kill-stale", is_flag=True, help="End the processes in the way that are not live servelab units."
+)
 @click.option("--reset-compile-cache", is_flag=True, help="Empty the engine's compile caches.")
-@click.option("--compile-cache", "compile_caches", multiple=True, help="A compile cache directory (repeatable).")
+@click.option(
+    "--compile-cache", "compile_caches", multiple=True, help="A compile cache directory (repeatable)."
+)
 @click.option("--json", "as_json", is_flag=True)
 def preflight_cmd(as_json: bool, **opts: Any) -> None:
     """Refuse to start a server while its port or GPUs are held, and clean stale /dev/shm segments.
@@ -205,9 +300,16 @@ def preflight_cmd(as_json: bool, **opts: Any) -> None:
     Exits 1 with the reasons when the server must not start (systemd's ExecStartPre then stops the start)."""
     from servelab.deploy.preflight import preflight
 
-    report = preflight(opts["host"], opts["port"], gpus=opts["gpus"], marker=opts["marker"] or
-                       os.environ.get("SERVELAB_RUN", ""), kill_stale=opts["kill_stale"], engine=opts["engine"],
-                       reset_compile_cache=opts["reset_compile_cache"], compile_caches=opts["compile_caches"])
+    report = preflight(
+        opts["host"],
+        opts["port"],
+        gpus=opts["gpus"],
+        marker=opts["marker"] or os.environ.get("SERVELAB_RUN", ""),
+        kill_stale=opts["kill_stale"],
+        engine=opts["engine"],
+        reset_compile_cache=opts["reset_compile_cache"],
+        compile_caches=opts["compile_caches"],
+    )
     emit(report.to_dict(), as_json, _render_preflight)
     if not report.ok:
         sys.exit(1)
@@ -215,7 +317,9 @@ def preflight_cmd(as_json: bool, **opts: Any) -> None:
 
 def _render_preflight(d: dict[str, Any]) -> None:
     for k in d["killed"]:
-        stdout.print(f"ended pid {k['pid']} ({escape(k['cmdline'][:100])}) with {k['killed']}: it held {k['what']}")
+        stdout.print(
+            f"ended pid {k['pid']} ({escape(k['cmdline'][:100])}) with {k['killed']}: it held {k['what']}"
+        )
     if d["shm_removed"]:
         stdout.print(f"removed stale /dev/shm segments: {escape(', '.join(d['shm_removed']))}")
     if d["shm_held"]:
@@ -235,15 +339,32 @@ def _render_preflight(d: dict[str, Any]) -> None:
 @click.command("wait-ready")
 @click.argument("url")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds to wait.")
-@click.option("--engine", default=None, help="Engine whose readiness rule applies (default: /health 200 + model).")
+@click.option(
+    "--engine", default=None, help="Engine whose readiness rule applies (default: /health 200 + model)."
+)
 @click.option("--model", required=True, help="The served model name /v1/models must list.")
-@click.option("--pid", type=int, envvar="MAINPID", default=None,
-              help="Stop at once if this process exits (default: systemd's $MAINPID when set).")
+@click.option(
+    "--pid",
+    type=int,
+    envvar="MAINPID",
+    default=None,
+    help="Stop at once if this process exits (default: systemd's $MAINPID when set).",
+)
 @click.option("--api-key", envvar="SERVELAB_API_KEY", default=None, help="Bearer token; never stored.")
-@click.option("--no-completion", is_flag=True, help="Skip the real completion after the engine's rule passed.")
+@click.option(
+    "--no-completion", is_flag=True, help="Skip the real completion after the engine's rule passed."
+)
 @click.option("--json", "as_json", is_flag=True)
-def wait_ready_cmd(url: str, timeout_s: float, engine: str | None, model: str, pid: int | None,
-                   api_key: str | None, no_completion: bool, as_json: bool) -> None:
+def wait_ready_cmd(
+    url: str,
+    timeout_s: float,
+    engine: str | None,
+    model: str,
+    pid: int | None,
+    api_key: str | None,
+    no_completion: bool,
+    as_json: bool,
+) -> None:
     """Wait until the server at URL is ready by its engine's rule and answers a real completion.
 
     Exits 0 when ready, 1 when it timed out or the process exited (the reason on stderr)."""
@@ -258,10 +379,19 @@ def wait_ready_cmd(url: str, timeout_s: float, engine: str | None, model: str, p
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ConfigError(f"{url!r} is not an http(s)://HOST:PORT URL", hint="e.g. http://127.0.0.1:8000")
     readiness = registry.get(engine).readiness if engine else Readiness()
-    ep = lifecycle.Endpoint(LaunchSpec([], {}, parts.hostname, parts.port, model, scheme=parts.scheme),
-                            time.monotonic(), pid=pid or None)
-    report = asyncio.run(lifecycle.wait_url_ready(ep, readiness, timeout_s, engine, api_key,
-                                                  completion=not no_completion))
-    emit(report.to_dict(), as_json, lambda d: stdout.print(
-        f"[green]ready[/green]: {escape(d['url'])} serves {escape(d['served_model'])} after {d['waited_s']:.1f} s "
-        f"({', '.join(f'{k} {v:.1f} s' for k, v in d['phases'].items())})"))
+    ep = lifecycle.Endpoint(
+        LaunchSpec([], {}, parts.hostname, parts.port, model, scheme=parts.scheme),
+        time.monotonic(),
+        pid=pid or None,
+    )
+    report = asyncio.run(
+        lifecycle.wait_url_ready(ep, readiness, timeout_s, engine, api_key, completion=not no_completion)
+    )
+    emit(
+        report.to_dict(),
+        as_json,
+        lambda d: stdout.print(
+            f"[green]ready[/green]: {escape(d['url'])} serves {escape(d['served_model'])} after {d['waited_s']:.1f} s "
+            f"({', '.join(f'{k} {v:.1f} s' for k, v in d['phases'].items())})"
+        ),
+    )

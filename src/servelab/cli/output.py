@@ -28,7 +28,9 @@ def _default(obj: Any) -> Any:
 
 def dumps_json(data: Any) -> str:
     return orjson.dumps(
-        data, default=_default, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+        data,
+        default=_default,
+        option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
     ).decode()
 
 

@@ -21,7 +21,13 @@ from servelab.store.db import utcnow
 from servelab.store.plans import WORKSPACE, PlanRepo
 
 _PLAN_HELP = "Which plan: `workspace` (default) or a study (uid, name or `last`)."
-_STYLE = {"pending": "white", "in_progress": "cyan", "completed": "green", "cancelled": "dim", "blocked": "red"}
+_STYLE = {
+    "pending": "white",
+    "in_progress": "cyan",
+    "completed": "green",
+    "cancelled": "dim",
+    "blocked": "red",
+}
 
 
 def _actor() -> str:
@@ -43,8 +49,9 @@ def _plan_name(store: Store, ref: str | None) -> tuple[str, str | None]:
     try:
         uid = StudyRepo(store).resolve(str(ref))["uid"]
     except NotFoundError as exc:
-        raise NotFoundError(f"no plan {ref!r}: {exc.message}",
-                            hint="use --plan workspace, or a study from `servelab runs`.") from None
+        raise NotFoundError(
+            f"no plan {ref!r}: {exc.message}", hint="use --plan workspace, or a study from `servelab runs`."
+        ) from None
     return uid, uid
 
 
@@ -53,7 +60,9 @@ def _plan_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/cli/plan.md).")(f)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Machine-readable output (docs/cli/plan.md)."
+    )(f)
 
 
 # -- show -------------------------------------------------------------------------------------------
@@ -65,15 +74,30 @@ def _show_data(plan: P.Plan) -> dict[str, Any]:
 def _render_show(d: dict[str, Any]) -> None:
     if not d["items"]:
         flag = "" if d["plan"] == WORKSPACE else f" --plan {d['plan']}"
-        stdout.print(f"plan {d['plan']} is empty; `servelab plan add{flag} \"what to do\"` adds an item")
+        stdout.print(f'plan {d["plan"]} is empty; `servelab plan add{flag} "what to do"` adds an item')
         return
     t = Table("id", "status", "priority", "content", "after", "worker", "evidence", title=f"plan {d['plan']}")
     for i in d["items"]:
         ev = i["evidence"][-1] if i["evidence"] else None
-        evs = "-" if ev is None else f"{ev.get('run') or '-'}: " + ", ".join(
-            x for x in (ev.get("status"), {True: "applied", False: "NOT applied"}.get(ev.get("applied"))) if x)
-        t.add_row(i["id"], f"[{_STYLE[i['status']]}]{i['status']}[/]", i["priority"], escape(i["content"]),
-                  ", ".join(i["depends_on"]) or "-", i["worker"] or "-", escape(evs))
+        evs = (
+            "-"
+            if ev is None
+            else f"{ev.get('run') or '-'}: "
+            + ", ".join(
+                x
+                for x in (ev.get("status"), {True: "applied", False: "NOT applied"}.get(ev.get("applied")))
+                if x
+            )
+        )
+        t.add_row(
+            i["id"],
+            f"[{_STYLE[i['status']]}]{i['status']}[/]",
+            i["priority"],
+            escape(i["content"]),
+            ", ".join(i["depends_on"]) or "-",
+            i["worker"] or "-",
+            escape(evs),
+        )
     stdout.print(t)
     stdout.print(" · ".join(f"{k} {v}" for k, v in d["counts"].items() if v))
 
@@ -110,18 +134,33 @@ def _change(plan_ref: str | None, as_json: bool, op: Callable[[Store, P.Plan], P
         out = PlanRepo(store).apply(name, lambda p: op(store, p), uid)
     key = out.info.get("item")
     item = out.plan.get(key).to_dict() if key else None
-    data = {"plan": name, "item": item, "changed": bool(out.events), "events": [e.to_dict() for e in out.events]}
+    data = {
+        "plan": name,
+        "item": item,
+        "changed": bool(out.events),
+        "events": [e.to_dict() for e in out.events],
+    }
 
     def render(d: dict[str, Any]) -> None:
         if not d["changed"]:
             stdout.print(f"item {key} is already {d['item']['status']}; nothing changed")
             return
         for e in d["events"]:
-            move = (f"added ({e['to_status']})" if e["from_status"] is None
-                    else f"{e['from_status']} → {e['to_status']}" if e["from_status"] != e["to_status"]
-                    else f"{e['reason']} {escape(e['detail'].get('note', ''))}".strip())
-            stdout.print(f"item {e['item']}: {move}" + (f" — {escape(e['reason'])}" if e["from_status"] is not None
-                                                        and e["from_status"] != e["to_status"] else ""))
+            move = (
+                f"added ({e['to_status']})"
+                if e["from_status"] is None
+                else f"{e['from_status']} → {e['to_status']}"
+                if e["from_status"] != e["to_status"]
+                else f"{e['reason']} {escape(e['detail'].get('note', ''))}".strip()
+            )
+            stdout.print(
+                f"item {e['item']}: {move}"
+                + (
+                    f" — {escape(e['reason'])}"
+                    if e["from_status"] is not None and e["from_status"] != e["to_status"]
+                    else ""
+                )
+            )
 
     emit(data, as_json, render)
 
@@ -131,7 +170,9 @@ def _kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"{what} {pair!r} is not KEY=VALUE", hint="e.g. --requested moe_runner_backend=triton")
+            raise ConfigError(
+                f"{what} {pair!r} is not KEY=VALUE", hint="e.g. --requested moe_runner_backend=triton"
+            )
         out[key.strip()] = value.strip()
     return out
 
@@ -141,31 +182,55 @@ def _bind_candidate(store: Store, ref: str) -> dict[str, Any]:
 
     study, sep, label = ref.rpartition(":")
     if not sep or not study or not label:
-        raise ConfigError(f"--bind-candidate {ref!r} is not STUDY:LABEL", hint="e.g. --bind-candidate last:tp2-triton")
+        raise ConfigError(
+            f"--bind-candidate {ref!r} is not STUDY:LABEL", hint="e.g. --bind-candidate last:tp2-triton"
+        )
     repo = StudyRepo(store)
     st = repo.resolve(study)
     labels = [c["label"] for c in repo.candidates(st["id"])]
     if label not in labels:
-        raise NotFoundError(f"study {st['uid']} has no candidate {label!r}",
-                            hint=f"its candidates: {', '.join(labels) or 'none'}")
+        raise NotFoundError(
+            f"study {st['uid']} has no candidate {label!r}",
+            hint=f"its candidates: {', '.join(labels) or 'none'}",
+        )
     return {"study": st["uid"], "candidate": label}
 
 
 @plan.command("add")
 @click.argument("content")
 @click.option("--priority", type=str, default="medium", show_default=True, help="high | medium | low")
-@click.option("--after", "after", multiple=True, metavar="ID", help="An item that must complete first (repeatable).")
+@click.option(
+    "--after", "after", multiple=True, metavar="ID", help="An item that must complete first (repeatable)."
+)
 @click.option("--id", "key", default=None, help="The item's id (default: the next number).")
-@click.option("--bind-candidate", default=None, metavar="STUDY:LABEL",
-              help="Bind to a study candidate: it completes only with a run that shows its configuration applied.")
-@click.option("--requested", multiple=True, metavar="KEY=VALUE",
-              help="Bind a requested configuration (normalized keys, e.g. moe_runner_backend=flashinfer_trtllm).")
+@click.option(
+    "--bind-candidate",
+    default=None,
+    metavar="STUDY:LABEL",
+    help="Bind to a study candidate: it completes only with a run that shows its configuration applied.",
+)
+@click.option(
+    "--requested",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Bind a requested configuration (normalized keys, e.g. moe_runner_backend=flashinfer_trtllm).",
+)
 @click.option("--url", default=None, help="Bind the server this item is about (for `plan check`).")
 @click.option("--unit", default=None, help="Bind the systemd unit this item is about (for `plan check`).")
 @_plan_option
 @_json_option
-def add(content: str, priority: str, after: tuple[str, ...], key: str | None, bind_candidate: str | None,
-        requested: tuple[str, ...], url: str | None, unit: str | None, plan_ref: str | None, as_json: bool) -> None:
+def add(
+    content: str,
+    priority: str,
+    after: tuple[str, ...],
+    key: str | None,
+    bind_candidate: str | None,
+    requested: tuple[str, ...],
+    url: str | None,
+    unit: str | None,
+    plan_ref: str | None,
+    as_json: bool,
+) -> None:
     """Add a pending item."""
     req = _kv(requested, "--requested")
 
@@ -174,16 +239,27 @@ def add(content: str, priority: str, after: tuple[str, ...], key: str | None, bi
         if req:
             binding["requested"] = req
         binding.update({k: v for k, v in (("url", url), ("unit", unit)) if v})
-        return P.add(p, content, now=utcnow(), actor=_actor(), priority=priority, depends_on=after,
-                     binding=binding or None, key=key)
+        return P.add(
+            p,
+            content,
+            now=utcnow(),
+            actor=_actor(),
+            priority=priority,
+            depends_on=after,
+            binding=binding or None,
+            key=key,
+        )
 
     _change(plan_ref, as_json, op)
 
 
 @plan.command("start")
 @click.argument("item")
-@click.option("--worker", default=None, help="Who works on it (default $SERVELAB_WORKER or `default`); one item "
-                                              "in progress per worker.")
+@click.option(
+    "--worker",
+    default=None,
+    help="Who works on it (default $SERVELAB_WORKER or `default`); one item in progress per worker.",
+)
 @_plan_option
 @_json_option
 def start(item: str, worker: str | None, plan_ref: str | None, as_json: bool) -> None:
@@ -205,13 +281,15 @@ def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
         cand = next(c for c in srepo.candidates(st["id"]) if c["label"] == binding["candidate"])
         trials = [t for t in srepo.trials(cand["id"]) if t["status"] != "interrupted"]
         if not trials:
-            raise NotFoundError(f"candidate {ref!r} has no finished trial yet",
-                                hint="run the study (`servelab tune`) first.")
+            raise NotFoundError(
+                f"candidate {ref!r} has no finished trial yet", hint="run the study (`servelab tune`) first."
+            )
         t = trials[-1]
         return _trial_evidence(t, f"{st['uid']}:{cand['label']}#{t['repeat']}")
     run = BenchRepo(store).resolve(ref)
-    row = store.conn.execute("SELECT id FROM study_trials WHERE bench_run_id = ? ORDER BY id DESC LIMIT 1",
-                             (run["id"],)).fetchone()
+    row = store.conn.execute(
+        "SELECT id FROM study_trials WHERE bench_run_id = ? ORDER BY id DESC LIMIT 1", (run["id"],)
+    ).fetchone()
     if row is not None:
         return _trial_evidence(_trial_by_id(srepo, store, int(row["id"])), run["uid"])
     return {"run": run["uid"], "status": run["status"], "effective": {}}
@@ -223,21 +301,36 @@ def _trial_by_id(srepo: Any, store: Store, trial_id: int) -> dict[str, Any]:
 
 
 def _trial_evidence(t: dict[str, Any], ref: str) -> dict[str, Any]:
-    return {"run": ref, "trial": t["id"], "status": t["status"], "effective": t["effective"] or {},
-            "not_applied": t["not_applied"] or [], "diagnosis": t["diagnosis"]}
+    return {
+        "run": ref,
+        "trial": t["id"],
+        "status": t["status"],
+        "effective": t["effective"] or {},
+        "not_applied": t["not_applied"] or [],
+        "diagnosis": t["diagnosis"],
+    }
 
 
 @plan.command("done")
 @click.argument("item")
-@click.option("--run", "run_ref", default=None, metavar="RUN",
-              help="Evidence: a bench run uid, or STUDY:LABEL (that candidate's latest trial).")
+@click.option(
+    "--run",
+    "run_ref",
+    default=None,
+    metavar="RUN",
+    help="Evidence: a bench run uid, or STUDY:LABEL (that candidate's latest trial).",
+)
 @click.option("--reason", default="", help="Why it is done (kept in the history).")
-@click.option("--accept-unconfirmed", is_flag=True,
-              help="Complete a bound item whose run does not show its configuration (needs --reason).")
+@click.option(
+    "--accept-unconfirmed",
+    is_flag=True,
+    help="Complete a bound item whose run does not show its configuration (needs --reason).",
+)
 @_plan_option
 @_json_option
-def done(item: str, run_ref: str | None, reason: str, accept_unconfirmed: bool, plan_ref: str | None,
-         as_json: bool) -> None:
+def done(
+    item: str, run_ref: str | None, reason: str, accept_unconfirmed: bool, plan_ref: str | None, as_json: bool
+) -> None:
     """Complete an item; a bound item needs --run showing its configuration took effect."""
 
     def op(store: Store, p: P.Plan) -> P.Outcome:
@@ -245,8 +338,15 @@ def done(item: str, run_ref: str | None, reason: str, accept_unconfirmed: bool, 
         ev = None
         if run_ref:
             ev = P.assess((it.binding or {}).get("requested"), _run_evidence(store, run_ref), utcnow())
-        return P.done(p, item, now=utcnow(), actor=_actor(), evidence=ev, reason=reason,
-                      accept_unconfirmed=accept_unconfirmed)
+        return P.done(
+            p,
+            item,
+            now=utcnow(),
+            actor=_actor(),
+            evidence=ev,
+            reason=reason,
+            accept_unconfirmed=accept_unconfirmed,
+        )
 
     _change(plan_ref, as_json, op)
 
@@ -278,8 +378,11 @@ def cancel(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
 @_json_option
 def reopen(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
     """Put an item back to pending."""
-    _change(plan_ref, as_json, lambda _s, p: P.transition(p, item, "pending", now=utcnow(), actor=_actor(),
-                                                           reason=reason))
+    _change(
+        plan_ref,
+        as_json,
+        lambda _s, p: P.transition(p, item, "pending", now=utcnow(), actor=_actor(), reason=reason),
+    )
 
 
 @plan.command("note")
@@ -312,8 +415,14 @@ def history(item: str | None, plan_ref: str | None, as_json: bool) -> None:
             return
         t = Table("time", "item", "from", "to", "reason", "by", title=f"history of plan {d['plan']}")
         for e in d["events"]:
-            t.add_row(e["at"][:19], e["item"], e["from_status"] or "(new)", e["to_status"], escape(e["reason"]),
-                      e["actor"])
+            t.add_row(
+                e["at"][:19],
+                e["item"],
+                e["from_status"] or "(new)",
+                e["to_status"],
+                escape(e["reason"]),
+                e["actor"],
+            )
         stdout.print(t)
 
     emit({"plan": name, "events": [e.to_dict() for e in events]}, as_json, render)
@@ -332,8 +441,14 @@ def _read_json(path: str) -> Any:
 
 @plan.command("import")
 @click.argument("file")
-@click.option("--format", "fmt", type=click.Choice(["auto", "todowrite", "json"]), default="auto",
-              show_default=True, help="auto: a list is todowrite, a servelab export is json.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "todowrite", "json"]),
+    default="auto",
+    show_default=True,
+    help="auto: a list is todowrite, a servelab export is json.",
+)
 @click.option("--prune", is_flag=True, help="todowrite: cancel open items the list does not mention.")
 @_plan_option
 @_json_option
@@ -352,23 +467,34 @@ def import_(file: str, fmt: str, prune: bool, plan_ref: str | None, as_json: boo
     with open_store() as store:
         name, uid = _plan_name(store, plan_ref)
         out = PlanRepo(store).apply(name, lambda p: op(store, p), uid)
-    data_out = {"plan": name, "format": fmt, **{k: out.info.get(k, []) for k in
-                                                ("added", "updated", "unchanged", "missing", "pruned")}}
+    data_out = {
+        "plan": name,
+        "format": fmt,
+        **{k: out.info.get(k, []) for k in ("added", "updated", "unchanged", "missing", "pruned")},
+    }
 
     def render(d: dict[str, Any]) -> None:
-        stdout.print(f"plan {d['plan']}: {len(d['added'])} added, {len(d['updated'])} updated, "
-                     f"{len(d['unchanged'])} unchanged" + (f", {len(d['pruned'])} cancelled (--prune)"
-                                                          if d["pruned"] else ""))
+        stdout.print(
+            f"plan {d['plan']}: {len(d['added'])} added, {len(d['updated'])} updated, "
+            f"{len(d['unchanged'])} unchanged"
+            + (f", {len(d['pruned'])} cancelled (--prune)" if d["pruned"] else "")
+        )
         if d["missing"] and not d["pruned"]:
-            stdout.print(f"not in the file and left as they are: {', '.join(d['missing'])} "
-                         "(--prune cancels them)")
+            stdout.print(
+                f"not in the file and left as they are: {', '.join(d['missing'])} (--prune cancels them)"
+            )
 
     emit(data_out, as_json, render)
 
 
 @plan.command("export")
-@click.option("--format", "fmt", type=click.Choice(["todowrite", "markdown", "json"]), default="todowrite",
-              show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["todowrite", "markdown", "json"]),
+    default="todowrite",
+    show_default=True,
+)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
 @_plan_option
 def export(fmt: str, output: str | None, plan_ref: str | None) -> None:
@@ -377,8 +503,11 @@ def export(fmt: str, output: str | None, plan_ref: str | None) -> None:
         name, _ = _plan_name(store, plan_ref)
         repo = PlanRepo(store)
         p = repo.load(name)
-        text = (P.export_markdown(p, repo.history(name)) if fmt == "markdown"
-                else dumps_json(P.export_todowrite(p) if fmt == "todowrite" else P.export_json(p)) + "\n")
+        text = (
+            P.export_markdown(p, repo.history(name))
+            if fmt == "markdown"
+            else dumps_json(P.export_todowrite(p) if fmt == "todowrite" else P.export_json(p)) + "\n"
+        )
     if output:
         Path(output).write_text(text)
     else:
@@ -390,24 +519,43 @@ def _observe(urls: tuple[str, ...], units: tuple[str, ...]) -> dict[str, Any]:
     try:
         from servelab.status import observe  # type: ignore[attr-defined,import-not-found,unused-ignore]
     except ImportError:
-        raise ServelabError("servelab status is not available in this installation, so there is no observed "
-                            "state to check the plan against",
-                            hint="save an observation as JSON and pass --observation FILE.") from None
+        raise ServelabError(
+            "servelab status is not available in this installation, so there is no observed "
+            "state to check the plan against",
+            hint="save an observation as JSON and pass --observation FILE.",
+        ) from None
     obs: dict[str, Any] = observe(urls=list(urls) or None, units=list(units) or None)
     return obs
 
 
 @plan.command("check")
-@click.option("--url", "urls", multiple=True,
-              help="A server to observe (repeatable; default: the servers the open items name).")
-@click.option("--unit", "units", multiple=True,
-              help="A systemd unit to observe (repeatable; default: the units the open items name).")
-@click.option("--observation", default=None, metavar="FILE",
-              help="Use this observation (the JSON `servelab status --json` prints) instead of observing now.")
+@click.option(
+    "--url",
+    "urls",
+    multiple=True,
+    help="A server to observe (repeatable; default: the servers the open items name).",
+)
+@click.option(
+    "--unit",
+    "units",
+    multiple=True,
+    help="A systemd unit to observe (repeatable; default: the units the open items name).",
+)
+@click.option(
+    "--observation",
+    default=None,
+    metavar="FILE",
+    help="Use this observation (the JSON `servelab status --json` prints) instead of observing now.",
+)
 @_plan_option
 @_json_option
-def check(urls: tuple[str, ...], units: tuple[str, ...], observation: str | None, plan_ref: str | None,
-          as_json: bool) -> None:
+def check(
+    urls: tuple[str, ...],
+    units: tuple[str, ...],
+    observation: str | None,
+    plan_ref: str | None,
+    as_json: bool,
+) -> None:
     """Hold every open item against what is observed and flag stale assumptions."""
     with open_store() as store:
         name, _ = _plan_name(store, plan_ref)
@@ -415,18 +563,25 @@ def check(urls: tuple[str, ...], units: tuple[str, ...], observation: str | None
     if observation:
         obs = _read_json(observation)
         if not isinstance(obs, dict):
-            raise ConfigError(f"{observation} is not an observation object", hint="use `servelab status --json`.")
+            raise ConfigError(
+                f"{observation} is not an observation object", hint="use `servelab status --json`."
+            )
     else:
         named_urls, named_units = P.referenced(p.items)
         obs = _observe(urls or tuple(named_urls), units or tuple(named_units))
     found = P.check(p.items, obs)
-    data = {"plan": name, "checked": sum(1 for i in p.items if i.is_open),
-            "observed": {"servers": len(obs.get("servers") or []), "services": len(obs.get("services") or [])},
-            "findings": [f.to_dict() for f in found]}
+    data = {
+        "plan": name,
+        "checked": sum(1 for i in p.items if i.is_open),
+        "observed": {"servers": len(obs.get("servers") or []), "services": len(obs.get("services") or [])},
+        "findings": [f.to_dict() for f in found],
+    }
 
     def render(d: dict[str, Any]) -> None:
-        head = (f"plan {d['plan']}: {d['checked']} open item(s) checked against {d['observed']['servers']} "
-                f"server(s) and {d['observed']['services']} service(s)")
+        head = (
+            f"plan {d['plan']}: {d['checked']} open item(s) checked against {d['observed']['servers']} "
+            f"server(s) and {d['observed']['services']} service(s)"
+        )
         stdout.print(head)
         if not d["findings"]:
             stdout.print("[green]no stale assumptions found[/green]")

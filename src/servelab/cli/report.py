@@ -19,20 +19,38 @@ def _write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}",
-                        hint="choose a file in a directory you can write to") from exc
+        raise UserError(
+            f"cannot write {path}: {exc.strerror or exc}",
+            hint="choose a file in a directory you can write to",
+        ) from exc
 
 
 @click.command("report")
 @click.argument("study", default="last")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write one self-contained HTML file (plots inline, opens without a network).")
-@click.option("--md", "md_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write Markdown; the plots go beside it as SVG files in FILE_STEM_files/.")
-@click.option("--host-checks/--no-host-checks", default=True, show_default=True,
-              help="Run `servelab doctor`'s checks on this machine for the Host section.")
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write one self-contained HTML file (plots inline, opens without a network).",
+)
+@click.option(
+    "--md",
+    "md_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write Markdown; the plots go beside it as SVG files in FILE_STEM_files/.",
+)
+@click.option(
+    "--host-checks/--no-host-checks",
+    default=True,
+    show_default=True,
+    help="Run `servelab doctor`'s checks on this machine for the Host section.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The report model as JSON (see docs/cli/report.md).")
-def report(study: str, html_file: Path | None, md_file: Path | None, host_checks: bool, as_json: bool) -> None:
+def report(
+    study: str, html_file: Path | None, md_file: Path | None, host_checks: bool, as_json: bool
+) -> None:
     """The findings of STUDY (uid, name or `last`): host, every candidate tried, performance at every load level
     with plots, the decode step measured against predicted, the winner and why, and the plan's state.
 
@@ -53,8 +71,10 @@ def report(study: str, html_file: Path | None, md_file: Path | None, host_checks
         try:
             written += [str(p) for p in md_report.write(model, md_file)]
         except OSError as exc:
-            raise UserError(f"cannot write {md_file}: {exc.strerror or exc}",
-                            hint="choose a file in a directory you can write to") from exc
+            raise UserError(
+                f"cannot write {md_file}: {exc.strerror or exc}",
+                hint="choose a file in a directory you can write to",
+            ) from exc
     if as_json:
         emit({**model, "written": written}, True)
         return

@@ -19,14 +19,27 @@ def _study_rows(repo: StudyRepo, studies: list[dict[str, Any]]) -> list[dict[str
     for st in studies:
         cands = repo.candidates(st["id"])
         ranking = (st["result"] or {}).get("ranking") or {}
-        out.append({
-            "uid": st["uid"], "name": st["name"], "created_at": st["created_at"], "status": st["status"],
-            "source": st["source"], "winner": ranking.get("winner"), "verdict": ranking.get("verdict"),
-            "candidates": [{"label": c["label"], "status": c["status"],
-                            "score": ((c["outcome"] or {}).get("score") or {}).get("value"),
-                            "level": ((c["outcome"] or {}).get("score") or {}).get("level"),
-                            "trials": len(repo.trials(c["id"]))} for c in cands],
-        })
+        out.append(
+            {
+                "uid": st["uid"],
+                "name": st["name"],
+                "created_at": st["created_at"],
+                "status": st["status"],
+                "source": st["source"],
+                "winner": ranking.get("winner"),
+                "verdict": ranking.get("verdict"),
+                "candidates": [
+                    {
+                        "label": c["label"],
+                        "status": c["status"],
+                        "score": ((c["outcome"] or {}).get("score") or {}).get("value"),
+                        "level": ((c["outcome"] or {}).get("score") or {}).get("level"),
+                        "trials": len(repo.trials(c["id"])),
+                    }
+                    for c in cands
+                ],
+            }
+        )
     return out
 
 
@@ -39,10 +52,16 @@ def _render_studies(items: list[dict[str, Any]]) -> None:
         first = True
         for c in st["candidates"] or [{"label": "-", "status": "-", "score": None, "level": None}]:
             mark = " (winner)" if c["label"] == st["winner"] else ""
-            t.add_row(st["uid"] if first else "", st["name"] if first else "",
-                      st["created_at"][:19] if first else "", st["status"] if first else "",
-                      c["label"] + mark, c["status"], "-" if c["score"] is None else f"{c['score']:,.1f}",
-                      "-" if c["level"] is None else f"{c['level']:g}")
+            t.add_row(
+                st["uid"] if first else "",
+                st["name"] if first else "",
+                st["created_at"][:19] if first else "",
+                st["status"] if first else "",
+                c["label"] + mark,
+                c["status"],
+                "-" if c["score"] is None else f"{c['score']:,.1f}",
+                "-" if c["level"] is None else f"{c['level']:g}",
+            )
             first = False
     stdout.print(t)
 
@@ -76,14 +95,29 @@ def study(ref: str, as_json: bool) -> None:
         cands = []
         for c in repo.candidates(st["id"]):
             trials = repo.trials(c["id"])
-            cands.append({"label": c["label"], "status": c["status"], "predicted": c["predicted"],
-                          "spec": c["spec"], **(c["outcome"] or {}), "trials": trials})
+            cands.append(
+                {
+                    "label": c["label"],
+                    "status": c["status"],
+                    "predicted": c["predicted"],
+                    "spec": c["spec"],
+                    **(c["outcome"] or {}),
+                    "trials": trials,
+                }
+            )
     result = st["result"] or {}
-    data = {"study": st["uid"], "name": st["name"], "status": st["status"], "source": st["source"],
-            "created_at": st["created_at"], "finished_at": st["finished_at"], "candidates": cands,
-            "ranking": result.get("ranking") or {"objective": st["spec"].get("objective"), "verdict":
-                                                 f"study {st['status']}; no ranking yet"},
-            "baseline": result.get("baseline")}
+    data = {
+        "study": st["uid"],
+        "name": st["name"],
+        "status": st["status"],
+        "source": st["source"],
+        "created_at": st["created_at"],
+        "finished_at": st["finished_at"],
+        "candidates": cands,
+        "ranking": result.get("ranking")
+        or {"objective": st["spec"].get("objective"), "verdict": f"study {st['status']}; no ranking yet"},
+        "baseline": result.get("baseline"),
+    }
     emit(data, as_json, render_study)
 
 
@@ -94,8 +128,11 @@ def list_runs(limit: int, as_json: bool) -> None:
     """The most recent runs, newest first."""
     with open_store() as store:
         rows = BenchRepo(store).list_runs(limit)
-    data = [{k: r[k] for k in ("uid", "created_at", "status", "url", "model", "api", "engine", "dataset_hash")}
-            | {"levels": len((r["summary"] or {}).get("levels", []))} for r in rows]
+    data = [
+        {k: r[k] for k in ("uid", "created_at", "status", "url", "model", "api", "engine", "dataset_hash")}
+        | {"levels": len((r["summary"] or {}).get("levels", []))}
+        for r in rows
+    ]
 
     def render(items: list[dict[str, Any]]) -> None:
         if not items:
@@ -103,8 +140,15 @@ def list_runs(limit: int, as_json: bool) -> None:
             return
         t = Table("run", "created", "status", "model", "url", "engine", "levels")
         for r in items:
-            t.add_row(r["uid"], r["created_at"][:19], r["status"], r["model"], r["url"], r["engine"] or "-",
-                      str(r["levels"]))
+            t.add_row(
+                r["uid"],
+                r["created_at"][:19],
+                r["status"],
+                r["model"],
+                r["url"],
+                r["engine"] or "-",
+                str(r["levels"]),
+            )
         stdout.print(t)
 
     emit(data, as_json, render)
@@ -120,12 +164,29 @@ def show(run: str, as_json: bool) -> None:
         r = repo.resolve(run)
         levels = repo.levels(r["id"])
     data = {
-        "run": r["uid"], "status": r["status"], "url": r["url"], "model": r["model"], "api": r["api"],
-        "engine": r["engine"], "created_at": r["created_at"], "finished_at": r["finished_at"],
-        "workload": r["config"].get("workload_info", {}), "capabilities": r["config"].get("capabilities", {}),
-        "config": r["config"], "warnings": r["warnings"],
-        "levels": [{"index": lv["idx"], "label": (lv["summary"] or {}).get("label", str(lv["value"])),
-                    "status": lv["status"], "summary": lv["summary"], "server_metrics": lv["server_metrics"] or {},
-                    "client": lv["client_stats"] or {}} for lv in levels if lv["summary"]],
+        "run": r["uid"],
+        "status": r["status"],
+        "url": r["url"],
+        "model": r["model"],
+        "api": r["api"],
+        "engine": r["engine"],
+        "created_at": r["created_at"],
+        "finished_at": r["finished_at"],
+        "workload": r["config"].get("workload_info", {}),
+        "capabilities": r["config"].get("capabilities", {}),
+        "config": r["config"],
+        "warnings": r["warnings"],
+        "levels": [
+            {
+                "index": lv["idx"],
+                "label": (lv["summary"] or {}).get("label", str(lv["value"])),
+                "status": lv["status"],
+                "summary": lv["summary"],
+                "server_metrics": lv["server_metrics"] or {},
+                "client": lv["client_stats"] or {},
+            }
+            for lv in levels
+            if lv["summary"]
+        ],
     }
     emit(data, as_json, render_bench)

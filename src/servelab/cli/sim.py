@@ -79,8 +79,10 @@ def sim(ctx: click.Context, **opts: Any) -> None:
         return
     missing = [f"--{k}" for k in ("model", "gpu") if not opts[k]]
     if missing:
-        raise ConfigError(f"servelab sim needs {' and '.join(missing)}",
-                          hint="e.g. servelab sim --model GLM-5-NVFP4 --gpu rtx-pro-6000 --num-gpus 8 --tp 8")
+        raise ConfigError(
+            f"servelab sim needs {' and '.join(missing)}",
+            hint="e.g. servelab sim --model GLM-5-NVFP4 --gpu rtx-pro-6000 --num-gpus 8 --tp 8",
+        )
     cfg = build_config(opts, list(ctx.args))
     from servelab.sim.server import run
 

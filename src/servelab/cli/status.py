@@ -18,17 +18,44 @@ def _render_gpus(g: dict[str, Any]) -> None:
         stdout.print(f"[bold]GPUs:[/bold] {escape(g['note'])}")
         return
     src = f" ({g['source']}{', driver ' + g['driver_version'] if g.get('driver_version') else ''})"
-    t = Table("gpu", "name", "memory MiB", "power W", "util %", "temp C", "PCIe", "state", "processes",
-              title=f"GPUs{src}", title_justify="left")
+    t = Table(
+        "gpu",
+        "name",
+        "memory MiB",
+        "power W",
+        "util %",
+        "temp C",
+        "PCIe",
+        "state",
+        "processes",
+        title=f"GPUs{src}",
+        title_justify="left",
+    )
     for x in g["gpus"]:
         mem = f"{x['memory_used_mib']}/{x['memory_total_mib']}"
         power = f"{x['power_w']}/{x['power_limit_w']}" if x["power_w"] is not None else "-"
         pcie = f"gen{x['pcie_gen']} x{x['pcie_width']}" if x["pcie_gen"] else "-"
-        state = "idle" if x["idle"] else ("memory held by nothing alive" if x["orphaned_memory"] else "in use")
-        procs = "; ".join(f"{p['pid']} {p.get('owner') or ''} {p['name']} [{p.get('belongs_to', '')}]".strip()
-                          for p in x["processes"]) or "-"
-        t.add_row(str(x["index"]), escape(x["name"]), mem, power, str(x["utilization_pct"]), str(x["temperature_c"]),
-                  pcie, state, escape(procs))
+        state = (
+            "idle" if x["idle"] else ("memory held by nothing alive" if x["orphaned_memory"] else "in use")
+        )
+        procs = (
+            "; ".join(
+                f"{p['pid']} {p.get('owner') or ''} {p['name']} [{p.get('belongs_to', '')}]".strip()
+                for p in x["processes"]
+            )
+            or "-"
+        )
+        t.add_row(
+            str(x["index"]),
+            escape(x["name"]),
+            mem,
+            power,
+            str(x["utilization_pct"]),
+            str(x["temperature_c"]),
+            pcie,
+            state,
+            escape(procs),
+        )
     stdout.print(t)
 
 
@@ -37,8 +64,10 @@ def _render_status(obs: dict[str, Any]) -> None:
     for s in obs["servers"]:
         if s["up"]:
             eff = ", ".join(f"{k}={v}" for k, v in s["effective"].items() if k not in ("model", "version"))
-            stdout.print(f"[green]up[/green]   {escape(s['url'])}  engine={s['engine']}  version={s['version']}  "
-                         f"models={escape(str(s['models']))}  running={s['running']} waiting={s['waiting']}")
+            stdout.print(
+                f"[green]up[/green]   {escape(s['url'])}  engine={s['engine']}  version={s['version']}  "
+                f"models={escape(str(s['models']))}  running={s['running']} waiting={s['waiting']}"
+            )
             if eff:
                 stdout.print(f"       effective: {escape(eff)}")
         else:
@@ -47,32 +76,44 @@ def _render_status(obs: dict[str, Any]) -> None:
     topo = obs["topology"]
     if topo.get("available"):
         summ = topo["summary"]
-        stdout.print(f"[bold]topology:[/bold] links {summ['link_counts']}, worst {summ['worst_link']}, "
-                     f"NUMA nodes {summ['numa_nodes']}{', looks virtual' if summ['vm_all_phb'] else ''}")
+        stdout.print(
+            f"[bold]topology:[/bold] links {summ['link_counts']}, worst {summ['worst_link']}, "
+            f"NUMA nodes {summ['numa_nodes']}{', looks virtual' if summ['vm_all_phb'] else ''}"
+        )
     else:
-        stdout.print(f"[bold]topology:[/bold] {escape(topo.get('note', 'not available'))}; "
-                     f"NUMA nodes {sorted(topo.get('numa', {}))}; VM: {topo.get('virtual_machine')}")
+        stdout.print(
+            f"[bold]topology:[/bold] {escape(topo.get('note', 'not available'))}; "
+            f"NUMA nodes {sorted(topo.get('numa', {}))}; VM: {topo.get('virtual_machine')}"
+        )
     if obs["services"]:
         for u in obs["services"]:
-            stdout.print(f"[bold]service[/bold] {u['unit']}: {u['active_state']}/{u['sub_state']}, "
-                         f"restarts {u['restarts']}, since {u['since']}")
+            stdout.print(
+                f"[bold]service[/bold] {u['unit']}: {u['active_state']}/{u['sub_state']}, "
+                f"restarts {u['restarts']}, since {u['since']}"
+            )
     else:
         stdout.print(f"[bold]services:[/bold] {escape(obs['services_note'] or 'none')}")
     for d in obs.get("deployments") or []:
         chk = d.get("check")
         verdict = "never checked" if not chk else ("as tuned" if chk.get("ok") else "NOT as tuned")
-        stdout.print(f"[bold]deployment[/bold] {escape(d['name'])} ({d['target']}, from {escape(str(d['source']))}): "
-                     f"{escape(str(d['unit'].get('state')))}; last check {verdict}")
+        stdout.print(
+            f"[bold]deployment[/bold] {escape(d['name'])} ({d['target']}, from {escape(str(d['source']))}): "
+            f"{escape(str(d['unit'].get('state')))}; last check {verdict}"
+        )
     lo = obs["leftovers"]
-    stdout.print(f"[bold]leftovers:[/bold] {len(lo['shm'])} shm segment(s) "
-                 f"({sum(1 for s in lo['shm'] if not s['owners_alive'])} orphaned), "
-                 f"{len(lo['compile_caches'])} compile cache(s), {len(lo['marked_processes'])} servelab process(es)")
+    stdout.print(
+        f"[bold]leftovers:[/bold] {len(lo['shm'])} shm segment(s) "
+        f"({sum(1 for s in lo['shm'] if not s['owners_alive'])} orphaned), "
+        f"{len(lo['compile_caches'])} compile cache(s), {len(lo['marked_processes'])} servelab process(es)"
+    )
     log = obs["log"]
     if log and log.get("available"):
         tp = log.get("throughput")
-        stdout.print(f"[bold]log:[/bold] {escape(log['path'])} ({log['engine']}); diagnosis {log['diagnosis']['class']}"
-                     + (f"; last generation throughput {tp['gen']:.1f} tok/s" if tp else "")
-                     + ("; clean shutdown" if log["clean_shutdown"] else ""))
+        stdout.print(
+            f"[bold]log:[/bold] {escape(log['path'])} ({log['engine']}); diagnosis {log['diagnosis']['class']}"
+            + (f"; last generation throughput {tp['gen']:.1f} tok/s" if tp else "")
+            + ("; clean shutdown" if log["clean_shutdown"] else "")
+        )
     if obs["findings"]:
         t = Table("finding", "evidence", "next", title="findings", title_justify="left")
         for f in obs["findings"]:
@@ -82,13 +123,19 @@ def _render_status(obs: dict[str, Any]) -> None:
 
 @click.command("status")
 @click.option("--url", "urls", multiple=True, help="A server to check (repeatable; default: the last run's).")
-@click.option("--unit", "units", multiple=True, help="A systemd unit to check (repeatable; default: servelab*).")
+@click.option(
+    "--unit", "units", multiple=True, help="A systemd unit to check (repeatable; default: servelab*)."
+)
 @click.option("--log", "log", default=None, help="A server log to read (default: the last run's).")
-@click.option("--gpu-source", default=None,
-              help="auto (default: a simulator among --url, else NVML, else nvidia-smi), nvml, nvidia-smi, or sim:URL.")
+@click.option(
+    "--gpu-source",
+    default=None,
+    help="auto (default: a simulator among --url, else NVML, else nvidia-smi), nvml, nvidia-smi, or sim:URL.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The observation as JSON (keys: docs/cli/status.md).")
-def status_cmd(urls: tuple[str, ...], units: tuple[str, ...], log: str | None, gpu_source: str | None,
-               as_json: bool) -> None:
+def status_cmd(
+    urls: tuple[str, ...], units: tuple[str, ...], log: str | None, gpu_source: str | None, as_json: bool
+) -> None:
     """What is true right now: GPUs, topology, servers, services, leftovers and the last log, with a verdict."""
     from servelab.status import observe
 
@@ -97,8 +144,11 @@ def status_cmd(urls: tuple[str, ...], units: tuple[str, ...], log: str | None, g
 
 def _render_doctor(rep: dict[str, Any]) -> None:
     g = rep["gpus"]
-    stdout.print(f"[bold]GPUs:[/bold] {g['count']} via {g['source']}" if g["available"]
-                 else f"[bold]GPUs:[/bold] {escape(g['note'])}")
+    stdout.print(
+        f"[bold]GPUs:[/bold] {g['count']} via {g['source']}"
+        if g["available"]
+        else f"[bold]GPUs:[/bold] {escape(g['note'])}"
+    )
     t = Table("check", "status", "evidence", "fix")
     for c in rep["checks"]:
         style = _STATUS_STYLE.get(c["status"], "")
@@ -107,8 +157,12 @@ def _render_doctor(rep: dict[str, Any]) -> None:
 
 
 @click.command("doctor")
-@click.option("--gpu-source", default=None, help="auto, nvml, nvidia-smi, or sim:URL (see `servelab status`).")
-@click.option("--json", "as_json", is_flag=True, help='{"gpus", "checks": [{name, status, evidence, fix}], "worst"}.')
+@click.option(
+    "--gpu-source", default=None, help="auto, nvml, nvidia-smi, or sim:URL (see `servelab status`)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help='{"gpus", "checks": [{name, status, evidence, fix}], "worst"}.'
+)
 def doctor_cmd(gpu_source: str | None, as_json: bool) -> None:
     """Host checks with fixes: nvidia_uvm HMM, /dev/shm, open files, P2P, PCIe link, power limits, ECC, persistence.
 

@@ -10,9 +10,15 @@ from servelab.cli.output import dumps_json, stderr, warn
 
 
 @click.command("ui")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Anything but loopback shows your results to the network.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free port).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Anything but loopback shows your results to the network.",
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free port)."
+)
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in the default browser.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"url": ...} as one JSON line once listening.')
 def ui(host: str, port: int, open_browser: bool, as_json: bool) -> None:
@@ -21,13 +27,16 @@ def ui(host: str, port: int, open_browser: bool, as_json: bool) -> None:
     from servelab.ui.server import is_loopback, make_server, url_of
 
     if not is_loopback(host):
-        warn(f"listening on {host}: anyone who can reach this machine can read every study, run and log "
-             "excerpt in the store (no authentication). Use --host 127.0.0.1 and an SSH tunnel instead.")
+        warn(
+            f"listening on {host}: anyone who can reach this machine can read every study, run and log "
+            "excerpt in the store (no authentication). Use --host 127.0.0.1 and an SSH tunnel instead."
+        )
     server = make_server(host, port)
     url = url_of(server)
     if as_json:
-        sys.stdout.write(dumps_json({"url": url, "host": host, "port": server.server_address[1]}).replace("\n", " ")
-                         + "\n")
+        sys.stdout.write(
+            dumps_json({"url": url, "host": host, "port": server.server_address[1]}).replace("\n", " ") + "\n"
+        )
         sys.stdout.flush()
     else:
         stderr.print(f"servelab ui on {url} (read-only; Ctrl-C stops it)")

@@ -23,17 +23,27 @@ def render(spec: DeploySpec, cp: ContainerPlan) -> dict[str, Any]:
         "shm_size": cp.shm_size,
         "restart": "on-failure",
         "stop_grace_period": f"{spec.stop_timeout_s}s",
-        "healthcheck": {"test": test, "interval": "10s", "timeout": "5s", "retries": 3,
-                        "start_period": f"{spec.start_timeout_s}s"},
-        "labels": {"servelab.study": spec.record.study_uid, "servelab.candidate": spec.record.candidate,
-                   "servelab.trial": str(spec.record.trial_id)},
+        "healthcheck": {
+            "test": test,
+            "interval": "10s",
+            "timeout": "5s",
+            "retries": 3,
+            "start_period": f"{spec.start_timeout_s}s",
+        },
+        "labels": {
+            "servelab.study": spec.record.study_uid,
+            "servelab.candidate": spec.record.candidate,
+            "servelab.trial": str(spec.record.trial_id),
+        },
     }
     if spec.env_file:
         svc["env_file"] = [spec.env_file]
     if spec.user:
         svc["user"] = spec.user
     if cp.model_mount:
-        svc["volumes"] = [{"type": "bind", "source": cp.model_mount, "target": cp.model_mount, "read_only": True}]
+        svc["volumes"] = [
+            {"type": "bind", "source": cp.model_mount, "target": cp.model_mount, "read_only": True}
+        ]
     if spec.gpu:
         dev: dict[str, Any] = {"driver": "nvidia", "capabilities": ["gpu"]}
         if spec.gpu_ids:

@@ -33,8 +33,10 @@ def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None
         if tmpl is None:
             raise ConfigError(f"no default image for engine {rec.engine!r}", hint="pass --image IMAGE")
         if "{version}" in tmpl and not rec.engine_version:
-            raise ConfigError(f"the run recorded no {rec.engine} version to pick its image",
-                              hint="pass --image IMAGE (the image with the engine version that was measured)")
+            raise ConfigError(
+                f"the run recorded no {rec.engine} version to pick its image",
+                hint="pass --image IMAGE (the image with the engine version that was measured)",
+            )
         image = tmpl.format(version=rec.engine_version or "")
         notes.append(f"image {image}: the engine version the study measured ({rec.engine_version or 'n/a'})")
     exe = os.path.basename(spec.argv[0])
@@ -43,11 +45,18 @@ def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None
         notes.append(f"{spec.argv[0]} runs as {inner} inside the image")
     model = rec.model_path if rec.model_path.startswith("/") else None
     if model is None:
-        notes.append(f"model {rec.model_path!r} is not a local path: the container fetches it (mount a Hugging Face "
-                     "cache, or deploy a run that loaded a local directory)")
-    return ContainerPlan(image=image, argv=[inner, *spec.argv[1:]], model_mount=model,
-                         shm_size=shm_size or str(defaults()["container"]["shm_size"]),
-                         health_path=spec.readiness.health_path or "/v1/models", notes=notes)
+        notes.append(
+            f"model {rec.model_path!r} is not a local path: the container fetches it (mount a Hugging Face "
+            "cache, or deploy a run that loaded a local directory)"
+        )
+    return ContainerPlan(
+        image=image,
+        argv=[inner, *spec.argv[1:]],
+        model_mount=model,
+        shm_size=shm_size or str(defaults()["container"]["shm_size"]),
+        health_path=spec.readiness.health_path or "/v1/models",
+        notes=notes,
+    )
 
 
 def dollar_escape(value: str) -> str:

@@ -41,9 +41,11 @@ def systemd_missing(unit_dir: Path | None = None, runtime: Path | None = None) -
 def require_systemd(unit_dir: Path | None = None, runtime: Path | None = None) -> None:
     reason = systemd_missing(unit_dir, runtime)
     if reason:
-        raise HostError(f"--install needs systemd: {reason}; nothing was written, installed or started",
-                        hint="write the unit with `servelab deploy RUN --out DIR` and install it on a host that "
-                        "runs systemd, or use --target compose / --target kubernetes")
+        raise HostError(
+            f"--install needs systemd: {reason}; nothing was written, installed or started",
+            hint="write the unit with `servelab deploy RUN --out DIR` and install it on a host that "
+            "runs systemd, or use --target compose / --target kubernetes",
+        )
 
 
 @dataclass
@@ -67,17 +69,24 @@ class CheckResult:
     comparisons: list[Comparison] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "verdict": self.verdict, "tolerance": self.tolerance, "level": self.level,
-                "comparisons": [c.to_dict() for c in self.comparisons]}
+        return {
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "tolerance": self.tolerance,
+            "level": self.level,
+            "comparisons": [c.to_dict() for c in self.comparisons],
+        }
 
 
-def compare(tuned: dict[str, Any] | None, measured: dict[str, Any], tolerance: float,
-            level: float | None) -> CheckResult:
+def compare(
+    tuned: dict[str, Any] | None, measured: dict[str, Any], tolerance: float, level: float | None
+) -> CheckResult:
     """The deployment's digest against the tuned one: each checked metric within ±tolerance in the bad
     direction (faster is always fine), and no failed request."""
     if not tuned:
-        return CheckResult(False, f"the tuned run has no result at level {level}: nothing to compare with",
-                           tolerance, level)
+        return CheckResult(
+            False, f"the tuned run has no result at level {level}: nothing to compare with", tolerance, level
+        )
     at = "?" if level is None else f"{level:g}"
     comps = []
     for metric, sign in CHECKED.items():
@@ -94,7 +103,9 @@ def compare(tuned: dict[str, Any] | None, measured: dict[str, Any], tolerance: f
         verdict = f"NOT as tuned: {failed} request(s) failed at level {at}"
     elif bad:
         verdict = f"NOT as tuned (±{tolerance * 100:.0f} %): " + "; ".join(
-            f"{c.metric} {c.measured:.4g} vs tuned {c.tuned:.4g} ({(c.ratio or 0) * 100 - 100:+.1f} %)" for c in bad)
+            f"{c.metric} {c.measured:.4g} vs tuned {c.tuned:.4g} ({(c.ratio or 0) * 100 - 100:+.1f} %)"
+            for c in bad
+        )
     else:
         verdict = f"as tuned: every checked metric within ±{tolerance * 100:.0f} % at level {at}"
     return CheckResult(not failed and not bad, verdict, tolerance, level, comps)
@@ -110,8 +121,13 @@ def journal_tail(name: str, lines: int = 40) -> str:
     if exe is None:
         return ""
     try:
-        return subprocess.run([exe, "-u", f"{name}.service", "-n", str(lines), "--no-pager"], capture_output=True,
-                              text=True, timeout=30, check=False).stdout
+        return subprocess.run(
+            [exe, "-u", f"{name}.service", "-n", str(lines), "--no-pager"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
@@ -120,16 +136,34 @@ def unit_status(name: str) -> dict[str, Any]:
     """What systemd says of the unit now (for `servelab status`)."""
     if not SYSTEMD_RUNTIME.is_dir() or shutil.which("systemctl") is None:
         return {"unit": f"{name}.service", "state": "unknown (no systemd)"}
-    out = _systemctl("show", f"{name}.service", "--property=ActiveState,SubState,MainPID,NRestarts,"
-                     "ExecMainStartTimestamp", timeout=20)
+    out = _systemctl(
+        "show",
+        f"{name}.service",
+        "--property=ActiveState,SubState,MainPID,NRestarts,ExecMainStartTimestamp",
+        timeout=20,
+    )
     props = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    return {"unit": f"{name}.service", "state": props.get("ActiveState"), "sub": props.get("SubState"),
-            "main_pid": props.get("MainPID"), "restarts": props.get("NRestarts"),
-            "since": props.get("ExecMainStartTimestamp")}
+    return {
+        "unit": f"{name}.service",
+        "state": props.get("ActiveState"),
+        "sub": props.get("SubState"),
+        "main_pid": props.get("MainPID"),
+        "restarts": props.get("NRestarts"),
+        "since": props.get("ExecMainStartTimestamp"),
+    }
 
 
-async def install(spec: DeploySpec, unit_text: str, store: Any, dep_id: int, *, tolerance: float = DEFAULT_TOLERANCE,
-                  unit_dir: Path | None = None, observe: Any = None, private: bool = False) -> dict[str, Any]:
+async def install(
+    spec: DeploySpec,
+    unit_text: str,
+    store: Any,
+    dep_id: int,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    unit_dir: Path | None = None,
+    observe: Any = None,
+    private: bool = False,
+) -> dict[str, Any]:
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
     `private`: the unit holds secrets given on the command line, so it is written mode 0600."""
@@ -150,44 +184,78 @@ async def install(spec: DeploySpec, unit_text: str, store: Any, dep_id: int, *, 
     path.write_text(unit_text)
     path.chmod(0o600 if private else 0o644)
     steps.append({"step": "write", "path": str(path)})
-    for args in (("daemon-reload",), ("enable", f"{spec.name}.service"),
-                 ("start", f"{spec.name}.service")):
+    for args in (("daemon-reload",), ("enable", f"{spec.name}.service"), ("start", f"{spec.name}.service")):
         notify("systemctl", {"args": list(args)})
         res = _systemctl(*args, timeout=spec.start_timeout_s + 60 if args[0] == "start" else 120)
-        steps.append({"step": "systemctl " + " ".join(args), "rc": res.returncode, "stderr": res.stderr.strip()})
+        steps.append(
+            {"step": "systemctl " + " ".join(args), "rc": res.returncode, "stderr": res.stderr.strip()}
+        )
         if res.returncode != 0:
             repo.set_status(dep_id, "failed", installed=args[0] != "daemon-reload")
-            raise HostError(f"systemctl {' '.join(args)} failed: {res.stderr.strip()}\n{journal_tail(spec.name)}",
-                            hint=f"`journalctl -u {spec.name}` shows the unit's log; the ExecStartPre/ExecStartPost "
-                            "lines say whether preflight or wait-ready refused")
+            raise HostError(
+                f"systemctl {' '.join(args)} failed: {res.stderr.strip()}\n{journal_tail(spec.name)}",
+                hint=f"`journalctl -u {spec.name}` shows the unit's log; the ExecStartPre/ExecStartPost "
+                "lines say whether preflight or wait-ready refused",
+            )
     repo.set_status(dep_id, "installed", installed=True)
     engine = registry.get(spec.record.engine)
-    endpoint = lifecycle.Endpoint(LaunchSpec([], {}, spec.host, spec.port, spec.served_model), time.monotonic(),
-                                  log_path=f"`journalctl -u {spec.name}`")
-    ready = await lifecycle.wait_url_ready(endpoint, engine.readiness, spec.wait_timeout_s, engine.name,
-                                           spec.api_key)
+    endpoint = lifecycle.Endpoint(
+        LaunchSpec([], {}, spec.host, spec.port, spec.served_model),
+        time.monotonic(),
+        log_path=f"`journalctl -u {spec.name}`",
+    )
+    ready = await lifecycle.wait_url_ready(
+        endpoint, engine.readiness, spec.wait_timeout_s, engine.name, spec.api_key
+    )
     steps.append({"step": "wait-ready", **ready.to_dict()})
     try:
         study = parse_study(spec.record.study)
     except ServelabError as exc:
-        raise ConfigError(f"the stored study of {spec.record.ref} no longer validates: {exc.message}") from exc
+        raise ConfigError(
+            f"the stored study of {spec.record.ref} no longer validates: {exc.message}"
+        ) from exc
     url = spec.local_url
-    vres = await verify_output(url, spec.served_model, api=study.workload.api, api_key=spec.api_key,
-                               **tune._verify_kwargs(study, engine))
+    vres = await verify_output(
+        url,
+        spec.served_model,
+        api=study.workload.api,
+        api_key=spec.api_key,
+        **tune._verify_kwargs(study, engine),
+    )
     steps.append({"step": "verify-output", "ok": vres.ok})
     level = spec.record.main_level
-    cfg = tune.bench_config(study, url, spec.served_model, spec.api_key).model_copy(update={"levels": [level]})
+    cfg = tune.bench_config(study, url, spec.served_model, spec.api_key).model_copy(
+        update={"levels": [level]}
+    )
     res = await run_bench(cfg, store, lambda e, d: notify(f"bench_{e}", d))
     speed = float(study.engine.options.get("speed", 1.0) or 1.0)
     measured = analyze.rescale(analyze.level_digest(res.levels[0]["summary"], level or 0.0), speed)
     check = compare(spec.record.main_digest(), measured, tolerance, level)
     if not vres.ok:
         check.ok = False
-        check.verdict = "NOT as tuned: verify-output failed (" + ", ".join(vres.to_dict().get("failed", [])) + "); " \
+        check.verdict = (
+            "NOT as tuned: verify-output failed ("
+            + ", ".join(vres.to_dict().get("failed", []))
+            + "); "
             + check.verdict
+        )
     run_id = tune._run_id(store, res.uid)
-    repo.add_check(dep_id, check.ok, tolerance, level, spec.record.main_digest(), measured, vres.to_dict(), run_id,
-                   check.verdict)
+    repo.add_check(
+        dep_id,
+        check.ok,
+        tolerance,
+        level,
+        spec.record.main_digest(),
+        measured,
+        vres.to_dict(),
+        run_id,
+        check.verdict,
+    )
     repo.set_status(dep_id, "ready" if check.ok else "degraded", installed=True)
-    return {"unit": str(path), "steps": steps, "check": check.to_dict(), "bench_run": res.uid,
-            "status": unit_status(spec.name)}
+    return {
+        "unit": str(path),
+        "steps": steps,
+        "check": check.to_dict(),
+        "bench_run": res.uid,
+        "status": unit_status(spec.name),
+    }

@@ -29,10 +29,15 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
     argv = cp.argv
     if flag_value(argv, "--host") not in (None, "0.0.0.0"):
         argv = set_flag(argv, "--host", "0.0.0.0")
-    meta: dict[str, Any] = {"name": spec.name, "labels": labels,
-                            "annotations": {"servelab/study": spec.record.study_uid,
-                                            "servelab/candidate": spec.record.candidate,
-                                            "servelab/trial": str(spec.record.trial_id)}}
+    meta: dict[str, Any] = {
+        "name": spec.name,
+        "labels": labels,
+        "annotations": {
+            "servelab/study": spec.record.study_uid,
+            "servelab/candidate": spec.record.candidate,
+            "servelab/trial": str(spec.record.trial_id),
+        },
+    }
     if namespace:
         meta["namespace"] = namespace
     http = {"path": cp.health_path, "port": "http"}
@@ -44,13 +49,28 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         # Start-up may take the whole measured budget; liveness only counts once this has passed.
-        "startupProbe": {"httpGet": http, "periodSeconds": PERIOD_S, "timeoutSeconds": 5,
-                         "failureThreshold": max(1, math.ceil(spec.start_timeout_s / PERIOD_S))},
-        "readinessProbe": {"httpGet": http, "periodSeconds": PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": http, "periodSeconds": PERIOD_S * 3, "timeoutSeconds": 10, "failureThreshold": 5},
+        "startupProbe": {
+            "httpGet": http,
+            "periodSeconds": PERIOD_S,
+            "timeoutSeconds": 5,
+            "failureThreshold": max(1, math.ceil(spec.start_timeout_s / PERIOD_S)),
+        },
+        "readinessProbe": {
+            "httpGet": http,
+            "periodSeconds": PERIOD_S,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": http,
+            "periodSeconds": PERIOD_S * 3,
+            "timeoutSeconds": 10,
+            "failureThreshold": 5,
+        },
     }
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                                  "sizeLimit": quantity(cp.shm_size)}}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(cp.shm_size)}}
+    ]
     if spec.env_file:
         container["envFrom"] = [{"secretRef": {"name": f"{spec.name}-env"}}]
     if spec.gpu:
@@ -68,8 +88,11 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
             "selector": {"matchLabels": {"app.kubernetes.io/name": spec.name}},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"terminationGracePeriodSeconds": spec.stop_timeout_s, "containers": [container],
-                         "volumes": volumes},
+                "spec": {
+                    "terminationGracePeriodSeconds": spec.stop_timeout_s,
+                    "containers": [container],
+                    "volumes": volumes,
+                },
             },
         },
     }
@@ -77,8 +100,11 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {k: v for k, v in meta.items() if k != "annotations"},
-        "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": spec.name},
-                 "ports": [{"name": "http", "port": spec.port, "targetPort": "http", "protocol": "TCP"}]},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"app.kubernetes.io/name": spec.name},
+            "ports": [{"name": "http", "port": spec.port, "targetPort": "http", "protocol": "TCP"}],
+        },
     }
     return [deployment, service]
 

@@ -42,10 +42,20 @@ def nvidia_smi_compute_apps() -> list[GpuProcess] | None:
     if exe is None:
         return None
     try:
-        gpus = subprocess.run([exe, "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20, check=False)
-        apps = subprocess.run([exe, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20, check=False)
+        gpus = subprocess.run(
+            [exe, "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        apps = subprocess.run(
+            [exe, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if gpus.returncode != 0 or apps.returncode != 0:
@@ -79,7 +89,11 @@ class Holder:
         return dict(self.__dict__)
 
     def describe(self) -> str:
-        who = f"pid {self.pid} ({self.cmdline[:120] or '?'})" if self.pid is not None else "an unreadable process"
+        who = (
+            f"pid {self.pid} ({self.cmdline[:120] or '?'})"
+            if self.pid is not None
+            else "an unreadable process"
+        )
         tag = f", marker {self.marker}" if self.marker else ""
         return f"{self.what} held by {who}{tag}: {self.verdict}"
 
@@ -102,10 +116,19 @@ class PreflightReport:
         return not self.refusals
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "host": self.host, "port": self.port, "gpus": self.gpus,
-                "holders": [h.to_dict() for h in self.holders], "killed": [h.to_dict() for h in self.killed],
-                "shm_removed": self.shm_removed, "shm_held": self.shm_held, "caches_reset": self.caches_reset,
-                "refusals": self.refusals, "notes": self.notes}
+        return {
+            "ok": self.ok,
+            "host": self.host,
+            "port": self.port,
+            "gpus": self.gpus,
+            "holders": [h.to_dict() for h in self.holders],
+            "killed": [h.to_dict() for h in self.killed],
+            "shm_removed": self.shm_removed,
+            "shm_held": self.shm_held,
+            "caches_reset": self.caches_reset,
+            "refusals": self.refusals,
+            "notes": self.notes,
+        }
 
 
 def unit_state(name: str) -> str | None:
@@ -114,8 +137,9 @@ def unit_state(name: str) -> str | None:
     if exe is None or not Path("/run/systemd/system").is_dir():
         return None
     try:
-        out = subprocess.run([exe, "is-active", f"{name}.service"], capture_output=True, text=True, timeout=10,
-                             check=False)
+        out = subprocess.run(
+            [exe, "is-active", f"{name}.service"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -146,8 +170,13 @@ def _holder(pid: int | None, what: str, own_marker: str, state: Callable[[str], 
     return Holder(pid, what, info.cmdline, info.marker, classify(info.marker, own_marker, state))
 
 
-def _gpu_holders(gpus: str, reader: GpuProcReader, own_marker: str, state: Callable[[str], str | None],
-                 report: PreflightReport) -> list[Holder]:
+def _gpu_holders(
+    gpus: str,
+    reader: GpuProcReader,
+    own_marker: str,
+    state: Callable[[str], str | None],
+    report: PreflightReport,
+) -> list[Holder]:
     if gpus == "none":
         return []
     found = reader()
@@ -163,8 +192,9 @@ def _gpu_holders(gpus: str, reader: GpuProcReader, own_marker: str, state: Calla
     return out
 
 
-def _port_holders(host: str, port: int, own_marker: str, state: Callable[[str], str | None],
-                  report: PreflightReport) -> list[Holder]:
+def _port_holders(
+    host: str, port: int, own_marker: str, state: Callable[[str], str | None], report: PreflightReport
+) -> list[Holder]:
     if port_is_free(host, port):
         return []
     found = listeners(port, host)
@@ -195,10 +225,21 @@ def _reset_caches(dirs: Iterable[str], report: PreflightReport) -> None:
             report.caches_reset.append(str(path))
 
 
-def preflight(host: str, port: int, *, gpus: str = "all", marker: str = "", kill_stale: bool = False,
-              engine: str | None = None, reset_compile_cache: bool = False, compile_caches: Iterable[str] = (),
-              gpu_reader: GpuProcReader = nvidia_smi_compute_apps, shm_patterns: Iterable[str] = shm.PATTERNS,
-              unit_state_of: Callable[[str], str | None] = unit_state, grace_s: float = 10.0) -> PreflightReport:
+def preflight(
+    host: str,
+    port: int,
+    *,
+    gpus: str = "all",
+    marker: str = "",
+    kill_stale: bool = False,
+    engine: str | None = None,
+    reset_compile_cache: bool = False,
+    compile_caches: Iterable[str] = (),
+    gpu_reader: GpuProcReader = nvidia_smi_compute_apps,
+    shm_patterns: Iterable[str] = shm.PATTERNS,
+    unit_state_of: Callable[[str], str | None] = unit_state,
+    grace_s: float = 10.0,
+) -> PreflightReport:
     """Check (and with `kill_stale`, clear) the port, the GPUs and /dev/shm; reset compile caches if asked.
 
     `gpus`: "all", "none" or GPU indices "0,1". `marker`: this unit's SERVELAB_RUN. Never raises for a busy
@@ -224,14 +265,18 @@ def preflight(host: str, port: int, *, gpus: str = "all", marker: str = "", kill
         holders = _port_holders(host, port, marker, unit_state_of, report)
         holders += _gpu_holders(gpus, gpu_reader, marker, unit_state_of, report)
     for h in holders:
-        if h.verdict == "gone" or (h.pid is not None and any(k.pid == h.pid and k.killed for k in report.killed)):
+        if h.verdict == "gone" or (
+            h.pid is not None and any(k.pid == h.pid and k.killed for k in report.killed)
+        ):
             continue
         hint = " (servelab preflight --kill-stale ends it)" if h.verdict == "stale" and not kill_stale else ""
         report.refusals.append(h.describe() + hint)
     # /dev/shm: remove what no process holds (after the kills, so their segments go too).
     cleanup = shm.remove_orphaned(patterns=tuple(shm_patterns), min_age_s=0.0 if kill_stale else 5.0)
     report.shm_removed = list(cleanup.removed)
-    report.shm_held = [f"{s.name} (held by pid {', '.join(map(str, s.owners))})" for s in cleanup.kept if s.owners]
+    report.shm_held = [
+        f"{s.name} (held by pid {', '.join(map(str, s.owners))})" for s in cleanup.kept if s.owners
+    ]
     report.refusals += [f"cannot remove /dev/shm segment {e}" for e in cleanup.errors]
     if reset_compile_cache:
         dirs = list(compile_caches) or list(defaults()["compile_cache"].get(engine or "", []))

@@ -22,46 +22,97 @@ class DeploymentRepo:
     def __init__(self, store: Store) -> None:
         self.db = store.conn
 
-    def add(self, name: str, target: str, source: str, trial_id: int | None, path: str | None,
-            spec: dict[str, Any], status: str = "written") -> int:
+    def add(
+        self,
+        name: str,
+        target: str,
+        source: str,
+        trial_id: int | None,
+        path: str | None,
+        spec: dict[str, Any],
+        status: str = "written",
+    ) -> int:
         cur = self.db.execute(
             "INSERT INTO deployments (name, created_at, target, source, trial_id, path, spec_json, status)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, utcnow(), target, source, trial_id, path, _j(spec), status))
+            (name, utcnow(), target, source, trial_id, path, _j(spec), status),
+        )
         return int(cur.lastrowid or 0)
 
     def set_status(self, dep_id: int, status: str, installed: bool | None = None) -> None:
-        self.db.execute("UPDATE deployments SET status = ?, installed = COALESCE(?, installed) WHERE id = ?",
-                        (status, None if installed is None else int(installed), dep_id))
+        self.db.execute(
+            "UPDATE deployments SET status = ?, installed = COALESCE(?, installed) WHERE id = ?",
+            (status, None if installed is None else int(installed), dep_id),
+        )
 
-    def add_check(self, dep_id: int, ok: bool, tolerance: float, level: float | None, tuned: Any, measured: Any,
-                  verify: Any, bench_run_id: int | None, verdict: str) -> int:
+    def add_check(
+        self,
+        dep_id: int,
+        ok: bool,
+        tolerance: float,
+        level: float | None,
+        tuned: Any,
+        measured: Any,
+        verify: Any,
+        bench_run_id: int | None,
+        verdict: str,
+    ) -> int:
         cur = self.db.execute(
             "INSERT INTO deployment_checks (deployment_id, created_at, ok, tolerance, level, tuned_json,"
             " measured_json, verify_json, bench_run_id, verdict) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (dep_id, utcnow(), int(ok), tolerance, level, _j(tuned), _j(measured), _j(verify), bench_run_id, verdict))
+            (
+                dep_id,
+                utcnow(),
+                int(ok),
+                tolerance,
+                level,
+                _j(tuned),
+                _j(measured),
+                _j(verify),
+                bench_run_id,
+                verdict,
+            ),
+        )
         return int(cur.lastrowid or 0)
 
     def list(self, installed_only: bool = False, limit: int = 50) -> list[dict[str, Any]]:
         """Latest first; each with its latest check (None when never checked)."""
         where = "WHERE installed = 1" if installed_only else ""
-        rows = self.db.execute(f"SELECT * FROM deployments {where} ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        rows = self.db.execute(
+            f"SELECT * FROM deployments {where} ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
         return [self._with_check(r) for r in rows]
 
     def latest(self, name: str) -> dict[str, Any] | None:
-        row = self.db.execute("SELECT * FROM deployments WHERE name = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+        row = self.db.execute(
+            "SELECT * FROM deployments WHERE name = ? ORDER BY id DESC LIMIT 1", (name,)
+        ).fetchone()
         return self._with_check(row) if row else None
 
     def _with_check(self, row: Any) -> dict[str, Any]:
-        d = {k: row[k] for k in ("id", "name", "created_at", "target", "source", "trial_id", "path", "status")}
+        d = {
+            k: row[k] for k in ("id", "name", "created_at", "target", "source", "trial_id", "path", "status")
+        }
         d["installed"] = bool(row["installed"])
         d["spec"] = _load(row["spec_json"])
-        c = self.db.execute("SELECT * FROM deployment_checks WHERE deployment_id = ? ORDER BY id DESC LIMIT 1",
-                            (row["id"],)).fetchone()
-        d["check"] = None if c is None else {
-            "ok": bool(c["ok"]), "tolerance": c["tolerance"], "level": c["level"], "tuned": _load(c["tuned_json"]),
-            "measured": _load(c["measured_json"]), "verify": _load(c["verify_json"]),
-            "bench_run_id": c["bench_run_id"], "verdict": c["verdict"], "created_at": c["created_at"]}
+        c = self.db.execute(
+            "SELECT * FROM deployment_checks WHERE deployment_id = ? ORDER BY id DESC LIMIT 1", (row["id"],)
+        ).fetchone()
+        d["check"] = (
+            None
+            if c is None
+            else {
+                "ok": bool(c["ok"]),
+                "tolerance": c["tolerance"],
+                "level": c["level"],
+                "tuned": _load(c["tuned_json"]),
+                "measured": _load(c["measured_json"]),
+                "verify": _load(c["verify_json"]),
+                "bench_run_id": c["bench_run_id"],
+                "verdict": c["verdict"],
+                "created_at": c["created_at"],
+            }
+        )
         return d
 
 
@@ -77,6 +128,8 @@ def installed_units(store: Store) -> list[dict[str, Any]]:
         if d["name"] in seen:
             continue
         seen.add(d["name"])
-        out.append({k: d[k] for k in ("name", "source", "target", "status", "check", "created_at")}
-                   | {"unit": unit_status(d["name"])})
+        out.append(
+            {k: d[k] for k in ("name", "source", "target", "status", "check", "created_at")}
+            | {"unit": unit_status(d["name"])}
+        )
     return out

@@ -54,7 +54,9 @@ class LaunchRecord:
     def port(self) -> int:
         value = flag_value(self.argv, "--port")
         if value is None or not value.isdigit():
-            raise ConfigError(f"the command line of {self.ref} has no --port", hint="pass --port PORT to deploy")
+            raise ConfigError(
+                f"the command line of {self.ref} has no --port", hint="pass --port PORT to deploy"
+            )
         return int(value)
 
     def main_digest(self) -> dict[str, Any] | None:
@@ -66,10 +68,19 @@ class LaunchRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "study": self.study_uid, "study_name": self.study_name, "candidate": self.candidate,
-            "trial": self.trial_id, "engine": self.engine, "engine_version": self.engine_version,
-            "argv": list(self.argv), "env": dict(self.env), "url": self.url, "served_model": self.served_model,
-            "model_path": self.model_path, "ready_s": self.ready_s, "main_level": self.main_level,
+            "study": self.study_uid,
+            "study_name": self.study_name,
+            "candidate": self.candidate,
+            "trial": self.trial_id,
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "url": self.url,
+            "served_model": self.served_model,
+            "model_path": self.model_path,
+            "ready_s": self.ready_s,
+            "main_level": self.main_level,
         }
 
 
@@ -80,7 +91,7 @@ def flag_value(argv: list[str], flag: str) -> str | None:
         if arg == flag and i + 1 < len(argv):
             found = argv[i + 1]
         elif arg.startswith(flag + "="):
-            found = arg[len(flag) + 1:]
+            found = arg[len(flag) + 1 :]
     return found
 
 
@@ -93,8 +104,10 @@ def set_flag(argv: list[str], flag: str, value: str) -> list[str]:
         elif arg.startswith(flag + "="):
             out[i], hit = f"{flag}={value}", True
     if not hit:
-        raise ConfigError(f"the run's command line has no {flag} to replace",
-                          hint=f"the engine takes no {flag}; leave that override out")
+        raise ConfigError(
+            f"the run's command line has no {flag} to replace",
+            hint=f"the engine takes no {flag}; leave that override out",
+        )
     return out
 
 
@@ -115,31 +128,40 @@ def resolve(store: Store, ref: str) -> LaunchRecord:
             raise NotFoundError(
                 f"study {study['uid']} has no winner (status {study['status']})",
                 hint=f"name a measured candidate: servelab deploy {study['uid']}:LABEL "
-                f"(candidates: {', '.join(c['label'] for c in cands) or 'none'})")
+                f"(candidates: {', '.join(c['label'] for c in cands) or 'none'})",
+            )
     cand = next((c for c in cands if c["label"] == label), None)
     if cand is None:
-        raise NotFoundError(f"study {study['uid']} has no candidate {label!r}",
-                            hint=f"candidates: {', '.join(c['label'] for c in cands) or 'none'}")
+        raise NotFoundError(
+            f"study {study['uid']} has no candidate {label!r}",
+            hint=f"candidates: {', '.join(c['label'] for c in cands) or 'none'}",
+        )
     measured = [t for t in repo.trials(cand["id"]) if t["status"] == "measured"]
     if not measured:
-        raise NotFoundError(f"candidate {label!r} of study {study['uid']} has no measured trial "
-                            f"(status {cand['status']})",
-                            hint="deploy a candidate that was measured; `servelab runs` shows each one's status")
+        raise NotFoundError(
+            f"candidate {label!r} of study {study['uid']} has no measured trial (status {cand['status']})",
+            hint="deploy a candidate that was measured; `servelab runs` shows each one's status",
+        )
     return _record(study, cand, measured[-1])
 
 
 def _from_trial(store: Store, repo: StudyRepo, tid: int) -> LaunchRecord:
     row = store.conn.execute(
         "SELECT c.study_id, c.id FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id WHERE t.id = ?",
-        (tid,)).fetchone()
+        (tid,),
+    ).fetchone()
     if row is None:
-        raise NotFoundError(f"no trial {tid} in the store", hint="`servelab runs STUDY` lists the trials of a study")
+        raise NotFoundError(
+            f"no trial {tid} in the store", hint="`servelab runs STUDY` lists the trials of a study"
+        )
     study = repo.resolve(str(row[0]))
     cand = next(c for c in repo.candidates(study["id"]) if c["id"] == row[1])
     trial = next(t for t in repo.trials(cand["id"]) if t["id"] == tid)
     if trial["status"] != "measured":
-        raise ConfigError(f"trial {tid} was not measured (status {trial['status']}): nothing proves it works",
-                          hint="deploy a measured trial, or the candidate (STUDY:CANDIDATE)")
+        raise ConfigError(
+            f"trial {tid} was not measured (status {trial['status']}): nothing proves it works",
+            hint="deploy a measured trial, or the candidate (STUDY:CANDIDATE)",
+        )
     return _record(study, cand, trial)
 
 
@@ -148,22 +170,39 @@ def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) 
     eff = (trial.get("effective") or {}).get("effective") or {}
     argv = [str(a) for a in trial.get("argv") or []]
     if not argv:
-        raise ConfigError(f"trial {trial['id']} recorded no command line (an external endpoint?)",
-                          hint="servelab can only deploy a server it launched itself")
+        raise ConfigError(
+            f"trial {trial['id']} recorded no command line (an external endpoint?)",
+            hint="servelab can only deploy a server it launched itself",
+        )
     model = spec.get("model") or {}
-    served = (eff.get("served_model_name") or model.get("served_name") or flag_value(argv, "--served-model-name")
-              or model.get("path") or "")
+    served = (
+        eff.get("served_model_name")
+        or model.get("served_name")
+        or flag_value(argv, "--served-model-name")
+        or model.get("path")
+        or ""
+    )
     load = spec.get("load") or {}
     levels = [float(v) for v in (load.get("concurrency") or load.get("rate") or [])]
     main = load.get("main")
     return LaunchRecord(
-        study_uid=study["uid"], study_name=study["name"], candidate=cand["label"], trial_id=trial["id"],
-        engine=(spec.get("engine") or {}).get("name", ""), argv=argv,
-        env={str(k): str(v) for k, v in (trial.get("env") or {}).items()}, url=trial.get("url") or "",
-        served_model=str(served), model_path=str(eff.get("model") or flag_value(argv, "--model") or model.get("path")),
-        engine_version=trial.get("engine_version") or eff.get("version"), ready_s=trial.get("ready_s"),
-        levels=list(trial.get("levels") or []), main_level=float(main) if main is not None else
-        (max(levels) if levels else None), study=spec, effective=eff, candidate_spec=cand.get("spec") or {},
+        study_uid=study["uid"],
+        study_name=study["name"],
+        candidate=cand["label"],
+        trial_id=trial["id"],
+        engine=(spec.get("engine") or {}).get("name", ""),
+        argv=argv,
+        env={str(k): str(v) for k, v in (trial.get("env") or {}).items()},
+        url=trial.get("url") or "",
+        served_model=str(served),
+        model_path=str(eff.get("model") or flag_value(argv, "--model") or model.get("path")),
+        engine_version=trial.get("engine_version") or eff.get("version"),
+        ready_s=trial.get("ready_s"),
+        levels=list(trial.get("levels") or []),
+        main_level=float(main) if main is not None else (max(levels) if levels else None),
+        study=spec,
+        effective=eff,
+        candidate_spec=cand.get("spec") or {},
     )
 
 
@@ -173,13 +212,21 @@ def masked(record: LaunchRecord) -> tuple[list[str], list[str]]:
     flags = []
     for i, arg in enumerate(record.argv):
         if MASK in arg:
-            flags.append(arg.split("=", 1)[0] if arg.startswith("--") and "=" in arg
-                         else (record.argv[i - 1] if i > 0 and record.argv[i - 1].startswith("-") else f"argv[{i}]"))
+            flags.append(
+                arg.split("=", 1)[0]
+                if arg.startswith("--") and "=" in arg
+                else (record.argv[i - 1] if i > 0 and record.argv[i - 1].startswith("-") else f"argv[{i}]")
+            )
     return env, flags
 
 
-def apply_overrides(record: LaunchRecord, env: dict[str, str] | None = None, args: dict[str, str] | None = None,
-                    port: int | None = None, env_file: bool = False) -> LaunchRecord:
+def apply_overrides(
+    record: LaunchRecord,
+    env: dict[str, str] | None = None,
+    args: dict[str, str] | None = None,
+    port: int | None = None,
+    env_file: bool = False,
+) -> LaunchRecord:
     """The record with supplied secrets and a new port; refuses while a redacted value is left.
 
     With `env_file`, masked env variables are dropped from the unit (the EnvironmentFile supplies them)."""
@@ -201,6 +248,10 @@ def apply_overrides(record: LaunchRecord, env: dict[str, str] | None = None, arg
             f"the store keeps secrets redacted ('{MASK}'): {', '.join(what)} of {record.ref} cannot be deployed "
             "as stored",
             hint=f"supply {'them' if len(hints) > 1 else 'it'}: {' '.join(hints)}"
-            + (" (or --env-file FILE for the environment: the unit then reads them from that file)"
-               if env_left else ""))
+            + (
+                " (or --env-file FILE for the environment: the unit then reads them from that file)"
+                if env_left
+                else ""
+            ),
+        )
     return rec

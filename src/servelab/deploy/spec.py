@@ -75,13 +75,32 @@ class DeploySpec:
             gpus = ",".join(self.gpu_ids)
         else:  # no CUDA_VISIBLE_DEVICES: the engine takes the first TP×PP×DP GPUs
             gpus = ",".join(str(i) for i in range(max(1, self.gpu_count)))
-        args = ["preflight", "--host", self.host, "--port", str(self.port), "--marker", self.marker,
-                "--gpus", gpus, "--engine", self.record.engine]
+        args = [
+            "preflight",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--marker",
+            self.marker,
+            "--gpus",
+            gpus,
+            "--engine",
+            self.record.engine,
+        ]
         return args + (["--kill-stale"] if kill_stale else [])
 
     def wait_ready_args(self) -> list[str]:
-        return ["wait-ready", self.local_url, "--engine", self.record.engine, "--model", self.served_model,
-                "--timeout", str(self.wait_timeout_s)]
+        return [
+            "wait-ready",
+            self.local_url,
+            "--engine",
+            self.record.engine,
+            "--model",
+            self.served_model,
+            "--timeout",
+            str(self.wait_timeout_s),
+        ]
 
 
 def start_timeout(ready_s: float | None, override: float | None = None) -> int:
@@ -93,7 +112,9 @@ def start_timeout(ready_s: float | None, override: float | None = None) -> int:
     t = defaults()["timeouts"]
     if ready_s is None:
         return int(t["unknown_start_s"])
-    return max(int(t["min_start_s"]), math.ceil(ready_s * float(t["start_factor"]) + float(t["start_extra_s"])))
+    return max(
+        int(t["min_start_s"]), math.ceil(ready_s * float(t["start_factor"]) + float(t["start_extra_s"]))
+    )
 
 
 def _gpus(record: LaunchRecord) -> tuple[list[str] | None, int]:
@@ -116,21 +137,32 @@ def _absolute(argv: list[str], notes: list[str]) -> list[str]:
         return argv
     found = shutil.which(exe)
     if found is None:
-        raise ConfigError(f"the run's executable {exe!r} is not on PATH here",
-                          hint="deploy on the host that ran the study, or install the engine")
+        raise ConfigError(
+            f"the run's executable {exe!r} is not on PATH here",
+            hint="deploy on the host that ran the study, or install the engine",
+        )
     notes.append(f"{exe} resolved to {found}")
     return [found, *argv[1:]]
 
 
-def build(record: LaunchRecord, name: str | None = None, *, user: str | None = None,
-          start_timeout_s: float | None = None, stop_timeout_s: float | None = None,
-          env_file: str | None = None, servelab: list[str] | None = None) -> DeploySpec:
+def build(
+    record: LaunchRecord,
+    name: str | None = None,
+    *,
+    user: str | None = None,
+    start_timeout_s: float | None = None,
+    stop_timeout_s: float | None = None,
+    env_file: str | None = None,
+    servelab: list[str] | None = None,
+) -> DeploySpec:
     """The deployment of `record` (after `source.apply_overrides`)."""
     name = name or _default_name(record)
     if not NAME_RE.match(name):
-        raise ConfigError(f"invalid deployment name {name!r}",
-                          hint="use lowercase letters, digits and '-', starting and ending with a letter or digit "
-                          "(it names the systemd unit and the Kubernetes objects)")
+        raise ConfigError(
+            f"invalid deployment name {name!r}",
+            hint="use lowercase letters, digits and '-', starting and ending with a letter or digit "
+            "(it names the systemd unit and the Kubernetes objects)",
+        )
     engine = registry.get(record.engine)
     notes: list[str] = []
     argv = _absolute(record.argv, notes)
@@ -143,13 +175,24 @@ def build(record: LaunchRecord, name: str | None = None, *, user: str | None = N
     if key:  # wait-ready (ExecStartPost) reads it from there; it is in the unit's argv anyway
         env["SERVELAB_API_KEY"] = key
     return DeploySpec(
-        name=name, record=record, argv=argv, env=env,
-        host=record.host, port=record.port, served_model=record.served_model, readiness=engine.readiness,
-        gpu=engine.capabilities.gpu, gpu_ids=gpu_ids, gpu_count=count if engine.capabilities.gpu else 0,
+        name=name,
+        record=record,
+        argv=argv,
+        env=env,
+        host=record.host,
+        port=record.port,
+        served_model=record.served_model,
+        readiness=engine.readiness,
+        gpu=engine.capabilities.gpu,
+        gpu_ids=gpu_ids,
+        gpu_count=count if engine.capabilities.gpu else 0,
         start_timeout_s=start_timeout(record.ready_s, start_timeout_s),
         stop_timeout_s=math.ceil(stop_timeout_s if stop_timeout_s is not None else float(t["stop_s"])),
-        restart_s=int(t["restart_s"]), user=user, env_file=env_file,
-        servelab=list(servelab) if servelab else [sys.executable, "-m", "servelab"], notes=notes,
+        restart_s=int(t["restart_s"]),
+        user=user,
+        env_file=env_file,
+        servelab=list(servelab) if servelab else [sys.executable, "-m", "servelab"],
+        notes=notes,
     )
 
 

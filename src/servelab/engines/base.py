@@ -150,7 +150,12 @@ class EffectiveConfig:
         `keep_confirmed` (an info endpoint), a value it only confirms keeps the earlier evidence: the log
         line that chose a backend says more than an endpoint repeating it."""
         for key, value in other.effective.items():
-            if keep_confirmed and key in self.effective and self.effective[key] == value and self.evidence.get(key):
+            if (
+                keep_confirmed
+                and key in self.effective
+                and self.effective[key] == value
+                and self.evidence.get(key)
+            ):
                 continue
             self.effective[key] = value
             self.evidence[key] = other.evidence.get(key, "")

@@ -45,9 +45,7 @@ class External:
 
     def command(self, s: Settings) -> LaunchSpec:
         scheme, host, port = _endpoint(s)
-        return LaunchSpec(
-            argv=[], env={}, host=host, port=port, served_model=s.served_name, scheme=scheme
-        )
+        return LaunchSpec(argv=[], env={}, host=host, port=port, served_model=s.served_name, scheme=scheme)
 
     def requested(self, s: Settings) -> dict[str, Any]:
         _endpoint(s)

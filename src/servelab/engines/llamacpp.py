@@ -86,9 +86,7 @@ class LlamaCpp:
         if "--metrics" not in s.extra_args:
             argv.append("--metrics")  # /metrics is off by default
         argv += list(s.extra_args)
-        return LaunchSpec(
-            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name
-        )
+        return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 
     def requested(self, s: Settings) -> dict[str, Any]:
         req: dict[str, Any] = {"model": s.model}

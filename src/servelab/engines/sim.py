@@ -78,9 +78,7 @@ class Sim:
             argv += opt("--context-length", s.max_model_len)
         argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
         argv += list(s.extra_args)
-        return LaunchSpec(
-            argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name
-        )
+        return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 
     def requested(self, s: Settings) -> dict[str, Any]:
         return _adapter(personality(s)).requested(s)

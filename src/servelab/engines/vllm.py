@@ -105,7 +105,16 @@ class VLLM:
             raise ConfigError(f"tp and pp must be >= 1 (got tp={s.tp}, pp={s.pp})")
         port = s.port or self.default_port
         argv = [python_for(s.options), "-m", "vllm.entrypoints.openai.api_server"]
-        argv += ["--model", s.model, "--served-model-name", s.served_name, "--host", s.host, "--port", str(port)]
+        argv += [
+            "--model",
+            s.model,
+            "--served-model-name",
+            s.served_name,
+            "--host",
+            s.host,
+            "--port",
+            str(port),
+        ]
         argv += ["--tensor-parallel-size", str(s.tp)]
         if s.pp != 1:
             argv += ["--pipeline-parallel-size", str(s.pp)]

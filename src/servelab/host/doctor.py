@@ -62,8 +62,14 @@ def gather(gpus: GpuReport, topology: dict[str, Any]) -> Facts:
     except OSError:
         shm = None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return Facts(gpus=gpus, topology=topology, uvm_disable_hmm=_read(UVM_HMM_PARAM), shm_bytes=shm,
-                 nofile_soft=soft, nofile_hard=hard)
+    return Facts(
+        gpus=gpus,
+        topology=topology,
+        uvm_disable_hmm=_read(UVM_HMM_PARAM),
+        shm_bytes=shm,
+        nofile_soft=soft,
+        nofile_hard=hard,
+    )
 
 
 def _no_gpus(name: str, f: Facts) -> Check | None:
@@ -78,7 +84,9 @@ def check_uvm_hmm(f: Facts) -> Check:
     if f.uvm_disable_hmm.upper() in ("Y", "1"):
         return Check("nvidia_uvm HMM", "ok", f"uvm_disable_hmm={f.uvm_disable_hmm}")
     return Check(
-        "nvidia_uvm HMM", "warn", f"uvm_disable_hmm={f.uvm_disable_hmm} (HMM enabled)",
+        "nvidia_uvm HMM",
+        "warn",
+        f"uvm_disable_hmm={f.uvm_disable_hmm} (HMM enabled)",
         "echo 'options nvidia_uvm uvm_disable_hmm=1' | sudo tee /etc/modprobe.d/nvidia-uvm-hmm.conf"
         " && sudo modprobe -r nvidia_uvm && sudo modprobe nvidia_uvm  (or reboot)",
     )
@@ -86,14 +94,22 @@ def check_uvm_hmm(f: Facts) -> Check:
 
 def check_shm(f: Facts) -> Check:
     if f.shm_bytes is None:
-        return Check("/dev/shm size", "fail", "/dev/shm is not mounted",
-                     "sudo mount -t tmpfs -o size=16g tmpfs /dev/shm")
+        return Check(
+            "/dev/shm size",
+            "fail",
+            "/dev/shm is not mounted",
+            "sudo mount -t tmpfs -o size=16g tmpfs /dev/shm",
+        )
     gib = f.shm_bytes / 2**30
     need = LIMITS["shm_min_gib"]
     if gib >= need:
         return Check("/dev/shm size", "ok", f"{gib:.1f} GiB")
-    return Check("/dev/shm size", "fail" if gib < 1 else "warn", f"{gib:.2f} GiB (< {need:g} GiB)",
-                 "sudo mount -o remount,size=16g /dev/shm  (in Docker: --shm-size=16g or --ipc=host)")
+    return Check(
+        "/dev/shm size",
+        "fail" if gib < 1 else "warn",
+        f"{gib:.2f} GiB (< {need:g} GiB)",
+        "sudo mount -o remount,size=16g /dev/shm  (in Docker: --shm-size=16g or --ipc=host)",
+    )
 
 
 def check_nofile(f: Facts) -> Check:
@@ -103,8 +119,12 @@ def check_nofile(f: Facts) -> Check:
     soft = f.nofile_soft if f.nofile_soft != resource.RLIM_INFINITY else 1 << 62
     if soft >= need:
         return Check("open-file limit", "ok", f"soft {f.nofile_soft}, hard {f.nofile_hard}")
-    return Check("open-file limit", "warn", f"soft {f.nofile_soft} (< {need}), hard {f.nofile_hard}",
-                 f"ulimit -n {need}  (systemd: LimitNOFILE={need}; /etc/security/limits.conf: * soft nofile {need})")
+    return Check(
+        "open-file limit",
+        "warn",
+        f"soft {f.nofile_soft} (< {need}), hard {f.nofile_hard}",
+        f"ulimit -n {need}  (systemd: LimitNOFILE={need}; /etc/security/limits.conf: * soft nofile {need})",
+    )
 
 
 def check_p2p(f: Facts) -> Check:
@@ -116,20 +136,34 @@ def check_p2p(f: Facts) -> Check:
     bad = summary.get("p2p_unavailable") or []
     if bad:
         first = bad[0]
-        return Check("GPU P2P", "warn",
-                     f"{len(bad)} GPU pair(s) without P2P, e.g. {first['pair'][0]}-{first['pair'][1]}: {first['meaning']}",
-                     "NCCL will copy through host memory; on bare metal enable ACS/IOMMU passthrough "
-                     "(iommu=pt) in BIOS/kernel; in a VM ask for a P2P-capable (NVLink or clique-enabled) instance")
+        return Check(
+            "GPU P2P",
+            "warn",
+            f"{len(bad)} GPU pair(s) without P2P, e.g. {first['pair'][0]}-{first['pair'][1]}: {first['meaning']}",
+            "NCCL will copy through host memory; on bare metal enable ACS/IOMMU passthrough "
+            "(iommu=pt) in BIOS/kernel; in a VM ask for a P2P-capable (NVLink or clique-enabled) instance",
+        )
     if summary.get("vm_all_phb"):
-        return Check("GPU P2P", "warn", "every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
-                     "run `nvidia-smi topo -p2p r` to see whether P2P works; expect slower all-reduce than bare metal")
+        return Check(
+            "GPU P2P",
+            "warn",
+            "every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
+            "run `nvidia-smi topo -p2p r` to see whether P2P works; expect slower all-reduce than bare metal",
+        )
     if not summary.get("p2p_checked"):
         return Check("GPU P2P", "ok", f"links: {summary['link_counts']} (P2P matrix not read)")
     return Check("GPU P2P", "ok", f"P2P OK between all pairs; links: {summary['link_counts']}")
 
 
-def _per_gpu(name: str, f: Facts, bad: Callable[[Gpu], str | None], fix: str, ok: str, status: str = "warn",
-             needs: Callable[[Gpu], object] | None = None) -> Check:
+def _per_gpu(
+    name: str,
+    f: Facts,
+    bad: Callable[[Gpu], str | None],
+    fix: str,
+    ok: str,
+    status: str = "warn",
+    needs: Callable[[Gpu], object] | None = None,
+) -> Check:
     skip = _no_gpus(name, f)
     if skip is not None:
         return skip
@@ -145,27 +179,46 @@ def _pcie_low(g: Gpu) -> str | None:
     # An idle GPU drops its link to save power (gen 1); only a link narrower than its maximum is a fault at rest.
     if g.pcie_width is not None and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
         return f"x{g.pcie_width} of x{g.pcie_width_max}"
-    if (g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max
-            and (g.utilization_pct or 0) > 0):
+    if (
+        g.pcie_gen is not None
+        and g.pcie_gen_max
+        and g.pcie_gen < g.pcie_gen_max
+        and (g.utilization_pct or 0) > 0
+    ):
         return f"gen {g.pcie_gen} of {g.pcie_gen_max} while busy"
     return None
 
 
 def check_pcie(f: Facts) -> Check:
-    return _per_gpu("PCIe link", f, _pcie_low,
-                    "reseat the card or move it to a full x16 slot; check BIOS PCIe settings and risers",
-                    "every link at its maximum width", needs=lambda g: g.pcie_width_max)
+    return _per_gpu(
+        "PCIe link",
+        f,
+        _pcie_low,
+        "reseat the card or move it to a full x16 slot; check BIOS PCIe settings and risers",
+        "every link at its maximum width",
+        needs=lambda g: g.pcie_width_max,
+    )
 
 
 def _power_low(g: Gpu) -> str | None:
-    if g.power_limit_w and g.default_power_limit_w and g.power_limit_w < LIMITS["power_limit_ratio"] * g.default_power_limit_w:
+    if (
+        g.power_limit_w
+        and g.default_power_limit_w
+        and g.power_limit_w < LIMITS["power_limit_ratio"] * g.default_power_limit_w
+    ):
         return f"limit {g.power_limit_w:.0f} W < default {g.default_power_limit_w:.0f} W"
     return None
 
 
 def check_power(f: Facts) -> Check:
-    return _per_gpu("power limit", f, _power_low, "sudo nvidia-smi -i IDX -pl DEFAULT_WATTS",
-                    "every GPU at its default power limit", needs=lambda g: g.default_power_limit_w)
+    return _per_gpu(
+        "power limit",
+        f,
+        _power_low,
+        "sudo nvidia-smi -i IDX -pl DEFAULT_WATTS",
+        "every GPU at its default power limit",
+        needs=lambda g: g.default_power_limit_w,
+    )
 
 
 def _ecc_bad(g: Gpu) -> str | None:
@@ -178,8 +231,14 @@ def check_ecc(f: Facts) -> Check:
     skip = _no_gpus("ECC", f)
     if skip is not None:
         return skip
-    bad = _per_gpu("ECC", f, _ecc_bad, "drain the GPU and reset it (sudo nvidia-smi -r -i IDX); replace it if errors recur",
-                   "", status="fail")
+    bad = _per_gpu(
+        "ECC",
+        f,
+        _ecc_bad,
+        "drain the GPU and reset it (sudo nvidia-smi -r -i IDX); replace it if errors recur",
+        "",
+        status="fail",
+    )
     if bad.status != "ok":
         return bad
     modes = {g.ecc for g in f.gpus.gpus}
@@ -197,12 +256,24 @@ def check_persistence(f: Facts) -> Check:
         return skip
     if all(g.persistence is None for g in f.gpus.gpus):
         return Check("persistence mode", "skip", "not reported")
-    return _per_gpu("persistence mode", f, lambda g: "off" if g.persistence is False else None,
-                    "sudo nvidia-smi -pm 1  (better: enable nvidia-persistenced)", "on for every GPU")
+    return _per_gpu(
+        "persistence mode",
+        f,
+        lambda g: "off" if g.persistence is False else None,
+        "sudo nvidia-smi -pm 1  (better: enable nvidia-persistenced)",
+        "on for every GPU",
+    )
 
 
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
-    check_uvm_hmm, check_shm, check_nofile, check_p2p, check_pcie, check_power, check_ecc, check_persistence,
+    check_uvm_hmm,
+    check_shm,
+    check_nofile,
+    check_p2p,
+    check_pcie,
+    check_power,
+    check_ecc,
+    check_persistence,
 )
 
 
@@ -216,8 +287,12 @@ def report(facts: Facts) -> dict[str, Any]:
     order = ("ok", "skip", "warn", "fail")
     worst = max((c.status for c in checks), key=order.index, default="ok")
     return {
-        "gpus": {"source": facts.gpus.source, "available": facts.gpus.available, "note": facts.gpus.note,
-                 "count": len(facts.gpus.gpus)},
+        "gpus": {
+            "source": facts.gpus.source,
+            "available": facts.gpus.available,
+            "note": facts.gpus.note,
+            "count": len(facts.gpus.gpus),
+        },
         "checks": [c.to_dict() for c in checks],
         "worst": "ok" if worst == "skip" else worst,
     }

@@ -28,7 +28,10 @@ def nvidia_smi_reader() -> list[int] | None:
     try:
         out = subprocess.run(
             [exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -21,14 +21,34 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-IDLE_MIB = 16  # a GPU nobody uses shows 0-5 MiB (the driver's own context); above this, something holds memory
+IDLE_MIB = (
+    16  # a GPU nobody uses shows 0-5 MiB (the driver's own context); above this, something holds memory
+)
 
 # --query-gpu fields, in the order asked (names from `nvidia-smi --help-query-gpu`).
 QUERY_FIELDS: tuple[str, ...] = (
-    "index", "name", "uuid", "pci.bus_id", "memory.used", "memory.total", "power.draw", "power.limit",
-    "power.default_limit", "utilization.gpu", "temperature.gpu", "clocks.sm", "clocks.mem", "clocks.max.sm",
-    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
-    "persistence_mode", "ecc.mode.current", "ecc.errors.uncorrected.volatile.total", "driver_version",
+    "index",
+    "name",
+    "uuid",
+    "pci.bus_id",
+    "memory.used",
+    "memory.total",
+    "power.draw",
+    "power.limit",
+    "power.default_limit",
+    "utilization.gpu",
+    "temperature.gpu",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "persistence_mode",
+    "ecc.mode.current",
+    "ecc.errors.uncorrected.volatile.total",
+    "driver_version",
 )
 APPS_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "process_name", "used_memory")
 
@@ -107,14 +127,27 @@ class GpuReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source, "available": self.available, "driver_version": self.driver_version,
-            "cuda_version": self.cuda_version, "note": self.note, "gpus": [g.to_dict() for g in self.gpus],
+            "source": self.source,
+            "available": self.available,
+            "driver_version": self.driver_version,
+            "cuda_version": self.cuda_version,
+            "note": self.note,
+            "gpus": [g.to_dict() for g in self.gpus],
         }
 
 
 # -- value parsing ---------------------------------------------------------------------------------
 _NUM = re.compile(r"[-+]?\d+(?:\.\d+)?")
-_MISSING = ("", "n/a", "[n/a]", "[not supported]", "not supported", "unknown", "[unknown error]", "[insufficient permissions]")
+_MISSING = (
+    "",
+    "n/a",
+    "[n/a]",
+    "[not supported]",
+    "not supported",
+    "unknown",
+    "[unknown error]",
+    "[insufficient permissions]",
+)
 
 
 def number(text: str | None) -> float | None:
@@ -141,7 +174,11 @@ def _flag(text: str | None) -> bool | None:
 
 # -- nvidia-smi --query-gpu / --query-compute-apps ---------------------------------------------------
 def _csv_rows(text: str) -> list[list[str]]:
-    return [[c.strip() for c in row] for row in csv.reader(io.StringIO(text)) if row and any(c.strip() for c in row)]
+    return [
+        [c.strip() for c in row]
+        for row in csv.reader(io.StringIO(text))
+        if row and any(c.strip() for c in row)
+    ]
 
 
 def _header_key(h: str) -> str:
@@ -161,29 +198,31 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] | None = None) -> list[Gp
     out: list[Gpu] = []
     for pos, row in enumerate(rows):
         v = dict(zip(fields, row, strict=False))
-        out.append(Gpu(
-            index=_int(v.get("index")) if v.get("index") else pos,
-            name=v.get("name", v.get("gpu_name", "")),
-            uuid=v.get("uuid", v.get("gpu_uuid")),
-            bus_id=v.get("pci.bus_id"),
-            memory_used_mib=_int(v.get("memory.used")),
-            memory_total_mib=_int(v.get("memory.total")),
-            power_w=number(v.get("power.draw")),
-            power_limit_w=number(v.get("power.limit", v.get("enforced.power.limit"))),
-            default_power_limit_w=number(v.get("power.default_limit")),
-            utilization_pct=number(v.get("utilization.gpu")),
-            temperature_c=number(v.get("temperature.gpu")),
-            clock_sm_mhz=_int(v.get("clocks.sm", v.get("clocks.current.sm"))),
-            clock_mem_mhz=_int(v.get("clocks.mem", v.get("clocks.current.memory"))),
-            clock_sm_max_mhz=_int(v.get("clocks.max.sm", v.get("clocks.max.sm_clock"))),
-            pcie_gen=_int(v.get("pcie.link.gen.current")),
-            pcie_gen_max=_int(v.get("pcie.link.gen.max")),
-            pcie_width=_int(v.get("pcie.link.width.current")),
-            pcie_width_max=_int(v.get("pcie.link.width.max")),
-            persistence=_flag(v.get("persistence_mode")),
-            ecc=_flag(v.get("ecc.mode.current")),
-            ecc_uncorrected=_int(v.get("ecc.errors.uncorrected.volatile.total")),
-        ))
+        out.append(
+            Gpu(
+                index=_int(v.get("index")) if v.get("index") else pos,
+                name=v.get("name", v.get("gpu_name", "")),
+                uuid=v.get("uuid", v.get("gpu_uuid")),
+                bus_id=v.get("pci.bus_id"),
+                memory_used_mib=_int(v.get("memory.used")),
+                memory_total_mib=_int(v.get("memory.total")),
+                power_w=number(v.get("power.draw")),
+                power_limit_w=number(v.get("power.limit", v.get("enforced.power.limit"))),
+                default_power_limit_w=number(v.get("power.default_limit")),
+                utilization_pct=number(v.get("utilization.gpu")),
+                temperature_c=number(v.get("temperature.gpu")),
+                clock_sm_mhz=_int(v.get("clocks.sm", v.get("clocks.current.sm"))),
+                clock_mem_mhz=_int(v.get("clocks.mem", v.get("clocks.current.memory"))),
+                clock_sm_max_mhz=_int(v.get("clocks.max.sm", v.get("clocks.max.sm_clock"))),
+                pcie_gen=_int(v.get("pcie.link.gen.current")),
+                pcie_gen_max=_int(v.get("pcie.link.gen.max")),
+                pcie_width=_int(v.get("pcie.link.width.current")),
+                pcie_width_max=_int(v.get("pcie.link.width.max")),
+                persistence=_flag(v.get("persistence_mode")),
+                ecc=_flag(v.get("ecc.mode.current")),
+                ecc_uncorrected=_int(v.get("ecc.errors.uncorrected.volatile.total")),
+            )
+        )
     return out
 
 
@@ -203,10 +242,14 @@ def parse_compute_apps(text: str, fields: tuple[str, ...] | None = None) -> list
         pid = _int(v.get("pid"))
         if pid is None:
             continue
-        out.append(GpuProcess(
-            pid=pid, name=v.get("process_name", v.get("name", "")), used_mib=_int(v.get("used_memory", v.get("used_gpu_memory"))),
-            gpu_uuid=v.get("gpu_uuid"),
-        ))
+        out.append(
+            GpuProcess(
+                pid=pid,
+                name=v.get("process_name", v.get("name", "")),
+                used_mib=_int(v.get("used_memory", v.get("used_gpu_memory"))),
+                gpu_uuid=v.get("gpu_uuid"),
+            )
+        )
     return out
 
 
@@ -273,7 +316,8 @@ def parse_q(text: str) -> GpuReport:
         sub = path[1:]
         key = " / ".join(sub)
         simple = {
-            "Product Name": "name", "GPU UUID": "uuid",
+            "Product Name": "name",
+            "GPU UUID": "uuid",
         }
         if key in simple:
             setattr(gpu, simple[key], value)
@@ -289,10 +333,14 @@ def parse_q(text: str) -> GpuReport:
             gpu.temperature_c = number(value)
         elif sub[0] in ("Power Readings", "GPU Power Readings"):
             name = sub[-1]
-            if name in ("Power Draw", "Average Power Draw", "Instantaneous Power Draw") and gpu.power_w is None:
+            if (
+                name in ("Power Draw", "Average Power Draw", "Instantaneous Power Draw")
+                and gpu.power_w is None
+            ):
                 gpu.power_w = number(value)
             elif name in ("Enforced Power Limit", "Current Power Limit") or (
-                    name == "Power Limit" and gpu.power_limit_w is None):
+                name == "Power Limit" and gpu.power_limit_w is None
+            ):
                 gpu.power_limit_w = number(value)
             elif name == "Default Power Limit":
                 gpu.default_power_limit_w = number(value)
@@ -303,7 +351,7 @@ def parse_q(text: str) -> GpuReport:
         elif key == "Max Clocks / SM":
             gpu.clock_sm_max_mhz = _int(value)
         elif "GPU Link Info" in sub:  # under "PCI" in most drivers, directly under the GPU in some
-            link = " / ".join(sub[sub.index("GPU Link Info") + 1:])
+            link = " / ".join(sub[sub.index("GPU Link Info") + 1 :])
             if link == "PCIe Generation / Max":
                 gpu.pcie_gen_max = _int(value)
             elif link == "PCIe Generation / Current":
@@ -338,19 +386,35 @@ def from_sim(payload: dict[str, Any], url: str) -> GpuReport:
     gpus: list[Gpu] = []
     for i, g in enumerate(payload.get("gpus", [])):
         gpu = Gpu(
-            index=int(g.get("index", i)), name=str(g.get("name", "")), uuid=g.get("uuid"),
-            memory_used_mib=g.get("memory_used_mib"), memory_total_mib=g.get("memory_total_mib"),
-            power_w=g.get("power_w"), power_limit_w=g.get("power_limit_w"),
+            index=int(g.get("index", i)),
+            name=str(g.get("name", "")),
+            uuid=g.get("uuid"),
+            memory_used_mib=g.get("memory_used_mib"),
+            memory_total_mib=g.get("memory_total_mib"),
+            power_w=g.get("power_w"),
+            power_limit_w=g.get("power_limit_w"),
             default_power_limit_w=g.get("default_power_limit_w"),
-            utilization_pct=g.get("utilization_pct"), temperature_c=g.get("temperature_c"),
+            utilization_pct=g.get("utilization_pct"),
+            temperature_c=g.get("temperature_c"),
         )
         for p in g.get("processes", []):
-            gpu.processes.append(GpuProcess(pid=int(p["pid"]), name=str(p.get("name", "")),
-                                            used_mib=p.get("used_memory_mib"), gpu_uuid=gpu.uuid))
+            gpu.processes.append(
+                GpuProcess(
+                    pid=int(p["pid"]),
+                    name=str(p.get("name", "")),
+                    used_mib=p.get("used_memory_mib"),
+                    gpu_uuid=gpu.uuid,
+                )
+            )
         gpus.append(gpu)
-    return GpuReport(source=f"sim:{url}", available=bool(gpus), gpus=gpus,
-                     driver_version=payload.get("driver_version"), cuda_version=payload.get("cuda_version"),
-                     note="simulated GPUs" if payload.get("simulated") else "")
+    return GpuReport(
+        source=f"sim:{url}",
+        available=bool(gpus),
+        gpus=gpus,
+        driver_version=payload.get("driver_version"),
+        cuda_version=payload.get("cuda_version"),
+        note="simulated GPUs" if payload.get("simulated") else "",
+    )
 
 
 # -- live sources ----------------------------------------------------------------------------------
@@ -377,8 +441,13 @@ def read_nvidia_smi(run: Runner = run_nvidia_smi) -> GpuReport | None:
     apps = run([f"--query-compute-apps={','.join(APPS_FIELDS)}", "--format=csv,noheader,nounits"])
     if apps:
         attach_processes(gpus, parse_compute_apps(apps, APPS_FIELDS))
-    return GpuReport(source="nvidia-smi", available=bool(gpus), gpus=gpus, driver_version=driver,
-                     note="" if gpus else "nvidia-smi found no GPU")
+    return GpuReport(
+        source="nvidia-smi",
+        available=bool(gpus),
+        gpus=gpus,
+        driver_version=driver,
+        note="" if gpus else "nvidia-smi found no GPU",
+    )
 
 
 def read_nvml() -> GpuReport | None:
@@ -423,10 +492,14 @@ def _nvml_report(nv: Any) -> GpuReport:
         ecc = get("nvmlDeviceGetEccMode", h)
         pci = get("nvmlDeviceGetPciInfo", h)
         g = Gpu(
-            index=i, name=text(get("nvmlDeviceGetName", h)) or "", uuid=text(get("nvmlDeviceGetUUID", h)),
+            index=i,
+            name=text(get("nvmlDeviceGetName", h)) or "",
+            uuid=text(get("nvmlDeviceGetUUID", h)),
             bus_id=text(pci.busId) if pci is not None else None,
-            memory_used_mib=mem.used // 2**20 if mem else None, memory_total_mib=mem.total // 2**20 if mem else None,
-            power_w=power / 1000 if power is not None else None, power_limit_w=limit / 1000 if limit else None,
+            memory_used_mib=mem.used // 2**20 if mem else None,
+            memory_total_mib=mem.total // 2**20 if mem else None,
+            power_w=power / 1000 if power is not None else None,
+            power_limit_w=limit / 1000 if limit else None,
             default_power_limit_w=default / 1000 if default else None,
             utilization_pct=util.gpu if util else None,
             temperature_c=get("nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
@@ -442,7 +515,9 @@ def _nvml_report(nv: Any) -> GpuReport:
         )
         for p in get("nvmlDeviceGetComputeRunningProcesses", h) or []:
             used = getattr(p, "usedGpuMemory", None)
-            g.processes.append(GpuProcess(pid=int(p.pid), name="", used_mib=used // 2**20 if used else None, gpu_uuid=g.uuid))
+            g.processes.append(
+                GpuProcess(pid=int(p.pid), name="", used_mib=used // 2**20 if used else None, gpu_uuid=g.uuid)
+            )
         rep.gpus.append(g)
     rep.available = bool(rep.gpus)
     return rep

@@ -182,8 +182,12 @@ def _signal(p: ProcInfo, sig: int) -> None:
         os.kill(p.pid, sig)
 
 
-def wait_gone(procs: Iterable[ProcInfo], timeout_s: float, poll_s: float = 0.05,
-              sleep: Callable[[float], None] = time.sleep) -> list[ProcInfo]:
+def wait_gone(
+    procs: Iterable[ProcInfo],
+    timeout_s: float,
+    poll_s: float = 0.05,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[ProcInfo]:
     """Wait until none of `procs` is alive or the timeout passes; returns those still alive."""
     left = [p for p in procs if p.alive()]
     deadline = time.monotonic() + timeout_s

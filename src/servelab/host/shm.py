@@ -100,8 +100,9 @@ def holders(paths: Iterable[str], proc: Path = _PROC) -> dict[str, list[int]]:
     return {p: sorted(pids) for p, pids in found.items()}
 
 
-def segments(patterns: Iterable[str] = PATTERNS, shm_dir: Path = SHM_DIR,
-             with_owners: bool = True) -> list[ShmSegment]:
+def segments(
+    patterns: Iterable[str] = PATTERNS, shm_dir: Path = SHM_DIR, with_owners: bool = True
+) -> list[ShmSegment]:
     """The segments in `shm_dir` whose names match one of `patterns`, with their owners."""
     pats = tuple(patterns)
     stats: list[tuple[str, os.stat_result]] = []

@@ -15,8 +15,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-PROPERTIES: tuple[str, ...] = ("Id", "LoadState", "ActiveState", "SubState", "NRestarts", "ExecMainStartTimestamp",
-                               "ExecMainPID", "Result")
+PROPERTIES: tuple[str, ...] = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "NRestarts",
+    "ExecMainStartTimestamp",
+    "ExecMainPID",
+    "Result",
+)
 UNIT_PATTERN = "servelab*"
 
 Systemctl = Callable[[list[str]], str | None]
@@ -62,11 +70,18 @@ def parse_show(text: str) -> list[UnitState]:
         if "Id" not in props:
             continue
         pid = _int(props.get("ExecMainPID"))
-        out.append(UnitState(
-            unit=props["Id"], active_state=props.get("ActiveState", ""), sub_state=props.get("SubState", ""),
-            restarts=_int(props.get("NRestarts")), since=props.get("ExecMainStartTimestamp") or None,
-            load_state=props.get("LoadState", ""), main_pid=pid or None, result=props.get("Result", ""),
-        ))
+        out.append(
+            UnitState(
+                unit=props["Id"],
+                active_state=props.get("ActiveState", ""),
+                sub_state=props.get("SubState", ""),
+                restarts=_int(props.get("NRestarts")),
+                since=props.get("ExecMainStartTimestamp") or None,
+                load_state=props.get("LoadState", ""),
+                main_pid=pid or None,
+                result=props.get("Result", ""),
+            )
+        )
     return out
 
 
@@ -96,8 +111,9 @@ def booted(run_dir: Path = Path("/run/systemd/system")) -> bool:
     return run_dir.is_dir()
 
 
-def states(units: list[str] | None = None, run: Systemctl = run_systemctl,
-           is_booted: Callable[[], bool] = booted) -> dict[str, Any]:
+def states(
+    units: list[str] | None = None, run: Systemctl = run_systemctl, is_booted: Callable[[], bool] = booted
+) -> dict[str, Any]:
     """{"available": bool, "note": str, "units": [UnitState...]} for `units` (default: every servelab* unit)."""
     if not is_booted():
         return {"available": False, "note": "no systemd on this host (PID 1 is not systemd)", "units": []}

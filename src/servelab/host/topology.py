@@ -21,8 +21,13 @@ from servelab.host.gpus import Runner, run_nvidia_smi
 LINK_ORDER: tuple[str, ...] = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 P2P_OK = "OK"
 P2P_LEGEND: dict[str, str] = {
-    "OK": "supported", "CNS": "chipset not supported", "GNS": "GPU not supported",
-    "TNS": "topology not supported", "NS": "not supported", "DR": "disabled by regkey", "U": "unknown",
+    "OK": "supported",
+    "CNS": "chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "topology not supported",
+    "NS": "not supported",
+    "DR": "disabled by regkey",
+    "U": "unknown",
 }
 
 
@@ -40,7 +45,7 @@ class Topology:
     def gpu_pairs(self) -> list[tuple[str, str, str]]:
         out = []
         for i, a in enumerate(self.gpus):
-            for b in self.gpus[i + 1:]:
+            for b in self.gpus[i + 1 :]:
                 link = self.links.get(a, {}).get(b)
                 if link:
                     out.append((a, b, link))
@@ -60,16 +65,21 @@ def parse_topo(text: str) -> Topology:
     topo = Topology()
     lines = [ln.rstrip() for ln in text.splitlines()]
     # The header names the devices; every matrix row has an "X" on its diagonal.
-    header_i = next((i for i, ln in enumerate(lines) if re.search(r"\bGPU0\b", ln) and "X" not in ln.split()), None)
+    header_i = next(
+        (i for i, ln in enumerate(lines) if re.search(r"\bGPU0\b", ln) and "X" not in ln.split()), None
+    )
     if header_i is None:
         return topo
-    header = lines[header_i][lines[header_i].index("GPU0"):]  # a pasted prompt may precede it
+    header = lines[header_i][lines[header_i].index("GPU0") :]  # a pasted prompt may precede it
     # Columns are separated by tabs in real output, by runs of spaces when pasted; "CPU Affinity" has a space.
-    header_norm = header.replace("CPU Affinity", "CPU_Affinity").replace("NUMA Affinity", "NUMA_Affinity").replace(
-        "GPU NUMA ID", "GPU_NUMA_ID")
+    header_norm = (
+        header.replace("CPU Affinity", "CPU_Affinity")
+        .replace("NUMA Affinity", "NUMA_Affinity")
+        .replace("GPU NUMA ID", "GPU_NUMA_ID")
+    )
     cols = ["NUMA_Affinity" if c == "NUMA" else c for c in header_norm.split()]  # some pastes shorten it
     devices = [c for c in cols if c not in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID")]
-    for ln in lines[header_i + 1:]:
+    for ln in lines[header_i + 1 :]:
         if not ln.strip():
             break
         cells = ln.split()
@@ -78,7 +88,7 @@ def parse_topo(text: str) -> Topology:
         name, rest = cells[0], cells[1:]
         row = dict(zip(devices, rest[: len(devices)], strict=False))
         topo.links[name] = {k: v for k, v in row.items() if k != name and v != "X"}
-        extra = rest[len(devices):]
+        extra = rest[len(devices) :]
         if name.startswith("GPU"):
             topo.gpus.append(name)
             if "CPU_Affinity" in cols and extra:
@@ -93,12 +103,14 @@ def parse_topo(text: str) -> Topology:
 def parse_p2p(text: str) -> dict[str, dict[str, str]]:
     """`nvidia-smi topo -p2p r` (or w, rw, n, a): pair -> status code (OK, GNS, CNS, TNS, NS, DR, U)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    header_i = next((i for i, ln in enumerate(lines) if ln.split()[:1] == ["GPU0"] and "X" not in ln.split()), None)
+    header_i = next(
+        (i for i, ln in enumerate(lines) if ln.split()[:1] == ["GPU0"] and "X" not in ln.split()), None
+    )
     if header_i is None:
         return {}
     devices = lines[header_i].split()
     out: dict[str, dict[str, str]] = {}
-    for ln in lines[header_i + 1:]:
+    for ln in lines[header_i + 1 :]:
         cells = ln.split()
         if not cells or cells[0] not in devices:
             break
@@ -125,13 +137,17 @@ def analyze(topo: Topology, virtual_machine: bool | None = None) -> dict[str, An
         # All-PHB alone is also what some bare-metal boards show; a VM is called out when the CPU says so.
         "vm_all_phb": bool(all_phb and virtual_machine),
         "p2p_checked": bool(p2p_pairs),
-        "p2p_unavailable": [{"pair": [a, b], "status": v, "meaning": P2P_LEGEND.get(v, v)} for a, b, v in p2p_bad],
+        "p2p_unavailable": [
+            {"pair": [a, b], "status": v, "meaning": P2P_LEGEND.get(v, v)} for a, b, v in p2p_bad
+        ],
         "numa_nodes": numa,
         "crosses_numa": len(numa) > 1,
     }
 
 
-def is_virtual_machine(cpuinfo: Path = Path("/proc/cpuinfo"), dmi: Path = Path("/sys/class/dmi/id")) -> bool | None:
+def is_virtual_machine(
+    cpuinfo: Path = Path("/proc/cpuinfo"), dmi: Path = Path("/sys/class/dmi/id")
+) -> bool | None:
     """The CPU's `hypervisor` flag (set inside KVM, Xen, VMware, Hyper-V guests); None when unreadable."""
     try:
         for line in cpuinfo.read_text(errors="replace").splitlines():

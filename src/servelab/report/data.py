@@ -46,12 +46,21 @@ def load_plan(store: Store, name: str) -> dict[str, Any]:
     except Exception as exc:  # an older store without the plan tables, or a plan module mid-change
         return {"available": False, "note": f"the plan could not be read: {exc}", "items": []}
     items = [i.to_dict() for i in plan.items]
-    note = "" if items else f"nothing stored in the plan of {name} (`servelab plan --plan {name} add ...` adds items)"
+    note = (
+        ""
+        if items
+        else f"nothing stored in the plan of {name} (`servelab plan --plan {name} add ...` adds items)"
+    )
     return {"available": bool(items), "note": note, "name": name, "items": items}
 
 
-def build(st: dict[str, Any], cands: list[dict[str, Any]], plan: dict[str, Any] | None = None,
-          host: dict[str, Any] | None = None, model: bool = True) -> dict[str, Any]:
+def build(
+    st: dict[str, Any],
+    cands: list[dict[str, Any]],
+    plan: dict[str, Any] | None = None,
+    host: dict[str, Any] | None = None,
+    model: bool = True,
+) -> dict[str, Any]:
     """The report model from a study row and its candidates (each with `trials`)."""
     spec = st.get("spec") or {}
     result = st.get("result") or {}
@@ -59,7 +68,9 @@ def build(st: dict[str, Any], cands: list[dict[str, Any]], plan: dict[str, Any] 
     baseline = result.get("baseline") or _baseline_label(spec)
     slo = _slo(spec)
     candidates = [_candidate(c, ranking, baseline) for c in cands]
-    model_view = _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
+    model_view = (
+        _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
+    )
     return {
         "format": "servelab-report/1",
         "study": _study(st, spec, baseline),
@@ -99,24 +110,41 @@ def _study(st: dict[str, Any], spec: dict[str, Any], baseline: str | None) -> di
     levels = load_.get("rate") or load_.get("concurrency") or []
     src = st.get("source")
     return {
-        "uid": st["uid"], "name": st["name"], "status": st["status"], "created_at": st["created_at"],
-        "finished_at": st.get("finished_at"), "source": src,
+        "uid": st["uid"],
+        "name": st["name"],
+        "status": st["status"],
+        "created_at": st["created_at"],
+        "finished_at": st.get("finished_at"),
+        "source": src,
         "description": (spec.get("study") or {}).get("description") or "",
-        "objective": spec.get("objective"), "repeats": spec.get("repeats", 1), "baseline": baseline,
+        "objective": spec.get("objective"),
+        "repeats": spec.get("repeats", 1),
+        "baseline": baseline,
         "model": (spec.get("model") or {}).get("path"),
-        "engine": {"name": eng.get("name"), "personality": (eng.get("options") or {}).get("personality"),
-                   "args": eng.get("args") or []},
+        "engine": {
+            "name": eng.get("name"),
+            "personality": (eng.get("options") or {}).get("personality"),
+            "args": eng.get("args") or [],
+        },
         "workload": spec.get("workload") or {},
         "load": {"mode": mode, "levels": levels, "main": load_.get("main")},
         "command": shlex.join(["servelab", "tune", src]) if src else None,
     }
 
 
-def _host(spec: dict[str, Any], cands: list[dict[str, Any]], gathered: dict[str, Any] | None) -> dict[str, Any]:
+def _host(
+    spec: dict[str, Any], cands: list[dict[str, Any]], gathered: dict[str, Any] | None
+) -> dict[str, Any]:
     h = spec.get("host") or {}
     versions = sorted({t["engine_version"] for c in cands for t in c["trials"] if t.get("engine_version")})
-    out: dict[str, Any] = {"gpu": h.get("gpu"), "num_gpus": h.get("num_gpus"), "interconnect": None,
-                           "gpu_memory_gb": None, "engine_versions": versions, "this_machine": gathered}
+    out: dict[str, Any] = {
+        "gpu": h.get("gpu"),
+        "num_gpus": h.get("num_gpus"),
+        "interconnect": None,
+        "gpu_memory_gb": None,
+        "engine_versions": versions,
+        "this_machine": gathered,
+    }
     if h.get("gpu"):
         try:
             from servelab.model.hardware import make_host
@@ -146,14 +174,25 @@ def _candidate(c: dict[str, Any], ranking: dict[str, Any] | None, baseline: str 
     eff = _last(trials, "effective") or {}
     mismatches = {m.get("key"): m for m in (_last(trials, "not_applied") or [])}
     requested = _last(trials, "requested") or {}
-    config = [{"key": k, "requested": v, "effective": (eff.get("effective") or {}).get(k, None),
-               "evidence": (eff.get("evidence") or {}).get(k), "applied": k not in mismatches,
-               "confirmed": k in (eff.get("effective") or {})} for k, v in requested.items()]
+    config = [
+        {
+            "key": k,
+            "requested": v,
+            "effective": (eff.get("effective") or {}).get(k, None),
+            "evidence": (eff.get("evidence") or {}).get(k),
+            "applied": k not in mismatches,
+            "confirmed": k in (eff.get("effective") or {}),
+        }
+        for k, v in requested.items()
+    ]
     diag = _last(trials, "diagnosis")
     status = c["status"]
     return {
-        "label": c["label"], "idx": c.get("idx"), "status": status,
-        "outcome": OUTCOME_TEXT.get(status, status), "baseline": c["label"] == baseline,
+        "label": c["label"],
+        "idx": c.get("idx"),
+        "status": status,
+        "outcome": OUTCOME_TEXT.get(status, status),
+        "baseline": c["label"] == baseline,
         "winner": bool(ranking and ranking.get("winner") == c["label"]),
         "settings": _settings(c.get("spec") or {}),
         "predicted": c.get("predicted"),
@@ -169,8 +208,17 @@ def _candidate(c: dict[str, Any], ranking: dict[str, Any] | None, baseline: str 
 
 
 def _settings(spec: dict[str, Any]) -> dict[str, Any]:
-    keys = ("tp", "pp", "ep", "dp", "quantization", "kv_cache_dtype", "max_concurrency", "mem_fraction",
-            "max_model_len")
+    keys = (
+        "tp",
+        "pp",
+        "ep",
+        "dp",
+        "quantization",
+        "kv_cache_dtype",
+        "max_concurrency",
+        "mem_fraction",
+        "max_model_len",
+    )
     d = {k: spec[k] for k in keys if spec.get(k) not in (None, 1) or k == "tp"}
     if spec.get("args"):
         d["args"] = list(spec["args"])
@@ -192,10 +240,17 @@ def _trial(t: dict[str, Any]) -> dict[str, Any]:
     runs = [lv.get("bench_run") for lv in t.get("levels") or [] if lv.get("bench_run")]
     verify = t.get("verify")
     return {
-        "repeat": t["repeat"], "status": t["status"], "started_at": t.get("started_at"),
-        "finished_at": t.get("finished_at"), "url": t.get("url"), "log_path": t.get("log_path"),
-        "engine_version": t.get("engine_version"), "ready_s": t.get("ready_s"), "error": t.get("error"),
-        "bench_runs": runs, "verify_ok": None if verify is None else bool(verify.get("ok")),
+        "repeat": t["repeat"],
+        "status": t["status"],
+        "started_at": t.get("started_at"),
+        "finished_at": t.get("finished_at"),
+        "url": t.get("url"),
+        "log_path": t.get("log_path"),
+        "engine_version": t.get("engine_version"),
+        "ready_s": t.get("ready_s"),
+        "error": t.get("error"),
+        "bench_runs": runs,
+        "verify_ok": None if verify is None else bool(verify.get("ok")),
         "teardown": _teardown_text(t.get("teardown")),
         "levels_done": len(t.get("levels") or []),
     }
@@ -204,7 +259,9 @@ def _trial(t: dict[str, Any]) -> dict[str, Any]:
 def _teardown_text(td: Any) -> str | None:
     if not isinstance(td, dict):
         return None if td is None else str(td)
-    parts = [f"{k}={v}" for k, v in td.items() if isinstance(v, str | int | float | bool) and v not in ("", None)]
+    parts = [
+        f"{k}={v}" for k, v in td.items() if isinstance(v, str | int | float | bool) and v not in ("", None)
+    ]
     return ", ".join(parts[:8]) or None
 
 
@@ -220,12 +277,27 @@ def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
             if x is None or y is None:
                 continue
             ok = not analyze.slo_failures(lv, slo) if slo is not None else True
-            points.append({"label": c["label"], "level": lv["level"], "output_throughput": x, "tpot_ms_p50": y,
-                           "meets_slo": ok})
+            points.append(
+                {
+                    "label": c["label"],
+                    "level": lv["level"],
+                    "output_throughput": x,
+                    "tpot_ms_p50": y,
+                    "meets_slo": ok,
+                }
+            )
     good = [p for p in points if p["meets_slo"]]
-    front = [p for p in good if not any(
-        q is not p and q["output_throughput"] >= p["output_throughput"] and q["tpot_ms_p50"] <= p["tpot_ms_p50"]
-        and (q["output_throughput"] > p["output_throughput"] or q["tpot_ms_p50"] < p["tpot_ms_p50"]) for q in good)]
+    front = [
+        p
+        for p in good
+        if not any(
+            q is not p
+            and q["output_throughput"] >= p["output_throughput"]
+            and q["tpot_ms_p50"] <= p["tpot_ms_p50"]
+            and (q["output_throughput"] > p["output_throughput"] or q["tpot_ms_p50"] < p["tpot_ms_p50"])
+            for q in good
+        )
+    ]
     front.sort(key=lambda p: p["output_throughput"])
     return {"points": points, "front": front}
 
@@ -236,12 +308,24 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict
     w = ranking.get("winner")
     score = next((c["score"] for c in cands if c["label"] == w), None) or {}
     sig = ranking.get("significant")
-    noise = {True: "exceeds the noise", False: "is within the noise",
-             None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)"}[sig]
-    return {"label": w, "runner_up": ranking.get("runner_up"), "margin": ranking.get("margin"),
-            "margin_pct": ranking.get("margin_pct"), "significant": sig, "noise": noise,
-            "objective": ranking.get("objective"), "value": score.get("value"), "half_width": score.get("half_width"),
-            "level": score.get("level"), "why": ranking.get("verdict")}
+    noise = {
+        True: "exceeds the noise",
+        False: "is within the noise",
+        None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)",
+    }[sig]
+    return {
+        "label": w,
+        "runner_up": ranking.get("runner_up"),
+        "margin": ranking.get("margin"),
+        "margin_pct": ranking.get("margin_pct"),
+        "significant": sig,
+        "noise": noise,
+        "objective": ranking.get("objective"),
+        "value": score.get("value"),
+        "half_width": score.get("half_width"),
+        "level": score.get("level"),
+        "why": ranking.get("verdict"),
+    }
 
 
 def plan_state(cands: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -249,21 +333,28 @@ def plan_state(cands: list[dict[str, Any]]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"done": [], "not_applied": [], "failed": [], "not_yet_done": []}
     for c in cands:
         key = {"measured": "done", "anomalous": "done", "not_applied": "not_applied", "failed": "failed"}.get(
-            c["status"], "not_yet_done")
+            c["status"], "not_yet_done"
+        )
         out[key].append(c["label"])
     return out
 
 
-def _explain(spec: dict[str, Any], cands: list[dict[str, Any]], ranking: dict[str, Any] | None) -> dict[str, Any]:
+def _explain(
+    spec: dict[str, Any], cands: list[dict[str, Any]], ranking: dict[str, Any] | None
+) -> dict[str, Any]:
     """`servelab explain` for the winner (or the baseline): measured beside predicted at every level, and
     the predicted decode step at the main level split into its parts."""
     pick = next((c for c in cands if c["winner"]), None) or next(
-        (c for c in cands if c["baseline"] and c["levels"]), None)
+        (c for c in cands if c["baseline"] and c["levels"]), None
+    )
     if pick is None or not pick["levels"]:
         return {"available": False, "note": "no measured candidate to set beside the model"}
     host = spec.get("host") or {}
     if not host.get("gpu"):
-        return {"available": False, "note": "the study does not name its GPU ([host] gpu), so there is no prediction"}
+        return {
+            "available": False,
+            "note": "the study does not name its GPU ([host] gpu), so there is no prediction",
+        }
     try:
         from servelab.model.explain import explain_levels
         from servelab.model.factors import default_factors
@@ -273,15 +364,31 @@ def _explain(spec: dict[str, Any], cands: list[dict[str, Any]], ranking: dict[st
         tp, pp, dp = int(s.get("tp") or 1), int(s.get("pp") or 1), int(s.get("dp") or 1)
         eng = spec.get("engine") or {}
         personality = (eng.get("options") or {}).get("personality") or eng.get("name")
-        setup = make_setup((spec.get("model") or {}).get("config") or (spec.get("model") or {}).get("path"),
-                           host["gpu"], min(int(host.get("num_gpus") or tp), tp * pp * dp), tp=tp, pp=pp,
-                           ep=int(s.get("ep") or 1), dp=dp, quant=s.get("quantization"),
-                           kv_dtype=s.get("kv_cache_dtype"), factors=default_factors(personality))
+        setup = make_setup(
+            (spec.get("model") or {}).get("config") or (spec.get("model") or {}).get("path"),
+            host["gpu"],
+            min(int(host.get("num_gpus") or tp), tp * pp * dp),
+            tp=tp,
+            pp=pp,
+            ep=int(s.get("ep") or 1),
+            dp=dp,
+            quant=s.get("quantization"),
+            kv_dtype=s.get("kv_cache_dtype"),
+            factors=default_factors(personality),
+        )
         w = spec.get("workload") or {}
         isl, osl = int(w.get("input_len") or 1024), int(w.get("output_len") or 128)
-        runs = [{"concurrency": int(lv["level"]), "summary": {
-            "median_tpot_ms": lv.get("tpot_ms_p50"), "median_ttft_ms": lv.get("ttft_ms_p50"),
-            "output_throughput": lv.get("output_throughput")}} for lv in pick["levels"]]
+        runs = [
+            {
+                "concurrency": int(lv["level"]),
+                "summary": {
+                    "median_tpot_ms": lv.get("tpot_ms_p50"),
+                    "median_ttft_ms": lv.get("ttft_ms_p50"),
+                    "output_throughput": lv.get("output_throughput"),
+                },
+            }
+            for lv in pick["levels"]
+        ]
         ex = explain_levels(setup, runs, isl, osl)
         main = int((spec.get("load") or {}).get("main") or max(int(lv["level"]) for lv in pick["levels"]))
         main_lv = min(pick["levels"], key=lambda lv: abs(float(lv["level"]) - main))
@@ -289,12 +396,27 @@ def _explain(spec: dict[str, Any], cands: list[dict[str, Any]], ranking: dict[st
     except Exception as exc:  # the model's gaps (unknown model, GPU) must not stop the report
         return {"available": False, "note": f"the performance model cannot describe this setup: {exc}"}
     return {
-        "available": True, "label": pick["label"], "largest_gap": ex.largest_gap,
-        "levels": [{"concurrency": lv.concurrency, "measured": lv.measured, "predicted": lv.predicted,
-                    "error_pct": lv.error_pct, "attribution": lv.attribution, "gap": lv.largest_gap}
-                   for lv in ex.levels],
-        "decode": {"concurrency": int(main_lv["level"]), "predicted_step_ms": p.decode_step_ms,
-                   "predicted_tpot_ms": p.tpot_ms, "predicted_breakdown_ms": dict(p.decode_breakdown_ms),
-                   "measured_tpot_ms": main_lv.get("tpot_ms_p50"), "bottleneck": p.bottleneck,
-                   "allreduce_share": p.allreduce_share},
+        "available": True,
+        "label": pick["label"],
+        "largest_gap": ex.largest_gap,
+        "levels": [
+            {
+                "concurrency": lv.concurrency,
+                "measured": lv.measured,
+                "predicted": lv.predicted,
+                "error_pct": lv.error_pct,
+                "attribution": lv.attribution,
+                "gap": lv.largest_gap,
+            }
+            for lv in ex.levels
+        ],
+        "decode": {
+            "concurrency": int(main_lv["level"]),
+            "predicted_step_ms": p.decode_step_ms,
+            "predicted_tpot_ms": p.tpot_ms,
+            "predicted_breakdown_ms": dict(p.decode_breakdown_ms),
+            "measured_tpot_ms": main_lv.get("tpot_ms_p50"),
+            "bottleneck": p.bottleneck,
+            "allreduce_share": p.allreduce_share,
+        },
     }

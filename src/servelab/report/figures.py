@@ -21,8 +21,11 @@ class Figure:
 
 def _series(c: dict[str, Any], y_key: str, x_key: str = "level") -> Series:
     levels = c["levels"]
-    pts = [(float(lv[x_key]), float(lv[y_key])) for lv in levels
-           if lv.get(x_key) is not None and lv.get(y_key) is not None]
+    pts = [
+        (float(lv[x_key]), float(lv[y_key]))
+        for lv in levels
+        if lv.get(x_key) is not None and lv.get(y_key) is not None
+    ]
     by_level = {float(lv["level"]): lv for lv in levels}
     marks = []
     for a in c.get("anomalies") or []:
@@ -34,8 +37,11 @@ def _series(c: dict[str, Any], y_key: str, x_key: str = "level") -> Series:
 
 
 def _limit(model: dict[str, Any], metric: str) -> list[tuple[float, str]]:
-    return [(s["limit"], f"SLO {metric.split('_')[0].upper()} {s['stat']} {s['limit']:g} ms")
-            for s in model.get("slo") or [] if s["metric"] == metric]
+    return [
+        (s["limit"], f"SLO {metric.split('_')[0].upper()} {s['stat']} {s['limit']:g} ms")
+        for s in model.get("slo") or []
+        if s["metric"] == metric
+    ]
 
 
 def figures(model: dict[str, Any]) -> list[Figure]:
@@ -43,21 +49,49 @@ def figures(model: dict[str, Any]) -> list[Figure]:
     mode = model["study"]["load"]["mode"]
     x_label = "concurrency (requests in flight)" if mode == "concurrency" else "request rate (req/s)"
     out = [
-        Figure("throughput", "Output throughput against load", "Output tokens per second at every load level; "
-               "red rings mark anomalies (collapse, power drop, errors).",
-               line_chart("Output throughput against load", [_series(c, "output_throughput") for c in cands],
-                          x_label=x_label, y_label="output tok/s", log_x=True, ident="fig-throughput")),
-        Figure("latency", "TPOT against throughput, with the Pareto front",
-               "Median time per output token against output throughput; the grey band joins the levels that meet "
-               "every SLO and that no other such level beats on both axes (the Pareto front).",
-               line_chart("TPOT p50 against throughput",
-                          [_series(c, "tpot_ms_p50", "output_throughput") for c in cands],
-                          x_label="output tok/s", y_label="TPOT p50 (ms)", hlines=_limit(model, "tpot_ms"),
-                          front=[(p["output_throughput"], p["tpot_ms_p50"]) for p in model["pareto"]["front"]],
-                          ident="fig-latency")),
-        Figure("ttft", "TTFT p99 against load", "99th-percentile time to first token at every load level.",
-               line_chart("TTFT p99 against load", [_series(c, "ttft_ms_p99") for c in cands], x_label=x_label,
-                          y_label="TTFT p99 (ms)", log_x=True, hlines=_limit(model, "ttft_ms"), ident="fig-ttft")),
+        Figure(
+            "throughput",
+            "Output throughput against load",
+            "Output tokens per second at every load level; "
+            "red rings mark anomalies (collapse, power drop, errors).",
+            line_chart(
+                "Output throughput against load",
+                [_series(c, "output_throughput") for c in cands],
+                x_label=x_label,
+                y_label="output tok/s",
+                log_x=True,
+                ident="fig-throughput",
+            ),
+        ),
+        Figure(
+            "latency",
+            "TPOT against throughput, with the Pareto front",
+            "Median time per output token against output throughput; the grey band joins the levels that meet "
+            "every SLO and that no other such level beats on both axes (the Pareto front).",
+            line_chart(
+                "TPOT p50 against throughput",
+                [_series(c, "tpot_ms_p50", "output_throughput") for c in cands],
+                x_label="output tok/s",
+                y_label="TPOT p50 (ms)",
+                hlines=_limit(model, "tpot_ms"),
+                front=[(p["output_throughput"], p["tpot_ms_p50"]) for p in model["pareto"]["front"]],
+                ident="fig-latency",
+            ),
+        ),
+        Figure(
+            "ttft",
+            "TTFT p99 against load",
+            "99th-percentile time to first token at every load level.",
+            line_chart(
+                "TTFT p99 against load",
+                [_series(c, "ttft_ms_p99") for c in cands],
+                x_label=x_label,
+                y_label="TTFT p99 (ms)",
+                log_x=True,
+                hlines=_limit(model, "ttft_ms"),
+                ident="fig-ttft",
+            ),
+        ),
     ]
     ex = model.get("explain") or {}
     dec = ex.get("decode") if ex.get("available") else None
@@ -70,12 +104,28 @@ def figures(model: dict[str, Any]) -> list[Figure]:
         physics = sum(float(parts.get(k, 0.0)) for k in ("weights", "kv_cache", "compute"))
         bars = [("predicted", pred)]
         if dec.get("measured_tpot_ms") is not None:
-            bars.append(("measured", [("weights + KV + compute (model)", physics),
-                                      ("the rest, measured", float(dec["measured_tpot_ms"]) - physics)]))
-        out.append(Figure("decode", "Where a decode step goes",
-                          f"{ex['label']} at concurrency {dec['concurrency']}: the model's split of the time per "
-                          "output token, beside the measured TPOT (the model's weights + KV + compute time taken "
-                          "as given, the rest measured).",
-                          stacked_bars(f"Time per output token, {ex['label']} at {dec['concurrency']}", bars,
-                                       unit="ms", ident="fig-decode")))
+            bars.append(
+                (
+                    "measured",
+                    [
+                        ("weights + KV + compute (model)", physics),
+                        ("the rest, measured", float(dec["measured_tpot_ms"]) - physics),
+                    ],
+                )
+            )
+        out.append(
+            Figure(
+                "decode",
+                "Where a decode step goes",
+                f"{ex['label']} at concurrency {dec['concurrency']}: the model's split of the time per "
+                "output token, beside the measured TPOT (the model's weights + KV + compute time taken "
+                "as given, the rest measured).",
+                stacked_bars(
+                    f"Time per output token, {ex['label']} at {dec['concurrency']}",
+                    bars,
+                    unit="ms",
+                    ident="fig-decode",
+                ),
+            )
+        )
     return out

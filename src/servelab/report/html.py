@@ -26,23 +26,34 @@ figcaption{font-size:12px;color:#555}details summary{cursor:pointer;color:#555}
 .evidence{max-width:420px;word-break:break-all}nav a{margin-right:1em}
 .cols{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:1em}.cols>div{overflow-x:auto}
 """
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'unsafe-inline'; "
-       "connect-src 'self'; base-uri 'none'; form-action 'self'")
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'unsafe-inline'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'"
+)
 
 
 def page(title: str, body: str, script: str = "", nav: str = "") -> str:
     """A complete document; nothing in it refers to anything outside it."""
     js = f"<script>{script}</script>" if script else ""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{h(title)}</title><style>{CSS}</style></head>\n<body>{nav}\n{body}\n{js}</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{h(title)}</title><style>{CSS}</style></head>\n<body>{nav}\n{body}\n{js}</body></html>\n"
+    )
 
 
-def table(head: list[str] | tuple[str, ...], rows: list[list[str]], cls: str = "", num_from: int = 99,
-          attrs: str = "") -> str:
+def table(
+    head: list[str] | tuple[str, ...],
+    rows: list[list[str]],
+    cls: str = "",
+    num_from: int = 99,
+    attrs: str = "",
+) -> str:
     """Cells are already-escaped HTML; columns from `num_from` on are right-aligned numbers."""
-    th = "".join(f'<th class="num">{c}</th>' if i >= num_from else f"<th>{c}</th>" for i, c in enumerate(head))
+    th = "".join(
+        f'<th class="num">{c}</th>' if i >= num_from else f"<th>{c}</th>" for i, c in enumerate(head)
+    )
     out = [f'<table class="{cls}"{attrs}><thead><tr>{th}</tr></thead><tbody>']
     for r in rows:
         out.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r) + "</tr>")
@@ -62,18 +73,26 @@ def level_rows(levels: list[dict[str, Any]]) -> list[list[str]]:
     for lv in levels:
         ci = lv.get("ci") or {}
         errors = ", ".join(f"{k}: {v}" for k, v in sorted((lv.get("errors") or {}).items())) or "-"
-        rows.append([
-            num(lv.get("level"), 0 if float(lv.get("level") or 0).is_integer() else 2, "level"),
-            num(lv.get("completed"), 0, "completed"), num(lv.get("failed"), 0, "failed"),
-            num(lv.get("ttft_ms_p50"), 1, "ttft_ms_p50", ci.get("ttft_ms_p50")),
-            num(lv.get("ttft_ms_p99"), 1, "ttft_ms_p99"),
-            num(lv.get("tpot_ms_p50"), 2, "tpot_ms_p50", ci.get("tpot_ms_p50")),
-            num(lv.get("tpot_ms_p99"), 2, "tpot_ms_p99"), num(lv.get("itl_ms_p50"), 2, "itl_ms_p50"),
-            num(lv.get("itl_ms_p99"), 2, "itl_ms_p99"), num(lv.get("e2e_ms_p50"), 0, "e2e_ms_p50"),
-            num(lv.get("e2e_ms_p99"), 0, "e2e_ms_p99"),
-            num(lv.get("output_throughput"), 1, "output_throughput", ci.get("output_throughput")),
-            num(lv.get("total_token_throughput"), 1, "total_token_throughput"), num(lv.get("goodput"), 1, "goodput"),
-            num(lv.get("gpu_power_w"), 0, "gpu_power_w"), h(errors)])
+        rows.append(
+            [
+                num(lv.get("level"), 0 if float(lv.get("level") or 0).is_integer() else 2, "level"),
+                num(lv.get("completed"), 0, "completed"),
+                num(lv.get("failed"), 0, "failed"),
+                num(lv.get("ttft_ms_p50"), 1, "ttft_ms_p50", ci.get("ttft_ms_p50")),
+                num(lv.get("ttft_ms_p99"), 1, "ttft_ms_p99"),
+                num(lv.get("tpot_ms_p50"), 2, "tpot_ms_p50", ci.get("tpot_ms_p50")),
+                num(lv.get("tpot_ms_p99"), 2, "tpot_ms_p99"),
+                num(lv.get("itl_ms_p50"), 2, "itl_ms_p50"),
+                num(lv.get("itl_ms_p99"), 2, "itl_ms_p99"),
+                num(lv.get("e2e_ms_p50"), 0, "e2e_ms_p50"),
+                num(lv.get("e2e_ms_p99"), 0, "e2e_ms_p99"),
+                num(lv.get("output_throughput"), 1, "output_throughput", ci.get("output_throughput")),
+                num(lv.get("total_token_throughput"), 1, "total_token_throughput"),
+                num(lv.get("goodput"), 1, "goodput"),
+                num(lv.get("gpu_power_w"), 0, "gpu_power_w"),
+                h(errors),
+            ]
+        )
     return rows
 
 
@@ -88,27 +107,35 @@ def _v(value: Any) -> str:
 def summary_section(model: dict[str, Any]) -> str:
     st, win = model["study"], model["winner"]
     slo = "; ".join(f"{h(s['metric'])} {h(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"
-    out = [f"<h1>Findings: {h(st['name'])}</h1>", f'<p class="note">{h(st["description"])}</p>' if st["description"]
-           else "", "<ul>",
-           f"<li>study <code>{h(st['uid'])}</code>, {h(st['status'])}; started {h(st['created_at'])}, finished "
-           f"{h(st['finished_at'] or '-')}</li>",
-           f"<li>objective {h(st['objective'])}, {h(st['repeats'])} repeat(s) per candidate, baseline "
-           f"{h(st['baseline'] or '-')}</li>",
-           f"<li>model {h(st['model'])}; engine {h(st['engine']['name'])} {h(st['engine'].get('personality') or '')}"
-           "</li>",
-           f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt(v, 0) for v in st['load']['levels']))}; workload "
-           f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens"
-           "</li>", f"<li>SLOs: {slo}</li></ul>"]
+    out = [
+        f"<h1>Findings: {h(st['name'])}</h1>",
+        f'<p class="note">{h(st["description"])}</p>' if st["description"] else "",
+        "<ul>",
+        f"<li>study <code>{h(st['uid'])}</code>, {h(st['status'])}; started {h(st['created_at'])}, finished "
+        f"{h(st['finished_at'] or '-')}</li>",
+        f"<li>objective {h(st['objective'])}, {h(st['repeats'])} repeat(s) per candidate, baseline "
+        f"{h(st['baseline'] or '-')}</li>",
+        f"<li>model {h(st['model'])}; engine {h(st['engine']['name'])} {h(st['engine'].get('personality') or '')}"
+        "</li>",
+        f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt(v, 0) for v in st['load']['levels']))}; workload "
+        f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens"
+        "</li>",
+        f"<li>SLOs: {slo}</li></ul>",
+    ]
     if st.get("command"):
         out.append(f"<p>Run it again:</p><pre>{h(st['command'])}</pre>")
     out.append('<h2 id="winner">The winner</h2>')
     if win["label"]:
         half = f" ± {fmt(win['half_width'])}" if win["half_width"] is not None else ""
-        out.append(f'<p><strong class="winner">{h(win["label"])}</strong>: {h(win["objective"])} '
-                   f"{fmt(win['value'])}{half} at level {fmt(win['level'], 0)}.</p>")
+        out.append(
+            f'<p><strong class="winner">{h(win["label"])}</strong>: {h(win["objective"])} '
+            f"{fmt(win['value'])}{half} at level {fmt(win['level'], 0)}.</p>"
+        )
         if win.get("runner_up"):
-            out.append(f"<p>Margin over the runner-up {h(win['runner_up'])}: {fmt(win['margin'])} "
-                       f"({fmt(win['margin_pct'])} %); the margin {h(win['noise'])}.</p>")
+            out.append(
+                f"<p>Margin over the runner-up {h(win['runner_up'])}: {fmt(win['margin'])} "
+                f"({fmt(win['margin_pct'])} %); the margin {h(win['noise'])}.</p>"
+            )
         out.append(f"<p>Why: {h(win['why'])}</p>")
     else:
         out.append(f"<p>{h(win['why'] or 'no candidate met every SLO')}</p>")
@@ -116,20 +143,36 @@ def summary_section(model: dict[str, Any]) -> str:
 
 
 def host_section(hst: dict[str, Any]) -> str:
-    rows = [["GPUs", f"{fmt(hst.get('num_gpus'))} × {h(hst.get('gpu') or '-')} {h(hst.get('gpu_name') or '')}"],
-            ["interconnect", h(hst.get("interconnect") or "not known")],
-            ["engine versions", h(", ".join(hst.get("engine_versions") or []) or "not reported")]]
+    rows = [
+        ["GPUs", f"{fmt(hst.get('num_gpus'))} × {h(hst.get('gpu') or '-')} {h(hst.get('gpu_name') or '')}"],
+        ["interconnect", h(hst.get("interconnect") or "not known")],
+        ["engine versions", h(", ".join(hst.get("engine_versions") or []) or "not reported")],
+    ]
     out = ['<h2 id="host">Host</h2>', table(["", "as the study declared it"], rows, "host")]
     here = hst.get("this_machine")
     if not here:
-        out.append('<p class="note">Doctor findings: not available (this machine was not checked, or the host '
-                   "checks are not installed).</p>")
+        out.append(
+            '<p class="note">Doctor findings: not available (this machine was not checked, or the host '
+            "checks are not installed).</p>"
+        )
         return "\n".join(out)
     out.append(f"<p>This machine when the report was written: {h(here.get('summary') or '')}</p>")
     if here.get("checks"):
-        out.append(table(["check", "status", "finding", "fix"],
-                         [[h(c.get("name")), h(c.get("status")), h(c.get("detail") or c.get("evidence") or ""),
-                           h(c.get("fix") or "")] for c in here["checks"]], "doctor"))
+        out.append(
+            table(
+                ["check", "status", "finding", "fix"],
+                [
+                    [
+                        h(c.get("name")),
+                        h(c.get("status")),
+                        h(c.get("detail") or c.get("evidence") or ""),
+                        h(c.get("fix") or ""),
+                    ]
+                    for c in here["checks"]
+                ],
+                "doctor",
+            )
+        )
     if here.get("note"):
         out.append(f'<p class="note">{h(here["note"])}</p>')
     return "\n".join(out)
@@ -137,39 +180,80 @@ def host_section(hst: dict[str, Any]) -> str:
 
 def candidate_detail(c: dict[str, Any], ui: bool = False) -> str:
     """One candidate; in the web UI (`ui`) bench-run ids link to their pages."""
-    out = [f'<h3 id="cand-{h(c["label"])}">{h(c["label"])}</h3>',
-           f'<p>Outcome: <strong class="status-{h(c["status"])}">{h(c["outcome"])}</strong></p>']
+    out = [
+        f'<h3 id="cand-{h(c["label"])}">{h(c["label"])}</h3>',
+        f'<p>Outcome: <strong class="status-{h(c["status"])}">{h(c["outcome"])}</strong></p>',
+    ]
     s = c.get("score") or {}
     if s.get("why"):
         out.append(f'<p class="note">Score: {h(s["why"])}</p>')
     if c["config"]:
-        out.append(table(["setting", "requested", "effective", "applied", "evidence"], [
-            [h(r["key"]), _v(r["requested"]), _v(r["effective"]) if r["confirmed"] else "not shown",
-             "yes" if r["applied"] else '<span class="bad">NO</span>',
-             f'<td class="evidence"><details><summary>log line</summary><code>{h(r["evidence"])}</code></details></td>'
-             if r["evidence"] else "-"]
-            for r in c["config"]], "config"))
+        out.append(
+            table(
+                ["setting", "requested", "effective", "applied", "evidence"],
+                [
+                    [
+                        h(r["key"]),
+                        _v(r["requested"]),
+                        _v(r["effective"]) if r["confirmed"] else "not shown",
+                        "yes" if r["applied"] else '<span class="bad">NO</span>',
+                        f'<td class="evidence"><details><summary>log line</summary><code>{h(r["evidence"])}</code></details></td>'
+                        if r["evidence"]
+                        else "-",
+                    ]
+                    for r in c["config"]
+                ],
+                "config",
+            )
+        )
     for m in c["not_applied"]:
-        out.append(f'<p class="bad">not applied: {h(m.get("key"))} requested {_v(m.get("requested"))}, the engine '
-                   f"runs {_v(m.get('effective'))}</p>")
+        out.append(
+            f'<p class="bad">not applied: {h(m.get("key"))} requested {_v(m.get("requested"))}, the engine '
+            f"runs {_v(m.get('effective'))}</p>"
+        )
     d = c.get("diagnosis")
     if d:
-        out.append(f'<p>Diagnosis: <strong class="bad">{h(d.get("class"))}</strong>'
-                   + (f": {h(d.get('message'))}" if d.get("message") else "") + "</p>")
+        out.append(
+            f'<p>Diagnosis: <strong class="bad">{h(d.get("class"))}</strong>'
+            + (f": {h(d.get('message'))}" if d.get("message") else "")
+            + "</p>"
+        )
         if d.get("advice"):
             out.append(f"<p>Advice: {h(d['advice'])}</p>")
         if d.get("evidence"):
             out.append(f'<pre class="evidence-log">{h(d["evidence"])}</pre>')
     if c["anomalies"]:
-        out.append("<ul>" + "".join(f'<li class="anomaly">anomaly at level {fmt(a["level"], 0)}: {h(a["kind"])}: '
-                                    f"{h(a['detail'])}</li>" for a in c["anomalies"]) + "</ul>")
+        out.append(
+            "<ul>"
+            + "".join(
+                f'<li class="anomaly">anomaly at level {fmt(a["level"], 0)}: {h(a["kind"])}: '
+                f"{h(a['detail'])}</li>"
+                for a in c["anomalies"]
+            )
+            + "</ul>"
+        )
     if c["command"]:
         out.append(f"<p>Command:</p><pre>{h(c['command'])}</pre>")
     if c["trials"]:
-        out.append(table(["repeat", "status", "engine", "ready s", "bench runs", "teardown", "error"], [
-            [str(t["repeat"] + 1), h(t["status"]), h(t["engine_version"] or "-"), h(fmt(t["ready_s"], 1)),
-             " ".join(f'<a href="/run/{h(r)}">{h(r)}</a>' if ui else h(r) for r in t["bench_runs"]) or "-",
-             h(t["teardown"] or "-"), h(t["error"] or "-")] for t in c["trials"]], "trials"))
+        out.append(
+            table(
+                ["repeat", "status", "engine", "ready s", "bench runs", "teardown", "error"],
+                [
+                    [
+                        str(t["repeat"] + 1),
+                        h(t["status"]),
+                        h(t["engine_version"] or "-"),
+                        h(fmt(t["ready_s"], 1)),
+                        " ".join(f'<a href="/run/{h(r)}">{h(r)}</a>' if ui else h(r) for r in t["bench_runs"])
+                        or "-",
+                        h(t["teardown"] or "-"),
+                        h(t["error"] or "-"),
+                    ]
+                    for t in c["trials"]
+                ],
+                "trials",
+            )
+        )
     return "\n".join(out)
 
 
@@ -180,28 +264,46 @@ def tried_section(cands: list[dict[str, Any]], ui: bool = False) -> str:
         settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items() if k not in ("args", "env"))
         args = " ".join(c["settings"].get("args") or [])
         mark = " (winner)" if c["winner"] else " (baseline)" if c["baseline"] else ""
-        rows.append([f'<a href="#cand-{h(c["label"])}">{h(c["label"])}</a>{mark}',
-                     h(settings) + (f" <code>{h(args)}</code>" if args else ""),
-                     f'<span class="status-{h(c["status"])}">{h(c["outcome"])}</span>',
-                     num(s.get("value"), 1, "score"), num(s.get("level"), 0, "score_level"),
-                     num((c.get("predicted") or {}).get("output_throughput"), 0, "predicted")])
-    out = ['<h2 id="tried">What was tried</h2>',
-           table(["candidate", "settings", "outcome", "objective", "at level", "predicted tok/s"], rows,
-                 "candidates", 3)]
+        rows.append(
+            [
+                f'<a href="#cand-{h(c["label"])}">{h(c["label"])}</a>{mark}',
+                h(settings) + (f" <code>{h(args)}</code>" if args else ""),
+                f'<span class="status-{h(c["status"])}">{h(c["outcome"])}</span>',
+                num(s.get("value"), 1, "score"),
+                num(s.get("level"), 0, "score_level"),
+                num((c.get("predicted") or {}).get("output_throughput"), 0, "predicted"),
+            ]
+        )
+    out = [
+        '<h2 id="tried">What was tried</h2>',
+        table(
+            ["candidate", "settings", "outcome", "objective", "at level", "predicted tok/s"],
+            rows,
+            "candidates",
+            3,
+        ),
+    ]
     out += [candidate_detail(c, ui) for c in cands]
     return "\n".join(out)
 
 
 def figures_html(figs: list[Figure]) -> str:
-    return '<div class="figs">' + "".join(
-        f'<figure id="figure-{h(f.name)}">{f.svg}<figcaption>{h(f.caption)}</figcaption></figure>'
-        for f in figs) + "</div>"
+    return (
+        '<div class="figs">'
+        + "".join(
+            f'<figure id="figure-{h(f.name)}">{f.svg}<figcaption>{h(f.caption)}</figcaption></figure>'
+            for f in figs
+        )
+        + "</div>"
+    )
 
 
 def performance_section(model: dict[str, Any]) -> str:
-    out = ['<h2 id="performance">Performance</h2>',
-           '<p class="note">Latencies in ms, throughputs in tokens per second (± the 95 % confidence half-width '
-           "where the study repeated a candidate).</p>"]
+    out = [
+        '<h2 id="performance">Performance</h2>',
+        '<p class="note">Latencies in ms, throughputs in tokens per second (± the 95 % confidence half-width '
+        "where the study repeated a candidate).</p>",
+    ]
     for c in model["candidates"]:
         if c["levels"]:
             out += [f"<h3>{h(c['label'])}: every level</h3>", levels_table(c["label"], c["levels"])]
@@ -214,21 +316,53 @@ def explain_section(ex: dict[str, Any]) -> str:
     if not ex.get("available"):
         return out[0] + f'<p class="note">Not available: {h(ex.get("note"))}</p>'
     out.append(f"<p>{h(ex['label'])}, level by level (<code>servelab explain</code>):</p>")
-    out.append(table(["concurrency", "TPOT meas", "TPOT pred", "TTFT meas", "TTFT pred", "tok/s meas", "tok/s pred",
-                      "largest gap"], [
-        [num(lv["concurrency"], 0), num(lv["measured"]["tpot_ms"], 2, "tpot_meas"),
-         num(lv["predicted"]["tpot_ms"], 2, "tpot_pred"), num(lv["measured"]["ttft_ms"], 0, "ttft_meas"),
-         num(lv["predicted"]["ttft_ms"], 0, "ttft_pred"), num(lv["measured"]["output_throughput"], 0, "thr_meas"),
-         num(lv["predicted"]["output_throughput"], 0, "thr_pred"), h(lv["gap"])] for lv in ex["levels"]],
-        "explain", 0))
+    out.append(
+        table(
+            [
+                "concurrency",
+                "TPOT meas",
+                "TPOT pred",
+                "TTFT meas",
+                "TTFT pred",
+                "tok/s meas",
+                "tok/s pred",
+                "largest gap",
+            ],
+            [
+                [
+                    num(lv["concurrency"], 0),
+                    num(lv["measured"]["tpot_ms"], 2, "tpot_meas"),
+                    num(lv["predicted"]["tpot_ms"], 2, "tpot_pred"),
+                    num(lv["measured"]["ttft_ms"], 0, "ttft_meas"),
+                    num(lv["predicted"]["ttft_ms"], 0, "ttft_pred"),
+                    num(lv["measured"]["output_throughput"], 0, "thr_meas"),
+                    num(lv["predicted"]["output_throughput"], 0, "thr_pred"),
+                    h(lv["gap"]),
+                ]
+                for lv in ex["levels"]
+            ],
+            "explain",
+            0,
+        )
+    )
     dec = ex["decode"]
     total = dec["predicted_step_ms"] or 0.0
-    out.append(f"<p>Predicted decode step at concurrency {dec['concurrency']}: {fmt(dec['predicted_step_ms'], 2)} ms "
-               f"(TPOT {fmt(dec['predicted_tpot_ms'], 2)} ms predicted, {fmt(dec['measured_tpot_ms'], 2)} ms "
-               f"measured); bottleneck {h(dec['bottleneck'])}.</p>")
-    out.append(table(["component", "ms", "share"], [
-        [h(k), num(v, 3), h(f"{v / total:.0%}" if total else "-")] for k, v in dec["predicted_breakdown_ms"].items()],
-        "breakdown", 1))
+    out.append(
+        f"<p>Predicted decode step at concurrency {dec['concurrency']}: {fmt(dec['predicted_step_ms'], 2)} ms "
+        f"(TPOT {fmt(dec['predicted_tpot_ms'], 2)} ms predicted, {fmt(dec['measured_tpot_ms'], 2)} ms "
+        f"measured); bottleneck {h(dec['bottleneck'])}.</p>"
+    )
+    out.append(
+        table(
+            ["component", "ms", "share"],
+            [
+                [h(k), num(v, 3), h(f"{v / total:.0%}" if total else "-")]
+                for k, v in dec["predicted_breakdown_ms"].items()
+            ],
+            "breakdown",
+            1,
+        )
+    )
     if ex.get("largest_gap"):
         out.append(f"<p>Largest gap: {h(ex['largest_gap'])}</p>")
     return "\n".join(out)
@@ -237,8 +371,12 @@ def explain_section(ex: dict[str, Any]) -> str:
 def plan_section(model: dict[str, Any]) -> str:
     ps = model["plan_state"]
     out = ['<h2 id="plan">The plan</h2>', "<ul>"]
-    for key, title in (("done", "done"), ("not_applied", "not applied"), ("failed", "failed"),
-                       ("not_yet_done", "not yet done")):
+    for key, title in (
+        ("done", "done"),
+        ("not_applied", "not applied"),
+        ("failed", "failed"),
+        ("not_yet_done", "not yet done"),
+    ):
         out.append(f"<li>{title}: {h(', '.join(ps[key]) or 'none')}</li>")
     out.append("</ul>")
     out.append(plan_items(model["plan"]))
@@ -250,15 +388,37 @@ def plan_items(plan: dict[str, Any]) -> str:
         return f'<p class="note">Stored plan: not available ({h(plan.get("note"))}).</p>'
     return f"<p>Stored plan <code>{h(plan['name'])}</code>:</p>" + table(
         ["id", "status", "priority", "item", "evidence"],
-        [[h(i["id"]), h(i["status"]), h(i["priority"]), h(i["content"]),
-          h(", ".join(f"{e.get('run') or '-'} ({e.get('status') or '-'})" for e in i.get("evidence") or []) or "-")]
-         for i in plan["items"]], "plan")
+        [
+            [
+                h(i["id"]),
+                h(i["status"]),
+                h(i["priority"]),
+                h(i["content"]),
+                h(
+                    ", ".join(
+                        f"{e.get('run') or '-'} ({e.get('status') or '-'})" for e in i.get("evidence") or []
+                    )
+                    or "-"
+                ),
+            ]
+            for i in plan["items"]
+        ],
+        "plan",
+    )
 
 
 def study_body(model: dict[str, Any], figs: list[Figure] | None = None, ui: bool = False) -> str:
     figs = figures(model) if figs is None else figs
-    return "\n".join([summary_section(model), figures_html(figs), host_section(model["host"]),
-                      tried_section(model["candidates"], ui), performance_section(model), plan_section(model)])
+    return "\n".join(
+        [
+            summary_section(model),
+            figures_html(figs),
+            host_section(model["host"]),
+            tried_section(model["candidates"], ui),
+            performance_section(model),
+            plan_section(model),
+        ]
+    )
 
 
 def render(model: dict[str, Any]) -> str:

@@ -12,8 +12,24 @@ from typing import Any
 from servelab.report.figures import Figure, figures
 from servelab.report.text import fmt, md, md_code, md_inline_code
 
-LEVEL_HEAD = ("level", "ok", "failed", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "ITL p99",
-              "E2E p50", "E2E p99", "output tok/s", "total tok/s", "goodput tok/s", "GPU W", "errors")
+LEVEL_HEAD = (
+    "level",
+    "ok",
+    "failed",
+    "TTFT p50",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "ITL p50",
+    "ITL p99",
+    "E2E p50",
+    "E2E p99",
+    "output tok/s",
+    "total tok/s",
+    "goodput tok/s",
+    "GPU W",
+    "errors",
+)
 
 
 def _table(head: tuple[str, ...] | list[str], rows: list[list[str]]) -> list[str]:
@@ -33,14 +49,24 @@ def _pm(value: Any, half: Any, digits: int = 1) -> str:
 def level_row(lv: dict[str, Any]) -> list[str]:
     ci = lv.get("ci") or {}
     errors = ", ".join(f"{md(k)}: {v}" for k, v in sorted((lv.get("errors") or {}).items())) or "-"
-    return [fmt(lv.get("level"), 0) if float(lv.get("level") or 0).is_integer() else fmt(lv.get("level"), 2),
-            fmt(lv.get("completed"), 0), fmt(lv.get("failed"), 0),
-            _pm(lv.get("ttft_ms_p50"), ci.get("ttft_ms_p50")), fmt(lv.get("ttft_ms_p99")),
-            _pm(lv.get("tpot_ms_p50"), ci.get("tpot_ms_p50"), 2), fmt(lv.get("tpot_ms_p99"), 2),
-            fmt(lv.get("itl_ms_p50"), 2), fmt(lv.get("itl_ms_p99"), 2),
-            fmt(lv.get("e2e_ms_p50"), 0), fmt(lv.get("e2e_ms_p99"), 0),
-            _pm(lv.get("output_throughput"), ci.get("output_throughput")), fmt(lv.get("total_token_throughput")),
-            fmt(lv.get("goodput")), fmt(lv.get("gpu_power_w"), 0), errors]
+    return [
+        fmt(lv.get("level"), 0) if float(lv.get("level") or 0).is_integer() else fmt(lv.get("level"), 2),
+        fmt(lv.get("completed"), 0),
+        fmt(lv.get("failed"), 0),
+        _pm(lv.get("ttft_ms_p50"), ci.get("ttft_ms_p50")),
+        fmt(lv.get("ttft_ms_p99")),
+        _pm(lv.get("tpot_ms_p50"), ci.get("tpot_ms_p50"), 2),
+        fmt(lv.get("tpot_ms_p99"), 2),
+        fmt(lv.get("itl_ms_p50"), 2),
+        fmt(lv.get("itl_ms_p99"), 2),
+        fmt(lv.get("e2e_ms_p50"), 0),
+        fmt(lv.get("e2e_ms_p99"), 0),
+        _pm(lv.get("output_throughput"), ci.get("output_throughput")),
+        fmt(lv.get("total_token_throughput")),
+        fmt(lv.get("goodput")),
+        fmt(lv.get("gpu_power_w"), 0),
+        errors,
+    ]
 
 
 def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figure] | None = None) -> str:
@@ -50,26 +76,35 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
     L: list[str] = [f"# Findings: {md(st['name'])}", ""]
     if st["description"]:
         L += [md(st["description"]), ""]
-    L += [f"- study `{st['uid']}`, {md(st['status'])}; started {md(st['created_at'])}, "
-          f"finished {md(st['finished_at'] or '-')}",
-          f"- objective {md(st['objective'])}, {st['repeats']} repeat(s) per candidate, baseline "
-          f"{md(st['baseline'] or '-')}",
-          f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
-          + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
-          f"- load: {md(st['load']['mode'])} {', '.join(fmt(v, 0) for v in st['load']['levels'])}; workload "
-          f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens",
-          "- SLOs: " + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"])
-                        or "none"), ""]
+    L += [
+        f"- study `{st['uid']}`, {md(st['status'])}; started {md(st['created_at'])}, "
+        f"finished {md(st['finished_at'] or '-')}",
+        f"- objective {md(st['objective'])}, {st['repeats']} repeat(s) per candidate, baseline "
+        f"{md(st['baseline'] or '-')}",
+        f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
+        + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
+        f"- load: {md(st['load']['mode'])} {', '.join(fmt(v, 0) for v in st['load']['levels'])}; workload "
+        f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens",
+        "- SLOs: "
+        + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"),
+        "",
+    ]
     if st.get("command"):
         L += ["Run it again:", "", md_code(st["command"]), ""]
 
     L += ["## The winner", ""]
     if win["label"]:
-        L += [f"**{md(win['label'])}**: {md(win['objective'])} {_pm(win['value'], win['half_width'])} at level "
-              f"{fmt(win['level'], 0)}.", ""]
+        L += [
+            f"**{md(win['label'])}**: {md(win['objective'])} {_pm(win['value'], win['half_width'])} at level "
+            f"{fmt(win['level'], 0)}.",
+            "",
+        ]
         if win.get("runner_up"):
-            L += [f"Margin over the runner-up {md(win['runner_up'])}: {fmt(win['margin'])} "
-                  f"({fmt(win['margin_pct'])} %); the margin {md(win['noise'])}.", ""]
+            L += [
+                f"Margin over the runner-up {md(win['runner_up'])}: {fmt(win['margin'])} "
+                f"({fmt(win['margin_pct'])} %); the margin {md(win['noise'])}.",
+                "",
+            ]
         L += [f"Why: {md(win['why'])}", ""]
     else:
         L += [md(win["why"] or "no candidate met every SLO"), ""]
@@ -83,21 +118,38 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
 
 def _host(hst: dict[str, Any]) -> list[str]:
     L = ["## Host", ""]
-    rows = [["GPUs", f"{fmt(hst.get('num_gpus'))} × {md(hst.get('gpu') or '-')}"
-             + (f" ({md(hst['gpu_name'])})" if hst.get("gpu_name") else "")],
-            ["interconnect", md(hst.get("interconnect") or "not known")],
-            ["engine versions", md(", ".join(hst.get("engine_versions") or []) or "not reported")]]
+    rows = [
+        [
+            "GPUs",
+            f"{fmt(hst.get('num_gpus'))} × {md(hst.get('gpu') or '-')}"
+            + (f" ({md(hst['gpu_name'])})" if hst.get("gpu_name") else ""),
+        ],
+        ["interconnect", md(hst.get("interconnect") or "not known")],
+        ["engine versions", md(", ".join(hst.get("engine_versions") or []) or "not reported")],
+    ]
     L += _table(("", "as the study declared it"), rows)
     here = hst.get("this_machine")
     if not here:
-        L += ["Doctor findings: not available (`servelab report` was not asked to check this machine, or the "
-              "host checks are not installed).", ""]
+        L += [
+            "Doctor findings: not available (`servelab report` was not asked to check this machine, or the "
+            "host checks are not installed).",
+            "",
+        ]
         return L
     L += [f"This machine when the report was written: {md(here.get('summary') or '')}", ""]
     if here.get("checks"):
-        L += _table(("check", "status", "finding", "fix"),
-                    [[md(c.get("name")), md(c.get("status")), md(c.get("detail") or c.get("evidence") or ""),
-                      md(c.get("fix") or "")] for c in here["checks"]])
+        L += _table(
+            ("check", "status", "finding", "fix"),
+            [
+                [
+                    md(c.get("name")),
+                    md(c.get("status")),
+                    md(c.get("detail") or c.get("evidence") or ""),
+                    md(c.get("fix") or ""),
+                ]
+                for c in here["checks"]
+            ],
+        )
     if here.get("note"):
         L += [md(here["note"]), ""]
     return L
@@ -111,9 +163,16 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
         settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items() if k not in ("args", "env"))
         args = " ".join(c["settings"].get("args") or [])
         mark = " (winner)" if c["winner"] else " (baseline)" if c["baseline"] else ""
-        rows.append([md(c["label"]) + mark, md(settings) + (" " + md_inline_code(args) if args else ""),
-                     md(c["outcome"]), fmt(s.get("value")), fmt(s.get("level"), 0),
-                     fmt((c.get("predicted") or {}).get("output_throughput"), 0)])
+        rows.append(
+            [
+                md(c["label"]) + mark,
+                md(settings) + (" " + md_inline_code(args) if args else ""),
+                md(c["outcome"]),
+                fmt(s.get("value")),
+                fmt(s.get("level"), 0),
+                fmt((c.get("predicted") or {}).get("output_throughput"), 0),
+            ]
+        )
     L += _table(("candidate", "settings", "outcome", "objective", "at level", "predicted tok/s"), rows)
     for c in cands:
         L += [f"### {md(c['label'])}", "", f"Outcome: **{md(c['outcome'])}**.", ""]
@@ -122,39 +181,71 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
             L += [f"Score: {md(s['why'])}", ""]
         if c["config"]:
             L += ["Requested against what the engine runs:", ""]
-            L += _table(("setting", "requested", "effective", "applied", "evidence"),
-                        [[md(r["key"]), _value(r["requested"]), _value(r["effective"]) if r["confirmed"] else
-                          "not shown", "yes" if r["applied"] else "**NO**",
-                          md_inline_code(r["evidence"]) if r["evidence"] else "-"] for r in c["config"]])
+            L += _table(
+                ("setting", "requested", "effective", "applied", "evidence"),
+                [
+                    [
+                        md(r["key"]),
+                        _value(r["requested"]),
+                        _value(r["effective"]) if r["confirmed"] else "not shown",
+                        "yes" if r["applied"] else "**NO**",
+                        md_inline_code(r["evidence"]) if r["evidence"] else "-",
+                    ]
+                    for r in c["config"]
+                ],
+            )
         for m in c["not_applied"]:
-            L += [f"- **not applied**: {md(m.get('key'))} requested {_value(m.get('requested'))}, the engine runs "
-                  f"{_value(m.get('effective'))}"]
+            L += [
+                f"- **not applied**: {md(m.get('key'))} requested {_value(m.get('requested'))}, the engine runs "
+                f"{_value(m.get('effective'))}"
+            ]
         if c["not_applied"]:
             L.append("")
         d = c.get("diagnosis")
         if d:
-            L += [f"Diagnosis: **{md(d.get('class'))}**" + (f": {md(d.get('message'))}" if d.get("message") else ""),
-                  ""]
+            L += [
+                f"Diagnosis: **{md(d.get('class'))}**"
+                + (f": {md(d.get('message'))}" if d.get("message") else ""),
+                "",
+            ]
             if d.get("advice"):
                 L += [f"Advice: {md(d['advice'])}", ""]
             if d.get("evidence"):
                 L += ["Evidence:", "", md_code(d["evidence"]), ""]
         if c["anomalies"]:
-            L += [f"- anomaly at level {fmt(a['level'], 0)}: {md(a['kind'])}: {md(a['detail'])}"
-                  for a in c["anomalies"]] + [""]
+            L += [
+                f"- anomaly at level {fmt(a['level'], 0)}: {md(a['kind'])}: {md(a['detail'])}"
+                for a in c["anomalies"]
+            ] + [""]
         if c["command"]:
             L += ["Command:", "", md_code(c["command"]), ""]
         if c["trials"]:
-            L += _table(("repeat", "status", "engine", "ready s", "bench runs", "teardown", "error"),
-                        [[str(t["repeat"] + 1), md(t["status"]), md(t["engine_version"] or "-"),
-                          fmt(t["ready_s"], 1), md(", ".join(t["bench_runs"]) or "-"), md(t["teardown"] or "-"),
-                          md(t["error"] or "-")] for t in c["trials"]])
+            L += _table(
+                ("repeat", "status", "engine", "ready s", "bench runs", "teardown", "error"),
+                [
+                    [
+                        str(t["repeat"] + 1),
+                        md(t["status"]),
+                        md(t["engine_version"] or "-"),
+                        fmt(t["ready_s"], 1),
+                        md(", ".join(t["bench_runs"]) or "-"),
+                        md(t["teardown"] or "-"),
+                        md(t["error"] or "-"),
+                    ]
+                    for t in c["trials"]
+                ],
+            )
     return L
 
 
 def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list[str]:
-    L = ["## Performance", "", "Latencies in ms, throughputs in tokens per second (± the 95 % confidence "
-         "half-width where the study repeated a candidate).", ""]
+    L = [
+        "## Performance",
+        "",
+        "Latencies in ms, throughputs in tokens per second (± the 95 % confidence "
+        "half-width where the study repeated a candidate).",
+        "",
+    ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
     for c in model["candidates"]:
@@ -168,20 +259,46 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
         L += [f"Not available: {md(ex.get('note'))}", ""]
         return L
     L += [f"{md(ex['label'])}, level by level (`servelab explain`):", ""]
-    L += _table(("concurrency", "TPOT meas", "TPOT pred", "TTFT meas", "TTFT pred", "tok/s meas", "tok/s pred",
-                 "largest gap"),
-                [[str(lv["concurrency"]), fmt(lv["measured"]["tpot_ms"], 2), fmt(lv["predicted"]["tpot_ms"], 2),
-                  fmt(lv["measured"]["ttft_ms"], 0), fmt(lv["predicted"]["ttft_ms"], 0),
-                  fmt(lv["measured"]["output_throughput"], 0), fmt(lv["predicted"]["output_throughput"], 0),
-                  md(lv["gap"])] for lv in ex["levels"]])
+    L += _table(
+        (
+            "concurrency",
+            "TPOT meas",
+            "TPOT pred",
+            "TTFT meas",
+            "TTFT pred",
+            "tok/s meas",
+            "tok/s pred",
+            "largest gap",
+        ),
+        [
+            [
+                str(lv["concurrency"]),
+                fmt(lv["measured"]["tpot_ms"], 2),
+                fmt(lv["predicted"]["tpot_ms"], 2),
+                fmt(lv["measured"]["ttft_ms"], 0),
+                fmt(lv["predicted"]["ttft_ms"], 0),
+                fmt(lv["measured"]["output_throughput"], 0),
+                fmt(lv["predicted"]["output_throughput"], 0),
+                md(lv["gap"]),
+            ]
+            for lv in ex["levels"]
+        ],
+    )
     dec = ex["decode"]
-    L += [f"Predicted decode step at concurrency {dec['concurrency']}: {fmt(dec['predicted_step_ms'], 2)} ms "
-          f"(TPOT {fmt(dec['predicted_tpot_ms'], 2)} ms predicted, {fmt(dec['measured_tpot_ms'], 2)} ms measured); "
-          f"bottleneck {md(dec['bottleneck'])}, allreduce share {fmt((dec['allreduce_share'] or 0) * 100, 0)} %.", ""]
+    L += [
+        f"Predicted decode step at concurrency {dec['concurrency']}: {fmt(dec['predicted_step_ms'], 2)} ms "
+        f"(TPOT {fmt(dec['predicted_tpot_ms'], 2)} ms predicted, {fmt(dec['measured_tpot_ms'], 2)} ms measured); "
+        f"bottleneck {md(dec['bottleneck'])}, allreduce share {fmt((dec['allreduce_share'] or 0) * 100, 0)} %.",
+        "",
+    ]
     total = dec["predicted_step_ms"] or 0.0
-    L += _table(("component", "ms", "share"),
-                [[md(k), fmt(v, 3), f"{v / total:.0%}" if total else "-"]
-                 for k, v in dec["predicted_breakdown_ms"].items()])
+    L += _table(
+        ("component", "ms", "share"),
+        [
+            [md(k), fmt(v, 3), f"{v / total:.0%}" if total else "-"]
+            for k, v in dec["predicted_breakdown_ms"].items()
+        ],
+    )
     if ex.get("largest_gap"):
         L += [f"Largest gap: {md(ex['largest_gap'])}", ""]
     return L
@@ -190,17 +307,36 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
 def _plan(model: dict[str, Any]) -> list[str]:
     ps = model["plan_state"]
     L = ["## The plan", ""]
-    for key, title in (("done", "done"), ("not_applied", "not applied"), ("failed", "failed"),
-                       ("not_yet_done", "not yet done")):
+    for key, title in (
+        ("done", "done"),
+        ("not_applied", "not applied"),
+        ("failed", "failed"),
+        ("not_yet_done", "not yet done"),
+    ):
         L.append(f"- {title}: " + (", ".join(md(x) for x in ps[key]) or "none"))
     L.append("")
     plan = model["plan"]
     if plan.get("available"):
         L += [f"Stored plan `{md(plan['name'])}`:", ""]
-        L += _table(("id", "status", "priority", "item", "evidence"),
-                    [[md(i["id"]), md(i["status"]), md(i["priority"]), md(i["content"]),
-                      md(", ".join(f"{e.get('run') or '-'} ({e.get('status') or '-'})" for e in i.get("evidence") or [])
-                         or "-")] for i in plan["items"]])
+        L += _table(
+            ("id", "status", "priority", "item", "evidence"),
+            [
+                [
+                    md(i["id"]),
+                    md(i["status"]),
+                    md(i["priority"]),
+                    md(i["content"]),
+                    md(
+                        ", ".join(
+                            f"{e.get('run') or '-'} ({e.get('status') or '-'})"
+                            for e in i.get("evidence") or []
+                        )
+                        or "-"
+                    ),
+                ]
+                for i in plan["items"]
+            ],
+        )
     else:
         L += [f"Stored plan: not available ({md(plan.get('note'))}).", ""]
     return L

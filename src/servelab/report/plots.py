@@ -68,7 +68,7 @@ def log_ticks(lo: float, hi: float, values: Sequence[float] = ()) -> list[float]
     distinct = sorted({float(v) for v in values if v > 0})
     if 1 < len(distinct) <= 12:
         return distinct
-    return [10.0 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+    return [10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
 
 
 class _Axis:
@@ -85,23 +85,30 @@ class _Axis:
         return self.a + (v - lo) / span * (self.b - self.a)
 
 
-def _frame(title: str, x_label: str, y_label: str, legend: list[tuple[str, str, bool]], body: list[str],
-           ident: str) -> str:
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" id="{h(ident)}" viewBox="0 0 {W} {H}" '
-           f'width="{W}" height="{H}" role="img" aria-label="{h(title)}" font-family="sans-serif" font-size="11">',
-           f"<title>{h(title)}</title>",
-           f'<rect x="0" y="0" width="{W}" height="{H}" fill="#ffffff"/>',
-           f'<text x="{W // 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{h(title)}</text>']
+def _frame(
+    title: str, x_label: str, y_label: str, legend: list[tuple[str, str, bool]], body: list[str], ident: str
+) -> str:
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" id="{h(ident)}" viewBox="0 0 {W} {H}" '
+        f'width="{W}" height="{H}" role="img" aria-label="{h(title)}" font-family="sans-serif" font-size="11">',
+        f"<title>{h(title)}</title>",
+        f'<rect x="0" y="0" width="{W}" height="{H}" fill="#ffffff"/>',
+        f'<text x="{W // 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{h(title)}</text>',
+    ]
     out += body
     out.append(f'<text x="{_num((ML + W - MR) / 2)}" y="{H - 10}" text-anchor="middle">{h(x_label)}</text>')
     cy = _num((MT + H - MB) / 2)
-    out.append(f'<text x="14" y="{cy}" text-anchor="middle" transform="rotate(-90 14 {cy})">{h(y_label)}</text>')
+    out.append(
+        f'<text x="14" y="{cy}" text-anchor="middle" transform="rotate(-90 14 {cy})">{h(y_label)}</text>'
+    )
     lx = W - MR + 12
     for i, (name, color, dashed) in enumerate(legend):
         y = MT + 10 + i * 18
         dash = ' stroke-dasharray="5 3"' if dashed else ""
-        out.append(f'<g class="legend-item"><line x1="{lx}" y1="{y}" x2="{lx + 18}" y2="{y}" stroke="{color}" '
-                   f'stroke-width="2"{dash}/><text x="{lx + 24}" y="{y + 4}">{h(_short(name))}</text></g>')
+        out.append(
+            f'<g class="legend-item"><line x1="{lx}" y1="{y}" x2="{lx + 18}" y2="{y}" stroke="{color}" '
+            f'stroke-width="2"{dash}/><text x="{lx + 24}" y="{y + 4}">{h(_short(name))}</text></g>'
+        )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -110,15 +117,29 @@ def _short(name: str, n: int = 22) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def line_chart(title: str, series: Sequence[Series], *, x_label: str, y_label: str, log_x: bool = False,
-               hlines: Sequence[tuple[float, str]] = (), front: Sequence[tuple[float, float]] = (),
-               ident: str = "plot") -> str:
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    *,
+    x_label: str,
+    y_label: str,
+    log_x: bool = False,
+    hlines: Sequence[tuple[float, str]] = (),
+    front: Sequence[tuple[float, float]] = (),
+    ident: str = "plot",
+) -> str:
     """One line per series with a marker per point; anomalies ringed in red; horizontal limits (SLOs)
     dashed; `front` drawn as a thick grey step line (the Pareto front)."""
     pts = [p for s in series for p in s.points if math.isfinite(p[0]) and math.isfinite(p[1])]
     if not pts:
-        return _frame(title, x_label, y_label, [], [
-            f'<text x="{W // 2}" y="{H // 2}" text-anchor="middle" fill="#666">no measurements</text>'], ident)
+        return _frame(
+            title,
+            x_label,
+            y_label,
+            [],
+            [f'<text x="{W // 2}" y="{H // 2}" text-anchor="middle" fill="#666">no measurements</text>'],
+            ident,
+        )
     xs = [p[0] for p in pts] + [p[0] for p in front]
     ys = [p[1] for p in pts] + [p[1] for p in front] + [v for v, _ in hlines]
     log_x = log_x and min(xs) > 0
@@ -133,24 +154,34 @@ def line_chart(title: str, series: Sequence[Series], *, x_label: str, y_label: s
     yt = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
     fx = _Axis(x_lo, x_hi, ML, W - MR, log_x)
     fy = _Axis(yt[0], yt[-1], H - MB, MT, False)
-    body = [f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" stroke="#999"/>']
+    body = [
+        f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" stroke="#999"/>'
+    ]
     for t in xt:
         x = _num(fx(t))
-        body.append(f'<line x1="{x}" y1="{MT}" x2="{x}" y2="{H - MB}" stroke="#eee"/>'
-                    f'<text x="{x}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>')
+        body.append(
+            f'<line x1="{x}" y1="{MT}" x2="{x}" y2="{H - MB}" stroke="#eee"/>'
+            f'<text x="{x}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>'
+        )
     for t in yt:
         y = _num(fy(t))
-        body.append(f'<line x1="{ML}" y1="{y}" x2="{W - MR}" y2="{y}" stroke="#eee"/>'
-                    f'<text x="{ML - 6}" y="{y}" text-anchor="end" dominant-baseline="middle">{tick_label(t)}</text>')
+        body.append(
+            f'<line x1="{ML}" y1="{y}" x2="{W - MR}" y2="{y}" stroke="#eee"/>'
+            f'<text x="{ML - 6}" y="{y}" text-anchor="end" dominant-baseline="middle">{tick_label(t)}</text>'
+        )
     for v, label in hlines:
         y = _num(fy(v))
-        body.append(f'<g class="limit"><line x1="{ML}" y1="{y}" x2="{W - MR}" y2="{y}" stroke="{ANOMALY}" '
-                    f'stroke-dasharray="6 4"/><text x="{W - MR - 4}" y="{_num(fy(v) - 4)}" text-anchor="end" '
-                    f'fill="{ANOMALY}">{h(label)}</text></g>')
+        body.append(
+            f'<g class="limit"><line x1="{ML}" y1="{y}" x2="{W - MR}" y2="{y}" stroke="{ANOMALY}" '
+            f'stroke-dasharray="6 4"/><text x="{W - MR - 4}" y="{_num(fy(v) - 4)}" text-anchor="end" '
+            f'fill="{ANOMALY}">{h(label)}</text></g>'
+        )
     if front:
         path = " ".join(f"{_num(fx(x))},{_num(fy(y))}" for x, y in front)
-        body.append(f'<polyline class="front" points="{path}" fill="none" stroke="{FRONT}" stroke-width="7" '
-                    f'stroke-opacity="0.35" stroke-linejoin="round"/>')
+        body.append(
+            f'<polyline class="front" points="{path}" fill="none" stroke="{FRONT}" stroke-width="7" '
+            f'stroke-opacity="0.35" stroke-linejoin="round"/>'
+        )
     legend: list[tuple[str, str, bool]] = []
     for i, s in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
@@ -160,14 +191,20 @@ def line_chart(title: str, series: Sequence[Series], *, x_label: str, y_label: s
             continue
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         path = " ".join(f"{_num(fx(x))},{_num(fy(y))}" for x, y in good)
-        body.append(f'<g class="series" data-name="{h(s.name)}"><polyline points="{path}" fill="none" '
-                    f'stroke="{color}" stroke-width="2"{dash}/>')
+        body.append(
+            f'<g class="series" data-name="{h(s.name)}"><polyline points="{path}" fill="none" '
+            f'stroke="{color}" stroke-width="2"{dash}/>'
+        )
         for x, y in good:
-            body.append(f'<circle cx="{_num(fx(x))}" cy="{_num(fy(y))}" r="3.5" fill="{color}">'
-                        f"<title>{h(s.name)}: {tick_label(x)}, {tick_label(y)}</title></circle>")
+            body.append(
+                f'<circle cx="{_num(fx(x))}" cy="{_num(fy(y))}" r="3.5" fill="{color}">'
+                f"<title>{h(s.name)}: {tick_label(x)}, {tick_label(y)}</title></circle>"
+            )
         for x, y, why in s.marks:
-            body.append(f'<circle class="anomaly" cx="{_num(fx(x))}" cy="{_num(fy(y))}" r="8" fill="none" '
-                        f'stroke="{ANOMALY}" stroke-width="2"><title>{h(s.name)}: {h(why)}</title></circle>')
+            body.append(
+                f'<circle class="anomaly" cx="{_num(fx(x))}" cy="{_num(fy(y))}" r="8" fill="none" '
+                f'stroke="{ANOMALY}" stroke-width="2"><title>{h(s.name)}: {h(why)}</title></circle>'
+            )
         body.append("</g>")
     if any(s.marks for s in series):
         legend.append(("anomaly", ANOMALY, False))
@@ -176,8 +213,9 @@ def line_chart(title: str, series: Sequence[Series], *, x_label: str, y_label: s
     return _frame(title, x_label, y_label, legend, body, ident)
 
 
-def stacked_bars(title: str, bars: Sequence[tuple[str, Sequence[tuple[str, float]]]], *, unit: str,
-                 ident: str = "bars") -> str:
+def stacked_bars(
+    title: str, bars: Sequence[tuple[str, Sequence[tuple[str, float]]]], *, unit: str, ident: str = "bars"
+) -> str:
     """Horizontal bars, each split into named parts (the decode step: predicted parts vs measured)."""
     names: list[str] = []
     for _, parts in bars:
@@ -191,23 +229,31 @@ def stacked_bars(title: str, bars: Sequence[tuple[str, Sequence[tuple[str, float
     body = []
     for t in xt:
         x = _num(fx(t))
-        body.append(f'<line x1="{x}" y1="{MT}" x2="{x}" y2="{H - MB}" stroke="#eee"/>'
-                    f'<text x="{x}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>')
+        body.append(
+            f'<line x1="{x}" y1="{MT}" x2="{x}" y2="{H - MB}" stroke="#eee"/>'
+            f'<text x="{x}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>'
+        )
     band = (H - MT - MB) / max(len(bars), 1)
     for i, (label, parts) in enumerate(bars):
         y0 = MT + i * band + band * 0.2
         bh = band * 0.6
-        body.append(f'<text x="{ML + 34}" y="{_num(y0 + bh / 2)}" text-anchor="end" '
-                    f'dominant-baseline="middle">{h(label)}</text>')
+        body.append(
+            f'<text x="{ML + 34}" y="{_num(y0 + bh / 2)}" text-anchor="end" '
+            f'dominant-baseline="middle">{h(label)}</text>'
+        )
         x = 0.0
         for name, v in parts:
             v = max(v, 0.0)
             x0, x1 = fx(x), fx(x + v)
-            body.append(f'<rect class="bar" x="{_num(x0)}" y="{_num(y0)}" width="{_num(max(x1 - x0, 0.0))}" '
-                        f'height="{_num(bh)}" fill="{colors[name]}"><title>{h(label)} · {h(name)}: '
-                        f"{v:.3g} {h(unit)}</title></rect>")
+            body.append(
+                f'<rect class="bar" x="{_num(x0)}" y="{_num(y0)}" width="{_num(max(x1 - x0, 0.0))}" '
+                f'height="{_num(bh)}" fill="{colors[name]}"><title>{h(label)} · {h(name)}: '
+                f"{v:.3g} {h(unit)}</title></rect>"
+            )
             x += v
-        body.append(f'<text x="{_num(fx(x) + 4)}" y="{_num(y0 + bh / 2)}" dominant-baseline="middle">'
-                    f"{x:.3g} {h(unit)}</text>")
+        body.append(
+            f'<text x="{_num(fx(x) + 4)}" y="{_num(y0 + bh / 2)}" dominant-baseline="middle">'
+            f"{x:.3g} {h(unit)}</text>"
+        )
     legend = [(n, colors[n], False) for n in names]
     return _frame(title, unit, "", legend, body, ident)

@@ -22,7 +22,9 @@ class BenchRepo:
     def __init__(self, store: Store) -> None:
         self.db = store.conn
 
-    def create_run(self, url: str, model: str, api: str, config: dict[str, Any], dataset_hash: str | None) -> tuple[int, str]:
+    def create_run(
+        self, url: str, model: str, api: str, config: dict[str, Any], dataset_hash: str | None
+    ) -> tuple[int, str]:
         uid = "b-" + uuid.uuid4().hex[:10]
         cur = self.db.execute(
             "INSERT INTO bench_runs (uid, created_at, status, url, model, api, dataset_hash, config_json)"
@@ -35,7 +37,9 @@ class BenchRepo:
         if engine is not None:
             self.db.execute("UPDATE bench_runs SET engine = ? WHERE id = ?", (engine, run_id))
         if warnings is not None:
-            self.db.execute("UPDATE bench_runs SET warnings_json = ? WHERE id = ?", (_j(redact(warnings)), run_id))
+            self.db.execute(
+                "UPDATE bench_runs SET warnings_json = ? WHERE id = ?", (_j(redact(warnings)), run_id)
+            )
 
     def finish_run(self, run_id: int, status: str, summary: dict[str, Any] | None) -> None:
         self.db.execute(
@@ -43,7 +47,9 @@ class BenchRepo:
             (status, utcnow(), _j(summary) if summary is not None else None, run_id),
         )
 
-    def create_level(self, run_id: int, idx: int, mode: str, value: float, max_concurrency: int | None) -> int:
+    def create_level(
+        self, run_id: int, idx: int, mode: str, value: float, max_concurrency: int | None
+    ) -> int:
         cur = self.db.execute(
             "INSERT INTO bench_levels (run_id, idx, mode, value, max_concurrency, started_at, status)"
             " VALUES (?, ?, ?, ?, ?, ?, 'running')",
@@ -51,8 +57,14 @@ class BenchRepo:
         )
         return int(cur.lastrowid or 0)
 
-    def finish_level(self, level_id: int, status: str, summary: dict[str, Any], server: dict[str, Any],
-                     client: dict[str, Any]) -> None:
+    def finish_level(
+        self,
+        level_id: int,
+        status: str,
+        summary: dict[str, Any],
+        server: dict[str, Any],
+        client: dict[str, Any],
+    ) -> None:
         self.db.execute(
             "UPDATE bench_levels SET status = ?, finished_at = ?, summary_json = ?, server_metrics_json = ?,"
             " client_stats_json = ? WHERE id = ?",
@@ -64,9 +76,23 @@ class BenchRepo:
             "INSERT INTO bench_requests (level_id, idx, prompt_idx, scheduled_s, start_s, ok, ttft_s, e2e_s, itl_json,"
             " input_tokens, output_tokens, requested_output_tokens, token_source, error_kind, error_message)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (level_id, r.idx, r.prompt_idx, r.scheduled_s, r.start_s, int(r.ok), r.ttft_s, r.e2e_s,
-             _j(r.itl_s) if r.itl_s else None, r.input_tokens, r.output_tokens, r.requested_output_tokens,
-             r.token_source, r.error_kind, redact(r.error_message) if r.error_message else None),
+            (
+                level_id,
+                r.idx,
+                r.prompt_idx,
+                r.scheduled_s,
+                r.start_s,
+                int(r.ok),
+                r.ttft_s,
+                r.e2e_s,
+                _j(r.itl_s) if r.itl_s else None,
+                r.input_tokens,
+                r.output_tokens,
+                r.requested_output_tokens,
+                r.token_source,
+                r.error_kind,
+                redact(r.error_message) if r.error_message else None,
+            ),
         )
 
     # reading ---------------------------------------------------------------------------------------
@@ -79,7 +105,9 @@ class BenchRepo:
         else:
             row = self.db.execute("SELECT * FROM bench_runs WHERE uid = ?", (ref,)).fetchone()
         if row is None:
-            raise NotFoundError(f"no benchmark run {ref!r}", hint="`servelab runs list` shows the stored runs.")
+            raise NotFoundError(
+                f"no benchmark run {ref!r}", hint="`servelab runs list` shows the stored runs."
+            )
         return _run_dict(row)
 
     def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:
@@ -87,7 +115,9 @@ class BenchRepo:
         return [_run_dict(r) for r in rows]
 
     def levels(self, run_id: int) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT * FROM bench_levels WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+        rows = self.db.execute(
+            "SELECT * FROM bench_levels WHERE run_id = ? ORDER BY idx", (run_id,)
+        ).fetchall()
         out = []
         for r in rows:
             d = dict(r)
@@ -97,14 +127,25 @@ class BenchRepo:
         return out
 
     def requests(self, level_id: int) -> list[RequestRecord]:
-        rows = self.db.execute("SELECT * FROM bench_requests WHERE level_id = ? ORDER BY idx", (level_id,)).fetchall()
+        rows = self.db.execute(
+            "SELECT * FROM bench_requests WHERE level_id = ? ORDER BY idx", (level_id,)
+        ).fetchall()
         return [
             RequestRecord(
-                idx=r["idx"], prompt_idx=r["prompt_idx"], start_s=r["start_s"], ok=bool(r["ok"]),
-                scheduled_s=r["scheduled_s"], ttft_s=r["ttft_s"], e2e_s=r["e2e_s"],
-                itl_s=orjson.loads(r["itl_json"]) if r["itl_json"] else [], input_tokens=r["input_tokens"],
-                output_tokens=r["output_tokens"], requested_output_tokens=r["requested_output_tokens"],
-                token_source=r["token_source"], error_kind=r["error_kind"], error_message=r["error_message"],
+                idx=r["idx"],
+                prompt_idx=r["prompt_idx"],
+                start_s=r["start_s"],
+                ok=bool(r["ok"]),
+                scheduled_s=r["scheduled_s"],
+                ttft_s=r["ttft_s"],
+                e2e_s=r["e2e_s"],
+                itl_s=orjson.loads(r["itl_json"]) if r["itl_json"] else [],
+                input_tokens=r["input_tokens"],
+                output_tokens=r["output_tokens"],
+                requested_output_tokens=r["requested_output_tokens"],
+                token_source=r["token_source"],
+                error_kind=r["error_kind"],
+                error_message=r["error_message"],
             )
             for r in rows
         ]

@@ -41,27 +41,42 @@ class PlanRepo:
         row = self._plan_row(name)
         if row is None:
             return P.Plan(name)
-        rows = self.db.execute("SELECT * FROM plan_items WHERE plan_id = ? ORDER BY position, id", (row["id"],))
+        rows = self.db.execute(
+            "SELECT * FROM plan_items WHERE plan_id = ? ORDER BY position, id", (row["id"],)
+        )
         return P.Plan(name, tuple(_item(r) for r in rows.fetchall()))
 
     def plans(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT p.name, p.kind, p.study_uid, p.created_at, COUNT(i.id) AS items,"
             " SUM(i.status IN ('pending', 'in_progress', 'blocked')) AS open"
-            " FROM plans p LEFT JOIN plan_items i ON i.plan_id = p.id GROUP BY p.id ORDER BY p.id")
+            " FROM plans p LEFT JOIN plan_items i ON i.plan_id = p.id GROUP BY p.id ORDER BY p.id"
+        )
         return [dict(r) | {"open": r["open"] or 0} for r in rows.fetchall()]
 
     def history(self, name: str = WORKSPACE, key: str | None = None) -> list[P.Event]:
         """Every recorded change, oldest first (of one item when `key` is given)."""
-        sql = ("SELECT e.*, i.key FROM plan_events e JOIN plan_items i ON i.id = e.item_id"
-               " JOIN plans p ON p.id = i.plan_id WHERE p.name = ?")
+        sql = (
+            "SELECT e.*, i.key FROM plan_events e JOIN plan_items i ON i.id = e.item_id"
+            " JOIN plans p ON p.id = i.plan_id WHERE p.name = ?"
+        )
         args: list[Any] = [name]
         if key is not None:
             sql += " AND i.key = ?"
             args.append(key)
         rows = self.db.execute(sql + " ORDER BY e.id", args).fetchall()
-        return [P.Event(r["key"], r["at"], r["from_status"], r["to_status"], r["reason"], r["actor"],
-                        orjson.loads(r["detail_json"])) for r in rows]
+        return [
+            P.Event(
+                r["key"],
+                r["at"],
+                r["from_status"],
+                r["to_status"],
+                r["reason"],
+                r["actor"],
+                orjson.loads(r["detail_json"]),
+            )
+            for r in rows
+        ]
 
     # -- writing ----------------------------------------------------------------------------------
     def apply(self, name: str, op: Callable[[P.Plan], P.Outcome], study_uid: str | None = None) -> P.Outcome:
@@ -85,35 +100,57 @@ class PlanRepo:
         row = self._plan_row(name)
         if row is None:
             kind = "workspace" if name == WORKSPACE else "study"
-            cur = self.db.execute("INSERT INTO plans (name, kind, study_uid, created_at) VALUES (?, ?, ?, ?)",
-                                  (name, kind, study_uid or (None if kind == "workspace" else name), utcnow()))
+            cur = self.db.execute(
+                "INSERT INTO plans (name, kind, study_uid, created_at) VALUES (?, ?, ?, ?)",
+                (name, kind, study_uid or (None if kind == "workspace" else name), utcnow()),
+            )
             plan_id = int(cur.lastrowid or 0)
         else:
             plan_id = int(row["id"])
         old = {i.id: i for i in before.items}
         row_ids: dict[str, int] = {}
         for pos, it in enumerate(outcome.plan.items):
-            values = (pos, it.content, it.status, it.priority, it.worker, _j(list(it.depends_on)), _j(list(it.notes)),
-                      _j(it.binding) if it.binding is not None else None, _j(list(it.evidence)), _j(it.extra),
-                      it.created_at, it.updated_at)
+            values = (
+                pos,
+                it.content,
+                it.status,
+                it.priority,
+                it.worker,
+                _j(list(it.depends_on)),
+                _j(list(it.notes)),
+                _j(it.binding) if it.binding is not None else None,
+                _j(list(it.evidence)),
+                _j(it.extra),
+                it.created_at,
+                it.updated_at,
+            )
             if it.id not in old:
                 cur = self.db.execute(
                     "INSERT INTO plan_items (position, content, status, priority, worker, depends_on_json, notes_json,"
                     " binding_json, evidence_json, extra_json, created_at, updated_at, plan_id, key)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*values, plan_id, it.id))
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*values, plan_id, it.id),
+                )
                 row_ids[it.id] = int(cur.lastrowid or 0)
             elif it != old[it.id]:
                 self.db.execute(
                     "UPDATE plan_items SET position = ?, content = ?, status = ?, priority = ?, worker = ?,"
                     " depends_on_json = ?, notes_json = ?, binding_json = ?, evidence_json = ?, extra_json = ?,"
-                    " created_at = ?, updated_at = ? WHERE plan_id = ? AND key = ?", (*values, plan_id, it.id))
+                    " created_at = ?, updated_at = ? WHERE plan_id = ? AND key = ?",
+                    (*values, plan_id, it.id),
+                )
         for ev in outcome.events:
-            item_id = row_ids.get(ev.item) or self.db.execute(
-                "SELECT id FROM plan_items WHERE plan_id = ? AND key = ?", (plan_id, ev.item)).fetchone()["id"]
+            item_id = (
+                row_ids.get(ev.item)
+                or self.db.execute(
+                    "SELECT id FROM plan_items WHERE plan_id = ? AND key = ?", (plan_id, ev.item)
+                ).fetchone()["id"]
+            )
             self.db.execute(
                 "INSERT INTO plan_events (item_id, at, from_status, to_status, reason, actor, detail_json)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (item_id, ev.at, ev.from_status, ev.to_status, ev.reason, ev.actor, _j(ev.detail)))
+                (item_id, ev.at, ev.from_status, ev.to_status, ev.reason, ev.actor, _j(ev.detail)),
+            )
 
 
 def _load(text: str | None, default: Any) -> Any:
@@ -122,20 +159,31 @@ def _load(text: str | None, default: Any) -> Any:
 
 def _item(r: sqlite3.Row) -> P.Item:
     return P.Item(
-        id=r["key"], content=r["content"], status=r["status"], priority=r["priority"], worker=r["worker"],
-        depends_on=tuple(_load(r["depends_on_json"], [])), notes=tuple(_load(r["notes_json"], [])),
-        binding=_load(r["binding_json"], None), evidence=tuple(_load(r["evidence_json"], [])),
-        extra=_load(r["extra_json"], {}), created_at=r["created_at"], updated_at=r["updated_at"],
+        id=r["key"],
+        content=r["content"],
+        status=r["status"],
+        priority=r["priority"],
+        worker=r["worker"],
+        depends_on=tuple(_load(r["depends_on_json"], [])),
+        notes=tuple(_load(r["notes_json"], [])),
+        binding=_load(r["binding_json"], None),
+        evidence=tuple(_load(r["evidence_json"], [])),
+        extra=_load(r["extra_json"], {}),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
     )
 
 
 # -- the study loop's API ---------------------------------------------------------------------------
-def fill_from_study(store: Store, study_uid: str,
-                    candidates: list[tuple[str, float | None, dict[str, Any]]]) -> list[str]:
+def fill_from_study(
+    store: Store, study_uid: str, candidates: list[tuple[str, float | None, dict[str, Any]]]
+) -> list[str]:
     """Add one item per candidate (label, predicted value or None, requested normalized config) to the
     study's plan, in the order given. Idempotent: candidates that already have an item are skipped, so a
     resumed study adds nothing twice. Returns the ids of the items added."""
-    out = PlanRepo(store).apply(study_uid, lambda p: P.fill(p, study_uid, candidates, now=utcnow()), study_uid)
+    out = PlanRepo(store).apply(
+        study_uid, lambda p: P.fill(p, study_uid, candidates, now=utcnow()), study_uid
+    )
     added: list[str] = out.info["added"]
     return added
 
@@ -145,5 +193,6 @@ def on_trial(store: Store, study_uid: str, label: str, status: str, evidence: di
     interrupted; evidence is {"run"?, "trial"?, "effective"?, "not_applied"?, "diagnosis"?, "anomalies"?}
     (see `servelab.plan.on_trial` for what each status does). Returns the item as stored."""
     out = PlanRepo(store).apply(
-        study_uid, lambda p: P.on_trial(p, study_uid, label, status, evidence, now=utcnow()), study_uid)
+        study_uid, lambda p: P.on_trial(p, study_uid, label, status, evidence, now=utcnow()), study_uid
+    )
     return out.plan.get(P.item_for(out.plan, study_uid, label).id)

@@ -16,7 +16,17 @@ from servelab.redact import redact
 from servelab.store.db import Store, utcnow
 
 TERMINAL_TRIAL = ("measured", "not_applied", "failed")
-_TRIAL_JSON = ("argv", "env", "requested", "effective", "not_applied", "diagnosis", "verify", "levels", "teardown")
+_TRIAL_JSON = (
+    "argv",
+    "env",
+    "requested",
+    "effective",
+    "not_applied",
+    "diagnosis",
+    "verify",
+    "levels",
+    "teardown",
+)
 
 
 def _j(obj: Any) -> str:
@@ -32,7 +42,9 @@ class StudyRepo:
         self.db = store.conn
 
     # -- studies ----------------------------------------------------------------------------------
-    def create_study(self, name: str, source: str | None, spec: dict[str, Any], spec_hash: str) -> tuple[int, str]:
+    def create_study(
+        self, name: str, source: str | None, spec: dict[str, Any], spec_hash: str
+    ) -> tuple[int, str]:
         uid = "s-" + uuid.uuid4().hex[:10]
         cur = self.db.execute(
             "INSERT INTO studies (uid, name, created_at, status, source, spec_json, spec_hash)"
@@ -65,8 +77,10 @@ class StudyRepo:
                 "SELECT * FROM studies WHERE uid = ? OR name = ? ORDER BY id DESC LIMIT 1", (ref, ref)
             ).fetchone()
         if row is None:
-            raise NotFoundError(f"no study {ref!r} in the store",
-                                hint="`servelab runs` lists the stored studies; `servelab tune STUDY.toml` makes one.")
+            raise NotFoundError(
+                f"no study {ref!r} in the store",
+                hint="`servelab runs` lists the stored studies; `servelab tune STUDY.toml` makes one.",
+            )
         return _study(row)
 
     def list_studies(self, limit: int = 50) -> list[dict[str, Any]]:
@@ -74,8 +88,9 @@ class StudyRepo:
         return [_study(r) for r in rows]
 
     # -- candidates -------------------------------------------------------------------------------
-    def add_candidate(self, study_id: int, idx: int, label: str, spec: dict[str, Any],
-                      predicted: dict[str, Any] | None) -> int:
+    def add_candidate(
+        self, study_id: int, idx: int, label: str, spec: dict[str, Any], predicted: dict[str, Any] | None
+    ) -> int:
         cur = self.db.execute(
             "INSERT INTO study_candidates (study_id, idx, label, spec_json, predicted_json, status)"
             " VALUES (?, ?, ?, ?, ?, 'pending')",
@@ -108,7 +123,16 @@ class StudyRepo:
             if key in _TRIAL_JSON:
                 cols.append(f"{key}_json = ?")
                 vals.append(_j(value) if value is not None else None)
-            elif key in ("status", "url", "log_path", "pid", "engine_version", "bench_run_id", "ready_s", "error"):
+            elif key in (
+                "status",
+                "url",
+                "log_path",
+                "pid",
+                "engine_version",
+                "bench_run_id",
+                "ready_s",
+                "error",
+            ):
                 cols.append(f"{key} = ?")
                 vals.append(redact(value) if isinstance(value, str) else value)
             else:
@@ -134,23 +158,52 @@ class StudyRepo:
 
 def _study(row: Any) -> dict[str, Any]:
     return {
-        "id": row["id"], "uid": row["uid"], "name": row["name"], "created_at": row["created_at"],
-        "finished_at": row["finished_at"], "status": row["status"], "source": row["source"],
-        "spec": _load(row["spec_json"]), "spec_hash": row["spec_hash"], "result": _load(row["result_json"]),
+        "id": row["id"],
+        "uid": row["uid"],
+        "name": row["name"],
+        "created_at": row["created_at"],
+        "finished_at": row["finished_at"],
+        "status": row["status"],
+        "source": row["source"],
+        "spec": _load(row["spec_json"]),
+        "spec_hash": row["spec_hash"],
+        "result": _load(row["result_json"]),
     }
 
 
 def _candidate(row: Any) -> dict[str, Any]:
     return {
-        "id": row["id"], "study_id": row["study_id"], "idx": row["idx"], "label": row["label"],
-        "spec": _load(row["spec_json"]), "predicted": _load(row["predicted_json"]), "status": row["status"],
+        "id": row["id"],
+        "study_id": row["study_id"],
+        "idx": row["idx"],
+        "label": row["label"],
+        "spec": _load(row["spec_json"]),
+        "predicted": _load(row["predicted_json"]),
+        "status": row["status"],
         "outcome": _load(row["outcome_json"]),
     }
 
 
 def _trial(row: Any) -> dict[str, Any]:
-    d = {k: row[k] for k in ("id", "candidate_id", "repeat", "status", "started_at", "finished_at", "marker", "url",
-                             "log_path", "pid", "engine_version", "bench_run_id", "ready_s", "error")}
+    d = {
+        k: row[k]
+        for k in (
+            "id",
+            "candidate_id",
+            "repeat",
+            "status",
+            "started_at",
+            "finished_at",
+            "marker",
+            "url",
+            "log_path",
+            "pid",
+            "engine_version",
+            "bench_run_id",
+            "ready_s",
+            "error",
+        )
+    }
     for key in _TRIAL_JSON:
         d[key] = _load(row[f"{key}_json"])
     return d

@@ -21,8 +21,10 @@ from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 
-NAV = ('<nav><a href="/">studies</a><a href="/runs">runs</a><a href="/compare">compare two runs</a>'
-       '<a href="/plans">plans</a></nav>')
+NAV = (
+    '<nav><a href="/">studies</a><a href="/runs">runs</a><a href="/compare">compare two runs</a>'
+    '<a href="/plans">plans</a></nav>'
+)
 
 
 @dataclass
@@ -38,8 +40,11 @@ def _html(title: str, body: str, script: str = "", status: int = 200) -> Respons
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(status, orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY),
-                    "application/json")
+    return Response(
+        status,
+        orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY),
+        "application/json",
+    )
 
 
 def route(store: Store, path: str, query: dict[str, str]) -> Response:
@@ -72,8 +77,11 @@ def route(store: Store, path: str, query: dict[str, str]) -> Response:
     except NotFoundError as exc:
         if parts and parts[0] == "api":
             return _json(exc.to_dict(), 404)
-        return _html("not found", f"<h1>Not found</h1><p>{h(exc.message)}</p><p class=note>{h(exc.hint)}</p>",
-                     status=404)
+        return _html(
+            "not found",
+            f"<h1>Not found</h1><p>{h(exc.message)}</p><p class=note>{h(exc.hint)}</p>",
+            status=404,
+        )
     except UserError as exc:
         return _html("bad request", f"<h1>Bad request</h1><p>{h(exc.message)}</p>", status=400)
     return _html("not found", f"<h1>Not found</h1><p>nothing at {h(path)}</p>", status=404)
@@ -82,20 +90,40 @@ def route(store: Store, path: str, query: dict[str, str]) -> Response:
 def _study_row(store: Store, st: dict[str, Any]) -> dict[str, Any]:
     cands = StudyRepo(store).candidates(st["id"])
     ranking = (st["result"] or {}).get("ranking") or {}
-    return {"uid": st["uid"], "name": st["name"], "status": st["status"], "created_at": st["created_at"],
-            "winner": ranking.get("winner"), "candidates": len(cands),
-            "finished_candidates": sum(c["status"] in ("measured", "anomalous", "not_applied", "failed")
-                                       for c in cands)}
+    return {
+        "uid": st["uid"],
+        "name": st["name"],
+        "status": st["status"],
+        "created_at": st["created_at"],
+        "winner": ranking.get("winner"),
+        "candidates": len(cands),
+        "finished_candidates": sum(
+            c["status"] in ("measured", "anomalous", "not_applied", "failed") for c in cands
+        ),
+    }
 
 
 def studies_page(store: Store) -> Response:
     rows = [_study_row(store, s) for s in StudyRepo(store).list_studies(200)]
-    body = "<h1>servelab studies</h1>" + (table(
-        ["study", "name", "status", "created", "candidates", "winner"],
-        [[f'<a href="/study/{quote(r["uid"])}">{h(r["uid"])}</a>', h(r["name"]), h(r["status"]),
-          h(r["created_at"][:19]), f"{r['finished_candidates']}/{r['candidates']}", h(r["winner"] or "-")]
-         for r in rows], "studies") if rows else "<p>no studies stored yet; <code>servelab tune STUDY.toml</code> "
-                                                 "runs one.</p>")
+    body = "<h1>servelab studies</h1>" + (
+        table(
+            ["study", "name", "status", "created", "candidates", "winner"],
+            [
+                [
+                    f'<a href="/study/{quote(r["uid"])}">{h(r["uid"])}</a>',
+                    h(r["name"]),
+                    h(r["status"]),
+                    h(r["created_at"][:19]),
+                    f"{r['finished_candidates']}/{r['candidates']}",
+                    h(r["winner"] or "-"),
+                ]
+                for r in rows
+            ],
+            "studies",
+        )
+        if rows
+        else "<p>no studies stored yet; <code>servelab tune STUDY.toml</code> runs one.</p>"
+    )
     return _html("servelab studies", body)
 
 
@@ -103,9 +131,20 @@ def runs_page(store: Store) -> Response:
     runs = BenchRepo(store).list_runs(200)
     body = "<h1>Benchmark runs</h1>" + table(
         ["run", "created", "status", "model", "engine", "url", "levels"],
-        [[f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>', h(r["created_at"][:19]), h(r["status"]),
-          h(r["model"]), h(r["engine"] or "-"), h(r["url"]), str(len((r["summary"] or {}).get("levels", [])))]
-         for r in runs], "runs")
+        [
+            [
+                f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>',
+                h(r["created_at"][:19]),
+                h(r["status"]),
+                h(r["model"]),
+                h(r["engine"] or "-"),
+                h(r["url"]),
+                str(len((r["summary"] or {}).get("levels", []))),
+            ]
+            for r in runs
+        ],
+        "runs",
+    )
     return _html("servelab runs", body)
 
 
@@ -113,21 +152,37 @@ def progress(store: Store, ref: str) -> dict[str, Any]:
     """What a running study has done so far: per candidate its status, trials and levels measured."""
     repo = StudyRepo(store)
     st = repo.resolve(ref)
-    levels = ((st["spec"] or {}).get("load") or {}).get("concurrency") or \
-        ((st["spec"] or {}).get("load") or {}).get("rate") or []
+    levels = (
+        ((st["spec"] or {}).get("load") or {}).get("concurrency")
+        or ((st["spec"] or {}).get("load") or {}).get("rate")
+        or []
+    )
     cands = []
     for c in repo.candidates(st["id"]):
         trials = repo.trials(c["id"])
         last = trials[-1] if trials else None
-        cands.append({"label": c["label"], "status": c["status"], "trials": len(trials),
-                      "trial_status": last["status"] if last else None,
-                      "levels_done": len((last or {}).get("levels") or []),
-                      "last_level": ((last or {}).get("levels") or [{}])[-1].get("level") if last and last["levels"]
-                      else None})
+        cands.append(
+            {
+                "label": c["label"],
+                "status": c["status"],
+                "trials": len(trials),
+                "trial_status": last["status"] if last else None,
+                "levels_done": len((last or {}).get("levels") or []),
+                "last_level": ((last or {}).get("levels") or [{}])[-1].get("level")
+                if last and last["levels"]
+                else None,
+            }
+        )
     done = sum(c["status"] in ("measured", "anomalous", "not_applied", "failed") for c in cands)
-    return {"study": st["uid"], "status": st["status"], "candidates": cands, "finished": done, "total": len(cands),
-            "levels_per_candidate": len(levels),
-            "measured_levels": sum(c["levels_done"] for c in cands)}
+    return {
+        "study": st["uid"],
+        "status": st["status"],
+        "candidates": cands,
+        "finished": done,
+        "total": len(cands),
+        "levels_per_candidate": len(levels),
+        "measured_levels": sum(c["levels_done"] for c in cands),
+    }
 
 
 # Polls the progress endpoint; reloads when a level or a candidate finished, stops when the study ended.
@@ -159,41 +214,71 @@ def study_page(store: Store, ref: str) -> Response:
         p = progress(store, uid)
         seen = f"{p['status']}:{p['finished']}:{p['measured_levels']}"
         lines = "\n".join(f"{c['label']}: {c['status']}" for c in p["candidates"])
-        top = (f'<h2>Live progress</h2><pre id="progress" data-url="/api/study/{quote(uid)}/progress" '
-               f'data-seen="{h(seen)}">study running: {p["finished"]}/{p["total"]} candidates finished\n'
-               f"{h(lines)}</pre>")
+        top = (
+            f'<h2>Live progress</h2><pre id="progress" data-url="/api/study/{quote(uid)}/progress" '
+            f'data-seen="{h(seen)}">study running: {p["finished"]}/{p["total"]} candidates finished\n'
+            f"{h(lines)}</pre>"
+        )
         script = PROGRESS_JS
-    links = (f'<p><a href="/plan/{quote(uid)}">the plan</a> · <a href="/api/study/{quote(uid)}">JSON</a></p>')
+    links = f'<p><a href="/plan/{quote(uid)}">the plan</a> · <a href="/api/study/{quote(uid)}">JSON</a></p>'
     return _html(f"study {model['study']['name']}", top + study_body(model, ui=True) + links, script)
 
 
 def _run(store: Store, ref: str) -> dict[str, Any]:
     repo = BenchRepo(store)
     r = repo.resolve(ref)
-    levels = [analyze.level_digest(lv["summary"], lv["value"]) for lv in repo.levels(r["id"]) if lv["summary"]]
-    return {"uid": r["uid"], "created_at": r["created_at"], "status": r["status"], "url": r["url"],
-            "model": r["model"], "engine": r["engine"], "workload": (r["config"] or {}).get("workload_info", {}),
-            "warnings": r["warnings"], "levels": levels, "study": _study_of_run(store, r["uid"])}
+    levels = [
+        analyze.level_digest(lv["summary"], lv["value"]) for lv in repo.levels(r["id"]) if lv["summary"]
+    ]
+    return {
+        "uid": r["uid"],
+        "created_at": r["created_at"],
+        "status": r["status"],
+        "url": r["url"],
+        "model": r["model"],
+        "engine": r["engine"],
+        "workload": (r["config"] or {}).get("workload_info", {}),
+        "warnings": r["warnings"],
+        "levels": levels,
+        "study": _study_of_run(store, r["uid"]),
+    }
 
 
 def _study_of_run(store: Store, uid: str) -> dict[str, Any] | None:
     """The study trial that made this run, and the clock scale its study applied (the simulator's speed)."""
     row = store.conn.execute(
         "SELECT s.uid, c.label, t.levels_json FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
-        " JOIN studies s ON s.id = c.study_id WHERE t.levels_json LIKE ? LIMIT 1", (f'%"{uid}"%',)).fetchone()
+        " JOIN studies s ON s.id = c.study_id WHERE t.levels_json LIKE ? LIMIT 1",
+        (f'%"{uid}"%',),
+    ).fetchone()
     if row is None:
         return None
-    scale = next((lv.get("time_scale") for lv in orjson.loads(row["levels_json"] or "[]")
-                  if lv.get("bench_run") == uid), None)
+    scale = next(
+        (
+            lv.get("time_scale")
+            for lv in orjson.loads(row["levels_json"] or "[]")
+            if lv.get("bench_run") == uid
+        ),
+        None,
+    )
     return {"uid": row["uid"], "label": row["label"], "time_scale": scale}
 
 
 def _run_meta(r: dict[str, Any]) -> str:
     w = r["workload"] or {}
-    return table(["", ""], [["run", f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>'], ["created", h(r["created_at"])],
-                            ["status", h(r["status"])], ["model", h(r["model"])], ["engine", h(r["engine"] or "-")],
-                            ["url", h(r["url"])], ["workload", h(", ".join(f"{k}={v}" for k, v in w.items()) or "-")]],
-                 "meta")
+    return table(
+        ["", ""],
+        [
+            ["run", f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>'],
+            ["created", h(r["created_at"])],
+            ["status", h(r["status"])],
+            ["model", h(r["model"])],
+            ["engine", h(r["engine"] or "-")],
+            ["url", h(r["url"])],
+            ["workload", h(", ".join(f"{k}={v}" for k, v in w.items()) or "-")],
+        ],
+        "meta",
+    )
 
 
 def run_page(store: Store, ref: str) -> Response:
@@ -201,14 +286,20 @@ def run_page(store: Store, ref: str) -> Response:
     warn = "".join(f'<p class="bad">{h(w)}</p>' for w in r["warnings"] or [])
     st = r["study"]
     if st:
-        warn += (f'<p>Measured for candidate {h(st["label"])} of study <a href="/study/{quote(st["uid"])}">'
-                 f'{h(st["uid"])}</a>.</p>')
+        warn += (
+            f'<p>Measured for candidate {h(st["label"])} of study <a href="/study/{quote(st["uid"])}">'
+            f"{h(st['uid'])}</a>.</p>"
+        )
         if st.get("time_scale") and st["time_scale"] != 1:
-            warn += (f'<p class="note">The simulator ran its clock {fmt(st["time_scale"], 0)}× faster: these are the '
-                     "numbers as measured; the study shows them in real-GPU time (latencies × "
-                     f'{fmt(st["time_scale"], 0)}, throughputs ÷ {fmt(st["time_scale"], 0)}).</p>')
-    body = (f"<h1>Run {h(r['uid'])}</h1>{_run_meta(r)}{warn}<h2>Every level</h2>{levels_table(r['uid'], r['levels'])}"
-            f'<p><a href="/compare?a={quote(r["uid"])}">compare with another run</a></p>')
+            warn += (
+                f'<p class="note">The simulator ran its clock {fmt(st["time_scale"], 0)}× faster: these are the '
+                "numbers as measured; the study shows them in real-GPU time (latencies × "
+                f"{fmt(st['time_scale'], 0)}, throughputs ÷ {fmt(st['time_scale'], 0)}).</p>"
+            )
+    body = (
+        f"<h1>Run {h(r['uid'])}</h1>{_run_meta(r)}{warn}<h2>Every level</h2>{levels_table(r['uid'], r['levels'])}"
+        f'<p><a href="/compare?a={quote(r["uid"])}">compare with another run</a></p>'
+    )
     return _html(f"run {r['uid']}", body)
 
 
@@ -216,12 +307,17 @@ def _run_picker(store: Store, a: str, b: str) -> str:
     runs = BenchRepo(store).list_runs(200)
 
     def select(name: str, cur: str) -> str:
-        opts = "".join(f'<option value="{h(r["uid"])}"{" selected" if r["uid"] == cur else ""}>{h(r["uid"])} '
-                       f"{h(r['created_at'][:19])} {h(r['model'])}</option>" for r in runs)
+        opts = "".join(
+            f'<option value="{h(r["uid"])}"{" selected" if r["uid"] == cur else ""}>{h(r["uid"])} '
+            f"{h(r['created_at'][:19])} {h(r['model'])}</option>"
+            for r in runs
+        )
         return f'<select name="{name}">{opts}</select>'
 
-    return (f'<form method="get" action="/compare">{select("a", a)} against {select("b", b)} '
-            '<button type="submit">compare</button></form>')
+    return (
+        f'<form method="get" action="/compare">{select("a", a)} against {select("b", b)} '
+        '<button type="submit">compare</button></form>'
+    )
 
 
 def compare_page(store: Store, a: str, b: str) -> Response:
@@ -235,17 +331,26 @@ def compare_page(store: Store, a: str, b: str) -> Response:
         lb = by_b.get(float(la["level"]))
         if lb is None:
             continue
-        for key, label, digits in (("output_throughput", "output tok/s", 1), ("tpot_ms_p50", "TPOT p50 ms", 2),
-                                   ("ttft_ms_p50", "TTFT p50 ms", 1), ("e2e_ms_p99", "E2E p99 ms", 0)):
+        for key, label, digits in (
+            ("output_throughput", "output tok/s", 1),
+            ("tpot_ms_p50", "TPOT p50 ms", 2),
+            ("ttft_ms_p50", "TTFT p50 ms", 1),
+            ("e2e_ms_p99", "E2E p99 ms", 0),
+        ):
             va, vb = la.get(key), lb.get(key)
             delta = f"{(vb - va) / va * 100:+.1f} %" if va and vb is not None else "-"
             rows.append([h(fmt(la["level"], 0)), h(label), h(fmt(va, digits)), h(fmt(vb, digits)), h(delta)])
-    diff = table(["level", "metric", h(ra["uid"]), h(rb["uid"]), "change"], rows, "diff") if rows else \
-        '<p class="note">the two runs share no load level</p>'
-    body = (f"<h1>Compare {h(ra['uid'])} and {h(rb['uid'])}</h1>{picker}<h2>At the levels both ran</h2>{diff}"
-            f'<div class="cols"><div class="run-a"><h2>{h(ra["uid"])}</h2>{_run_meta(ra)}'
-            f'{levels_table(ra["uid"], ra["levels"])}</div><div class="run-b"><h2>{h(rb["uid"])}</h2>{_run_meta(rb)}'
-            f'{levels_table(rb["uid"], rb["levels"])}</div></div>')
+    diff = (
+        table(["level", "metric", h(ra["uid"]), h(rb["uid"]), "change"], rows, "diff")
+        if rows
+        else '<p class="note">the two runs share no load level</p>'
+    )
+    body = (
+        f"<h1>Compare {h(ra['uid'])} and {h(rb['uid'])}</h1>{picker}<h2>At the levels both ran</h2>{diff}"
+        f'<div class="cols"><div class="run-a"><h2>{h(ra["uid"])}</h2>{_run_meta(ra)}'
+        f'{levels_table(ra["uid"], ra["levels"])}</div><div class="run-b"><h2>{h(rb["uid"])}</h2>{_run_meta(rb)}'
+        f"{levels_table(rb['uid'], rb['levels'])}</div></div>"
+    )
     return _html("compare runs", body)
 
 
@@ -256,9 +361,23 @@ def plans_page(store: Store) -> Response:
         plans = PlanRepo(store).plans()
     except Exception as exc:  # no plan module or tables in this servelab
         return _html("plans", f"<h1>Plans</h1><p class=note>not available: {h(exc)}</p>")
-    body = "<h1>Plans</h1>" + (table(["plan", "items", "open", "study"], [
-        [f'<a href="/plan/{quote(p["name"])}">{h(p["name"])}</a>', str(p["items"]), str(p["open"]),
-         h(p.get("study_uid") or "-")] for p in plans], "plans") if plans else "<p>no plans stored yet</p>")
+    body = "<h1>Plans</h1>" + (
+        table(
+            ["plan", "items", "open", "study"],
+            [
+                [
+                    f'<a href="/plan/{quote(p["name"])}">{h(p["name"])}</a>',
+                    str(p["items"]),
+                    str(p["open"]),
+                    h(p.get("study_uid") or "-"),
+                ]
+                for p in plans
+            ],
+            "plans",
+        )
+        if plans
+        else "<p>no plans stored yet</p>"
+    )
     return _html("plans", body)
 
 

@@ -19,8 +19,12 @@ from servelab.errors import ServelabError, UserError
 from servelab.store import open_store
 from servelab.ui.pages import Response, route
 
-SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
-                    "Cache-Control": "no-store"}
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 def is_loopback(host: str) -> bool:
@@ -91,12 +95,16 @@ def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | None 
     try:
         return cls((host, port), handler)
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                        hint="choose another --port (0 picks a free one) or --host") from exc
+        raise UserError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="choose another --port (0 picks a free one) or --host",
+        ) from exc
 
 
 def serve_in_thread(server: UIServer) -> threading.Thread:
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="servelab-ui", daemon=True)
+    t = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="servelab-ui", daemon=True
+    )
     t.start()
     return t
 

@@ -102,11 +102,19 @@ class Caller:
 
     def body(self, prompt: Prompt, max_tokens: int | None) -> dict[str, Any]:
         key = "messages" if self.api == "chat" else "prompt"
-        return {"model": self.model, key: self.normalize(prompt), "max_tokens": max_tokens or self.max_tokens, "temperature": 0,
-                "stream": False, **self.extras}
+        return {
+            "model": self.model,
+            key: self.normalize(prompt),
+            "max_tokens": max_tokens or self.max_tokens,
+            "temperature": 0,
+            "stream": False,
+            **self.extras,
+        }
 
     async def _send(self, prompt: Prompt, max_tokens: int | None) -> tuple[int, bytes, str | None]:
-        res = await self.client.send(self.client.build_request(self.path, self.body(prompt, max_tokens)), mode="raw")
+        res = await self.client.send(
+            self.client.build_request(self.path, self.body(prompt, max_tokens)), mode="raw"
+        )
         return res.status, res.body, res.error_kind and f"{res.error_kind}: {res.error_message}"
 
     async def complete(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
@@ -120,7 +128,9 @@ class Caller:
         status, body, err = await self._send(prompt, max_tokens)
         if status == 200:
             return parse_body(self.normalize(prompt), body)
-        return Completion(self.normalize(prompt), error=err or f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}")
+        return Completion(
+            self.normalize(prompt), error=err or f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+        )
 
     async def _probe(self, prompt: Prompt, max_tokens: int | None) -> Completion:
         status, body, err = await self._send(prompt, max_tokens)
@@ -133,10 +143,14 @@ class Caller:
         if status == 0:
             raise ServerError(f"cannot reach {self.client.endpoint.host_header}: {err}")
         if status in (401, 403):
-            raise ServerError(f"the server refused the request (HTTP {status})",
-                              hint="pass --api-key (or set OPENAI_API_KEY) with a key the server accepts")
+            raise ServerError(
+                f"the server refused the request (HTTP {status})",
+                hint="pass --api-key (or set OPENAI_API_KEY) with a key the server accepts",
+            )
         if status != 200:
             text = body[:300].decode("utf-8", "replace")
-            raise ServerError(f"{self.path} for model {self.model!r} answered HTTP {status}: {text}",
-                              hint="check --model against `curl URL/v1/models`, and --api (completions or chat)")
+            raise ServerError(
+                f"{self.path} for model {self.model!r} answered HTTP {status}: {text}",
+                hint="check --model against `curl URL/v1/models`, and --api (completions or chat)",
+            )
         return parse_body(self.normalize(prompt), body)

@@ -80,11 +80,16 @@ def judge_reference(
     tokens = ref.get("tokens") or []
     etoks = ref.get("engine_tokens") or []
     if div is not None and div < len(ref_ids) and div < len(eng):
-        out["at_divergence"] = {"engine": _tok(eng[div], etoks, div), "reference": _tok(ref_ids[div], tokens, div)}
+        out["at_divergence"] = {
+            "engine": _tok(eng[div], etoks, div),
+            "reference": _tok(ref_ids[div], tokens, div),
+        }
     if bad is not None:
         pos = bad["pos"]
         out["first_rejected"] = {
-            "pos": pos, "gap": round(bad["gap"], 4), "rank": bad["rank"],
+            "pos": pos,
+            "gap": round(bad["gap"], 4),
+            "rank": bad["rank"],
             "engine": {"id": bad["engine_id"], "text": bad.get("engine_text", "")},
             "reference": {"id": bad["ref_top_id"], "text": bad.get("ref_top_text", "")},
         }
@@ -92,7 +97,8 @@ def judge_reference(
         out["ok"] = False
         out["prompt_mismatch"] = {
             "first_difference": first_divergence(engine_prompt_ids, ref["prompt_ids"]),
-            "engine": engine_prompt_ids[:32], "reference": ref["prompt_ids"][:32],
+            "engine": engine_prompt_ids[:32],
+            "reference": ref["prompt_ids"][:32],
         }
     return out
 

@@ -29,22 +29,36 @@ def judge_repeats(repeats: list[Completion]) -> Check:
     prompt = repeats[0].prompt
     seqs = [r.tokens() for r in repeats]
     unit = "token ids" if all(r.token_ids is not None for r in repeats) else "words"
-    ev: dict[str, Any] = {"prompt": prompt, "runs": len(repeats), "compared": unit,
-                          "answers": [_brief(r) for r in repeats]}
+    ev: dict[str, Any] = {
+        "prompt": prompt,
+        "runs": len(repeats),
+        "compared": unit,
+        "answers": [_brief(r) for r in repeats],
+    }
     later = seqs[1:]
     for i in range(1, len(later)):
         d = first_divergence(later[0], later[i])
         if d is not None:
             ev["first_divergence"] = d
-            return Check("determinism", False, "error",
-                         f"the same greedy request, sent alone, answered differently on runs 2 and {i + 2} "
-                         f"(first difference at token {d}): sampling is not greedy, or the server is broken", ev)
+            return Check(
+                "determinism",
+                False,
+                "error",
+                f"the same greedy request, sent alone, answered differently on runs 2 and {i + 2} "
+                f"(first difference at token {d}): sampling is not greedy, or the server is broken",
+                ev,
+            )
     d = first_divergence(seqs[0], seqs[1]) if len(seqs) > 1 else None
     if d is not None:
         ev["first_divergence"] = d
-        return Check("determinism", False, "warning",
-                     f"the first (cold) answer differs from the later identical ones at token {d}: a warm-up "
-                     "path (prefix cache, lazily captured graphs) rounds differently", ev)
+        return Check(
+            "determinism",
+            False,
+            "warning",
+            f"the first (cold) answer differs from the later identical ones at token {d}: a warm-up "
+            "path (prefix cache, lazily captured graphs) rounds differently",
+            ev,
+        )
     return Check("determinism", True, "info", f"{len(repeats)} lone greedy repeats gave identical {unit}", ev)
 
 
@@ -54,13 +68,30 @@ def judge_concurrent(pairs: list[tuple[Completion, Completion]]) -> Check:
     for alone, busy in pairs:
         d = first_divergence(alone.tokens(), busy.tokens())
         if d is not None:
-            diffs.append({"prompt": alone.prompt, "first_divergence": d, "alone": _brief(alone), "concurrent": _brief(busy)})
+            diffs.append(
+                {
+                    "prompt": alone.prompt,
+                    "first_divergence": d,
+                    "alone": _brief(alone),
+                    "concurrent": _brief(busy),
+                }
+            )
     ev: dict[str, Any] = {"requests": len(pairs), "differing": len(diffs), "differences": diffs[:8]}
     if diffs:
         earliest = min(x["first_divergence"] for x in diffs)
-        return Check("batch_invariance", False, "warning",
-                     f"{len(diffs)} of {len(pairs)} answers sent concurrently differ from the same request sent alone "
-                     f"(earliest at token {earliest}): the engine is not batch-invariant; expected for most engines, "
-                     "but greedy results then depend on load", ev)
-    return Check("batch_invariance", True, "info",
-                 f"{len(pairs)} answers sent concurrently match the same requests sent alone", ev)
+        return Check(
+            "batch_invariance",
+            False,
+            "warning",
+            f"{len(diffs)} of {len(pairs)} answers sent concurrently differ from the same request sent alone "
+            f"(earliest at token {earliest}): the engine is not batch-invariant; expected for most engines, "
+            "but greedy results then depend on load",
+            ev,
+        )
+    return Check(
+        "batch_invariance",
+        True,
+        "info",
+        f"{len(pairs)} answers sent concurrently match the same requests sent alone",
+        ev,
+    )

@@ -54,14 +54,22 @@ def inspect(text: str, token_ids: list[int] | None = None, finish_reason: str | 
     if not text.strip():
         # A model may legitimately end at once; an empty answer cut by the length limit cannot be.
         sev: Severity = "warning" if finish_reason == "stop" else "error"
-        found.append(Finding("empty", sev, f"empty answer (finish_reason={finish_reason})", sig["empty"]["advice"]))
+        found.append(
+            Finding("empty", sev, f"empty answer (finish_reason={finish_reason})", sig["empty"]["advice"])
+        )
         return found
     chars = [c for c in text if not c.isspace()]
     ch, n = longest_run(text)
     run = sig["char_run"]
     if not ch.isalnum() and n >= run["min_run"] and n / max(len(chars), 1) >= run["min_fraction"]:
-        found.append(Finding("char_run", "error", f"{ch!r} repeated {n} times ({n / len(chars):.0%} of the answer)",
-                             run["advice"]))
+        found.append(
+            Finding(
+                "char_run",
+                "error",
+                f"{ch!r} repeated {n} times ({n / len(chars):.0%} of the answer)",
+                run["advice"],
+            )
+        )
     same = sig["same_token"]
     units: list[Any] = token_ids if token_ids is not None else text.split()
     if len(units) >= same["min_tokens"] and len(set(units)) == 1:
@@ -71,5 +79,7 @@ def inspect(text: str, token_ids: list[int] | None = None, finish_reason: str | 
     rep = sig["replacement_char"]
     if bad and bad / len(text) > rep["warn_fraction"]:
         sev = "error" if bad / len(text) >= rep["error_fraction"] else "warning"
-        found.append(Finding("replacement_char", sev, f"{bad} U+FFFD characters in {len(text)}", rep["advice"]))
+        found.append(
+            Finding("replacement_char", sev, f"{bad} U+FFFD characters in {len(text)}", rep["advice"])
+        )
     return found

@@ -16,7 +16,9 @@ from servelab.verify.compare import DEFAULT_TOLERANCE, judge_reference
 from servelab.verify.result import Check
 
 SCRIPT = Path(__file__).with_name("reference.py")
-PYTHON_HINT = "pass --reference-python PATH: a python with torch and transformers (e.g. the engine's venv/bin/python)"
+PYTHON_HINT = (
+    "pass --reference-python PATH: a python with torch and transformers (e.g. the engine's venv/bin/python)"
+)
 DEFAULT_TIMEOUT_S = 900.0
 
 
@@ -29,51 +31,76 @@ def resolve_python(python: str | os.PathLike[str] | None) -> str:
         return str(path)
     if importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"):
         return sys.executable
-    raise ConfigError(f"{sys.executable} cannot import transformers and torch, which the hf reference needs",
-                      hint=PYTHON_HINT)
+    raise ConfigError(
+        f"{sys.executable} cannot import transformers and torch, which the hf reference needs",
+        hint=PYTHON_HINT,
+    )
 
 
 def check_model_dir(path: str | os.PathLike[str]) -> Path:
     p = Path(path).expanduser().resolve()
     if not (p / "config.json").is_file():
-        raise ConfigError(f"hf reference {p} is not a model directory (no config.json)",
-                          hint="use --reference hf:PATH with a local Hugging Face model directory (the served weights)")
+        raise ConfigError(
+            f"hf reference {p} is not a model directory (no config.json)",
+            hint="use --reference hf:PATH with a local Hugging Face model directory (the served weights)",
+        )
     return p
 
 
-async def run_reference(python: str, request: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+async def run_reference(
+    python: str, request: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, Any]:
     """Run reference.py as a subprocess: JSON request on stdin, one JSON object on stdout."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = await asyncio.create_subprocess_exec(
-        python, str(SCRIPT), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env,
+        python,
+        str(SCRIPT),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(json.dumps(request).encode()), timeout_s)
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        raise EngineError(f"the transformers reference did not finish within {timeout_s:.0f}s",
-                          hint="use fewer/shorter prompts (--max-tokens) or a smaller model") from None
+        raise EngineError(
+            f"the transformers reference did not finish within {timeout_s:.0f}s",
+            hint="use fewer/shorter prompts (--max-tokens) or a smaller model",
+        ) from None
     try:
         data = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
         data = {"ok": False, "error": err.decode(errors="replace")[-1500:] or f"exit code {proc.returncode}"}
     if not data.get("ok"):
-        raise EngineError(f"the transformers reference failed: {data.get('error')}",
-                          hint=f"run it by hand: echo REQUEST_JSON | {python} {SCRIPT}; " + PYTHON_HINT)
+        raise EngineError(
+            f"the transformers reference failed: {data.get('error')}",
+            hint=f"run it by hand: echo REQUEST_JSON | {python} {SCRIPT}; " + PYTHON_HINT,
+        )
     return data
 
 
-def build_request(model_dir: Path, answers: list[Completion], *, chat: bool, max_tokens: int,
-                  dtype: str = "auto") -> dict[str, Any]:
+def build_request(
+    model_dir: Path, answers: list[Completion], *, chat: bool, max_tokens: int, dtype: str = "auto"
+) -> dict[str, Any]:
     items = []
     for a in answers:
-        item: dict[str, Any] = {"prompt": a.prompt, "engine_ids": a.token_ids,
-                                "engine_text": None if a.token_ids is not None else a.text}
+        item: dict[str, Any] = {
+            "prompt": a.prompt,
+            "engine_ids": a.token_ids,
+            "engine_text": None if a.token_ids is not None else a.text,
+        }
         items.append(item)
-    return {"model_dir": str(model_dir), "dtype": dtype, "max_tokens": max_tokens, "chat": chat,
-            "add_special_tokens": True, "top": 5, "items": items}
+    return {
+        "model_dir": str(model_dir),
+        "dtype": dtype,
+        "max_tokens": max_tokens,
+        "chat": chat,
+        "add_special_tokens": True,
+        "top": 5,
+        "items": items,
+    }
 
 
 def judge(answers: list[Completion], data: dict[str, Any], *, tolerance: float = DEFAULT_TOLERANCE) -> Check:
@@ -82,7 +109,9 @@ def judge(answers: list[Completion], data: dict[str, Any], *, tolerance: float =
     per: list[dict[str, Any]] = []
     for a, ref in zip(answers, data["results"], strict=True):
         engine_ids = ref.get("engine_ids") or []
-        verdict = judge_reference(engine_ids, ref, eos, tolerance=tolerance, engine_prompt_ids=a.prompt_token_ids)
+        verdict = judge_reference(
+            engine_ids, ref, eos, tolerance=tolerance, engine_prompt_ids=a.prompt_token_ids
+        )
         verdict["prompt"] = a.prompt
         verdict["engine_text"] = a.text
         verdict["reference_text"] = ref["text"]
@@ -90,29 +119,47 @@ def judge(answers: list[Completion], data: dict[str, Any], *, tolerance: float =
         per.append(verdict)
     failed = [p for p in per if not p["ok"]]
     flips = [p for p in per if p["ok"] and p["first_divergence"] is not None]
-    evidence = {"reference": data.get("model_dir"), "dtype": data.get("dtype"), "versions": data.get("versions"),
-                "tolerance_nats": tolerance, "prompts": per}
+    evidence = {
+        "reference": data.get("model_dir"),
+        "dtype": data.get("dtype"),
+        "versions": data.get("versions"),
+        "tolerance_nats": tolerance,
+        "prompts": per,
+    }
     if failed:
         f = failed[0]
         return Check("reference", False, "error", _failure_detail(f, len(failed), len(per)), evidence)
     if flips:
         pos = ", ".join(str(p["first_divergence"]) for p in flips)
-        return Check("reference", True, "warning",
-                     f"{len(per)} prompts agree with the transformers reference under teacher forcing; {len(flips)} "
-                     f"greedy texts part at near-tied tokens (positions {pos}; largest gap "
-                     f"{max(p['max_gap'] for p in flips):.3f} nats ≤ {tolerance}): numerical noise, not wrong weights",
-                     evidence)
-    return Check("reference", True, "info",
-                 f"all {len(per)} prompts match the transformers reference token for token", evidence)
+        return Check(
+            "reference",
+            True,
+            "warning",
+            f"{len(per)} prompts agree with the transformers reference under teacher forcing; {len(flips)} "
+            f"greedy texts part at near-tied tokens (positions {pos}; largest gap "
+            f"{max(p['max_gap'] for p in flips):.3f} nats ≤ {tolerance}): numerical noise, not wrong weights",
+            evidence,
+        )
+    return Check(
+        "reference",
+        True,
+        "info",
+        f"all {len(per)} prompts match the transformers reference token for token",
+        evidence,
+    )
 
 
 def _failure_detail(f: dict[str, Any], n_failed: int, n: int) -> str:
     head = f"{n_failed} of {n} prompts disagree with the transformers reference"
     if f.get("prompt_mismatch"):
-        return (f"{head}: the server tokenized prompt {f['prompt']!r} differently (first difference at prompt "
-                f"token {f['prompt_mismatch']['first_difference']}): check BOS / chat template handling")
+        return (
+            f"{head}: the server tokenized prompt {f['prompt']!r} differently (first difference at prompt "
+            f"token {f['prompt_mismatch']['first_difference']}): check BOS / chat template handling"
+        )
     r = f["first_rejected"]
-    return (f"{head}: first divergence at token {f['first_divergence']} of prompt {f['prompt']!r}; at token "
-            f"{r['pos']} the engine chose {r['engine'].get('text', '')!r} (id {r['engine']['id']}) where the "
-            f"reference's top is {r['reference'].get('text', '')!r} (id {r['reference']['id']}), "
-            f"{r['gap']:.3f} nats below it (rank {r['rank']})")
+    return (
+        f"{head}: first divergence at token {f['first_divergence']} of prompt {f['prompt']!r}; at token "
+        f"{r['pos']} the engine chose {r['engine'].get('text', '')!r} (id {r['engine']['id']}) where the "
+        f"reference's top is {r['reference'].get('text', '')!r} (id {r['reference']['id']}), "
+        f"{r['gap']:.3f} nats below it (rank {r['rank']})"
+    )

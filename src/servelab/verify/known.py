@@ -14,8 +14,10 @@ from servelab.verify.calls import Completion
 from servelab.verify.result import Check
 
 DEFAULT_SET = "default"
-FILE_HINT = ("a TOML file with `min_pass = 0.75`, `max_tokens = 16` and [[item]] tables holding id, prompt "
-             "and/or chat, and expect_any = [..]; see src/servelab/data/verify/known_answers.toml")
+FILE_HINT = (
+    "a TOML file with `min_pass = 0.75`, `max_tokens = 16` and [[item]] tables holding id, prompt "
+    "and/or chat, and expect_any = [..]; see src/servelab/data/verify/known_answers.toml"
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ def parse(data: dict[str, Any], name: str) -> AnswerSet:
         )
         return AnswerSet(name, items, float(data.get("min_pass", 0.75)), int(data.get("max_tokens", 16)))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"known-answer set {name} is malformed ({type(exc).__name__}: {exc})",
-                          hint=FILE_HINT) from exc
+        raise ConfigError(
+            f"known-answer set {name} is malformed ({type(exc).__name__}: {exc})", hint=FILE_HINT
+        ) from exc
 
 
 def load(spec: str) -> AnswerSet:
@@ -58,8 +61,9 @@ def load(spec: str) -> AnswerSet:
         return parse(tomllib.loads(text), DEFAULT_SET)
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise ConfigError(f"--known-answers {spec!r} is neither `default`, `auto`, `none` nor a file",
-                          hint=FILE_HINT)
+        raise ConfigError(
+            f"--known-answers {spec!r} is neither `default`, `auto`, `none` nor a file", hint=FILE_HINT
+        )
     try:
         return parse(tomllib.loads(path.read_text()), str(path))
     except tomllib.TOMLDecodeError as exc:
@@ -78,19 +82,39 @@ def judge(answer_set: AnswerSet, answers: list[tuple[Item, Completion]]) -> Chec
     per = []
     for item, c in answers:
         hit = matches(c.text, item.expect_any) if c.ok else None
-        per.append({"id": item.id, "prompt": c.prompt, "ok": hit is not None, "answer": c.text[:200],
-                    "expected_any": list(item.expect_any), **({"error": c.error} if c.error else {})})
+        per.append(
+            {
+                "id": item.id,
+                "prompt": c.prompt,
+                "ok": hit is not None,
+                "answer": c.text[:200],
+                "expected_any": list(item.expect_any),
+                **({"error": c.error} if c.error else {}),
+            }
+        )
     passed = sum(p["ok"] for p in per)
     need = answer_set.min_pass
     ev = {"set": answer_set.name, "passed": passed, "total": len(per), "min_pass": need, "items": per}
     if not per:
-        return Check("known_answers", False, "warning", f"set {answer_set.name} has no items for this API", ev)
+        return Check(
+            "known_answers", False, "warning", f"set {answer_set.name} has no items for this API", ev
+        )
     missed = [p["id"] for p in per if not p["ok"]]
     if passed / len(per) < need:
-        return Check("known_answers", False, "error",
-                     f"only {passed} of {len(per)} known answers are right (need {need:.0%}); missed: "
-                     f"{', '.join(missed)} (e.g. {per[[p['id'] for p in per].index(missed[0])]['answer']!r})", ev)
+        return Check(
+            "known_answers",
+            False,
+            "error",
+            f"only {passed} of {len(per)} known answers are right (need {need:.0%}); missed: "
+            f"{', '.join(missed)} (e.g. {per[[p['id'] for p in per].index(missed[0])]['answer']!r})",
+            ev,
+        )
     if missed:
-        return Check("known_answers", True, "warning",
-                     f"{passed} of {len(per)} known answers right; missed {', '.join(missed)}", ev)
+        return Check(
+            "known_answers",
+            True,
+            "warning",
+            f"{passed} of {len(per)} known answers right; missed {', '.join(missed)}",
+            ev,
+        )
     return Check("known_answers", True, "info", f"all {len(per)} known answers right", ev)

@@ -73,8 +73,9 @@ def _greedy(torch: Any, model: Any, prompt_ids: list[int], max_tokens: int, eos:
     return out
 
 
-def _score(torch: Any, model: Any, tok: Any, prompt_ids: list[int], engine_ids: list[int],
-           top: int) -> list[dict[str, Any]]:
+def _score(
+    torch: Any, model: Any, tok: Any, prompt_ids: list[int], engine_ids: list[int], top: int
+) -> list[dict[str, Any]]:
     """Teacher forcing: the reference's view of every engine token, in one forward pass."""
     if not engine_ids:
         return []
@@ -88,11 +89,18 @@ def _score(torch: Any, model: Any, tok: Any, prompt_ids: list[int], engine_ids: 
         lp = float(row[tid]) if 0 <= tid < row.shape[0] else float("-inf")
         rank = int((row > lp).sum()) if lp != float("-inf") else int(row.shape[0])
         vals, idx = row.topk(min(top, row.shape[0]))
-        steps.append({
-            "pos": pos, "engine_id": tid, "ref_top_id": best, "gap": float(row[best]) - lp, "rank": rank,
-            "engine_text": tok.decode([tid]), "ref_top_text": tok.decode([best]),
-            "top": [[int(i), float(v)] for v, i in zip(vals.tolist(), idx.tolist(), strict=True)],
-        })
+        steps.append(
+            {
+                "pos": pos,
+                "engine_id": tid,
+                "ref_top_id": best,
+                "gap": float(row[best]) - lp,
+                "rank": rank,
+                "engine_text": tok.decode([tid]),
+                "ref_top_text": tok.decode([best]),
+                "top": [[int(i), float(v)] for v, i in zip(vals.tolist(), idx.tolist(), strict=True)],
+            }
+        )
     return steps
 
 
@@ -121,16 +129,20 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
             # No ids from the server: re-tokenize its text (exact for word-level vocabularies, close otherwise).
             engine_ids = [int(i) for i in tok(item["engine_text"], add_special_tokens=False)["input_ids"]]
             retokenized = True
-        results.append({
-            "prompt_ids": prompt_ids,
-            "ids": ids,
-            "text": tok.decode(text_ids, skip_special_tokens=True),
-            "tokens": [tok.decode([i], skip_special_tokens=False) for i in ids],
-            "engine_ids": engine_ids,
-            "engine_tokens": [tok.decode([i], skip_special_tokens=False) for i in engine_ids or []],
-            "retokenized": retokenized,
-            "forced": _score(torch, model, tok, prompt_ids, engine_ids, int(req.get("top", 5))) if engine_ids else [],
-        })
+        results.append(
+            {
+                "prompt_ids": prompt_ids,
+                "ids": ids,
+                "text": tok.decode(text_ids, skip_special_tokens=True),
+                "tokens": [tok.decode([i], skip_special_tokens=False) for i in ids],
+                "engine_ids": engine_ids,
+                "engine_tokens": [tok.decode([i], skip_special_tokens=False) for i in engine_ids or []],
+                "retokenized": retokenized,
+                "forced": _score(torch, model, tok, prompt_ids, engine_ids, int(req.get("top", 5)))
+                if engine_ids
+                else [],
+            }
+        )
     return {
         "ok": True,
         "model_dir": path,

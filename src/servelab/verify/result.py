@@ -26,8 +26,13 @@ class Check:
         return not self.ok and self.severity == "error"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "severity": self.severity, "detail": self.detail,
-                "evidence": self.evidence}
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "severity": self.severity,
+            "detail": self.detail,
+            "evidence": self.evidence,
+        }
 
 
 @dataclass
@@ -56,8 +61,14 @@ class VerifyResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "url": self.url, "model": self.model, "api": self.api, "reference": self.reference,
-            "known_answers": self.known_answers, "failed": [c.name for c in self.failures],
-            "warnings": [c.name for c in self.warnings], "notes": self.notes,
+            "ok": self.ok,
+            "url": self.url,
+            "model": self.model,
+            "api": self.api,
+            "reference": self.reference,
+            "known_answers": self.known_answers,
+            "failed": [c.name for c in self.failures],
+            "warnings": [c.name for c in self.warnings],
+            "notes": self.notes,
             "checks": [c.to_dict() for c in self.checks],
         }

@@ -87,11 +87,15 @@ async def verify_output(
     python = hfref.resolve_python(reference_python) if ref.kind == "hf" else None
     answer_set = resolve_known(known_answers, ref)
     probes = list(prompts or PROBES)
-    result = VerifyResult(url, model, api, reference=str(ref), known_answers=answer_set.name if answer_set else "none")
+    result = VerifyResult(
+        url, model, api, reference=str(ref), known_answers=answer_set.name if answer_set else "none"
+    )
     try:
         client = Client(url, api_key=api_key, timeout_s=timeout_s)
     except ValueError as exc:
-        raise ConfigError(str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000") from exc
+        raise ConfigError(
+            str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000"
+        ) from exc
     caller = Caller(client, model, api, max_tokens)
     try:
         alone = [await caller.complete(p) for p in probes]
@@ -101,12 +105,18 @@ async def verify_output(
         known_pairs: list[tuple[known.Item, Completion]] = []
         if answer_set is not None:
             for item, text in answer_set.prompts(api):
-                known_pairs.append((item, await caller.complete(text, max(answer_set.max_tokens, max_tokens))))
+                known_pairs.append(
+                    (item, await caller.complete(text, max(answer_set.max_tokens, max_tokens)))
+                )
     finally:
         client.close()
     result.notes.extend(caller.notes)
-    everything = [("alone", c) for c in alone] + [("repeat", c) for c in reps[1:]] + [
-        ("concurrent", c) for c in busy] + [("known", c) for _, c in known_pairs]
+    everything = (
+        [("alone", c) for c in alone]
+        + [("repeat", c) for c in reps[1:]]
+        + [("concurrent", c) for c in busy]
+        + [("known", c) for _, c in known_pairs]
+    )
     result.checks.append(_requests_check(everything))
     # Failed requests are the `requests` check's finding; determinism compares only real answers.
     if len(reps_ok := [c for c in reps if c.ok]) >= 2:
@@ -121,8 +131,9 @@ async def verify_output(
         ref_check = simref.judge(model, lone_ok)
     elif ref.kind == "hf" and lone_ok:
         assert ref.path is not None and python is not None
-        request = hfref.build_request(ref.path, lone_ok, chat=api == "chat", max_tokens=max_tokens,
-                                      dtype=reference_dtype)
+        request = hfref.build_request(
+            ref.path, lone_ok, chat=api == "chat", max_tokens=max_tokens, dtype=reference_dtype
+        )
         data = await hfref.run_reference(python, request)
         ref_check = hfref.judge(lone_ok, data, tolerance=tolerance)
     result.checks.insert(1, _garbage_check(everything, ref_check, alone))
@@ -135,12 +146,19 @@ def _requests_check(answers: list[tuple[str, Completion]]) -> Check:
     failed = [{"phase": phase, "prompt": c.prompt, "error": c.error} for phase, c in answers if not c.ok]
     ev = {"sent": len(answers), "failed": len(failed), "errors": failed[:8]}
     if failed:
-        return Check("requests", False, "error",
-                     f"{len(failed)} of {len(answers)} greedy requests failed; first: {failed[0]['error']}", ev)
+        return Check(
+            "requests",
+            False,
+            "error",
+            f"{len(failed)} of {len(answers)} greedy requests failed; first: {failed[0]['error']}",
+            ev,
+        )
     return Check("requests", True, "info", f"all {len(answers)} greedy requests answered", ev)
 
 
-def _garbage_check(answers: list[tuple[str, Completion]], ref_check: Check | None, alone: list[Completion]) -> Check:
+def _garbage_check(
+    answers: list[tuple[str, Completion]], ref_check: Check | None, alone: list[Completion]
+) -> Check:
     """Garbage findings over every answer; an answer the reference vouched for is the model's own
     behaviour (a tiny random model may loop on one token), so its findings become warnings."""
     vouched = {c.text for c in alone} if ref_check is not None and ref_check.ok else set()
@@ -162,10 +180,20 @@ def _garbage_check(answers: list[tuple[str, Completion]], ref_check: Check | Non
     errors = [f for f in findings if f["severity"] == "error"]
     if errors:
         f = errors[0]
-        return Check("garbage", False, "error",
-                     f"{bad_answers} of {len(answers)} answers look like garbage: {f['message']} in the answer to {f['prompt']!r} "
-                     f"({f['answer'][:60]!r}). {f['advice']}", ev)
+        return Check(
+            "garbage",
+            False,
+            "error",
+            f"{bad_answers} of {len(answers)} answers look like garbage: {f['message']} in the answer to {f['prompt']!r} "
+            f"({f['answer'][:60]!r}). {f['advice']}",
+            ev,
+        )
     if findings:
-        return Check("garbage", False, "warning",
-                     f"{len(findings)} minor findings: {findings[0]['message']} ({findings[0]['phase']})", ev)
+        return Check(
+            "garbage",
+            False,
+            "warning",
+            f"{len(findings)} minor findings: {findings[0]['message']} ({findings[0]['phase']})",
+            ev,
+        )
     return Check("garbage", True, "info", f"no garbage signature in {len(answers)} answers", ev)

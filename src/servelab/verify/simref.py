@@ -19,19 +19,33 @@ def judge(model: str, answers: list[Completion]) -> Check:
         n = max(len(engine_words), a.completion_tokens or 0)
         ref_words = [w.strip() for w in greedy_words(model, a.prompt, n)]
         div = word_divergence(engine_words, ref_words)
-        item: dict[str, Any] = {"prompt": a.prompt, "ok": div is None, "first_divergence": div,
-                                "engine_text": a.text[:300], "reference_text": " ".join(ref_words)[:300]}
+        item: dict[str, Any] = {
+            "prompt": a.prompt,
+            "ok": div is None,
+            "first_divergence": div,
+            "engine_text": a.text[:300],
+            "reference_text": " ".join(ref_words)[:300],
+        }
         if div is not None:
-            item["at_divergence"] = {"engine": engine_words[div] if div < len(engine_words) else None,
-                                     "reference": ref_words[div] if div < len(ref_words) else None}
+            item["at_divergence"] = {
+                "engine": engine_words[div] if div < len(engine_words) else None,
+                "reference": ref_words[div] if div < len(ref_words) else None,
+            }
         per.append(item)
     failed = [p for p in per if not p["ok"]]
     evidence = {"reference": "sim", "model": model, "prompts": per}
     if failed:
         f = failed[0]
         at = f.get("at_divergence", {})
-        return Check("reference", False, "error",
-                     f"{len(failed)} of {len(per)} prompts differ from the simulator's reference text: prompt "
-                     f"{f['prompt']!r} diverges at token {f['first_divergence']} (engine {at.get('engine')!r}, "
-                     f"reference {at.get('reference')!r})", evidence)
-    return Check("reference", True, "info", f"all {len(per)} answers are the simulator's reference text", evidence)
+        return Check(
+            "reference",
+            False,
+            "error",
+            f"{len(failed)} of {len(per)} prompts differ from the simulator's reference text: prompt "
+            f"{f['prompt']!r} diverges at token {f['first_divergence']} (engine {at.get('engine')!r}, "
+            f"reference {at.get('reference')!r})",
+            evidence,
+        )
+    return Check(
+        "reference", True, "info", f"all {len(per)} answers are the simulator's reference text", evidence
+    )

@@ -24,7 +24,11 @@ class _Transport:
 
 def _chunked(events: list[bytes]) -> bytes:
     body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
-    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        + body
+        + b"0\r\n\r\n"
+    )
 
 
 def _sse(obj: object) -> bytes:
@@ -86,14 +90,19 @@ def test_empty_chunks_count_like_vllm_bench_serve() -> None:
     """The role chunk (and any chunk with a choice) is a token event; a bare closing chunk is not."""
     res = feed(_chunked(_events(4, chat=True)), [10_000])
     assert res.ok and res.chunks == 5 and res.text == "t0t1t2t3"
-    evs = [_sse({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}),
-           _sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), b"data: [DONE]\n\n"]
+    evs = [
+        _sse({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}),
+        _sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        b"data: [DONE]\n\n",
+    ]
     res = feed(_chunked(evs), [10_000])
     assert res.ok and res.chunks == 1 and res.finish_reason == "stop"
 
 
 def test_close_delimited_body() -> None:
-    raw = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + b"".join(_events(2))
+    raw = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + b"".join(
+        _events(2)
+    )
     res = feed(raw, [len(raw)])
     assert res.ok and res.chunks == 2
 
@@ -130,8 +139,12 @@ def test_error_event_in_stream() -> None:
 
 
 def test_non_streaming_json_body() -> None:
-    body = json.dumps({"choices": [{"text": "hello", "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 3, "completion_tokens": 2}}).encode()
+    body = json.dumps(
+        {
+            "choices": [{"text": "hello", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        }
+    ).encode()
     raw = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
     res = feed(raw, [len(raw)], mode="json")
     assert res.ok and res.text == "hello" and res.completion_tokens == 2
@@ -167,7 +180,7 @@ def test_any_split_gives_the_same_result() -> None:
     """Whole stream in one read, or one byte per read: the same result."""
     evs = _events(50)
     evs.insert(3, _sse({"choices": [{"index": 0, "text": "", "finish_reason": None}]}))  # held-back text
-    evs.insert(5, _sse({"choices": [{"index": 0, "text": "say \"text\":\"x\"", "finish_reason": None}]}))
+    evs.insert(5, _sse({"choices": [{"index": 0, "text": 'say "text":"x"', "finish_reason": None}]}))
     raw = _chunked(evs)
     whole = feed(raw, [len(raw)])
     bytewise = feed(raw, [1] * len(raw))
@@ -178,8 +191,12 @@ def test_any_split_gives_the_same_result() -> None:
 
 
 def test_comment_error_and_scalar_events() -> None:
-    evs = [_sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}), b": keep-alive\n\n",
-           _sse({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]}), b"data: [DONE]\n\n"]
+    evs = [
+        _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}),
+        b": keep-alive\n\n",
+        _sse({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]}),
+        b"data: [DONE]\n\n",
+    ]
     res = feed(_chunked(evs), [10_000])
     assert res.ok and res.text == "ab"
     bad = feed(_chunked([_sse({"choices": [{"index": 0, "text": "a"}]}), _sse({"error": "x"})]), [10_000])

@@ -7,11 +7,30 @@ import pytest
 from servelab.bench import metrics as M
 
 
-def rec(idx: int, ttft: float, e2e: float, n: int, itl: list[float] | None = None, ok: bool = True,
-        start: float = 0.0, requested: int | None = None, kind: str | None = None) -> M.RequestRecord:
-    return M.RequestRecord(idx=idx, prompt_idx=idx, start_s=start, ok=ok, ttft_s=ttft if ok else None,
-                           e2e_s=e2e, itl_s=itl or [], input_tokens=10, output_tokens=n if ok else None,
-                           requested_output_tokens=requested, error_kind=kind)
+def rec(
+    idx: int,
+    ttft: float,
+    e2e: float,
+    n: int,
+    itl: list[float] | None = None,
+    ok: bool = True,
+    start: float = 0.0,
+    requested: int | None = None,
+    kind: str | None = None,
+) -> M.RequestRecord:
+    return M.RequestRecord(
+        idx=idx,
+        prompt_idx=idx,
+        start_s=start,
+        ok=ok,
+        ttft_s=ttft if ok else None,
+        e2e_s=e2e,
+        itl_s=itl or [],
+        input_tokens=10,
+        output_tokens=n if ok else None,
+        requested_output_tokens=requested,
+        error_kind=kind,
+    )
 
 
 def test_tpot_is_decode_time_over_n_minus_one() -> None:
@@ -83,12 +102,15 @@ def test_length_mismatch_reported() -> None:
     assert s["length_mismatch_examples"] == [{"idx": 1, "requested": 10, "got": 7}]
 
 
-@pytest.mark.parametrize("text,msg", [
-    ("ttft<=5", "unknown SLO metric"),
-    ("ttft_ms=5", "must look like"),
-    ("ttft_ms<=abc", "not a number"),
-    ("ttft_ms<=-1", "positive"),
-])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("ttft<=5", "unknown SLO metric"),
+        ("ttft_ms=5", "must look like"),
+        ("ttft_ms<=abc", "not a number"),
+        ("ttft_ms<=-1", "positive"),
+    ],
+)
 def test_bad_slo_explains(text: str, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         M.parse_slo(text)
@@ -97,9 +119,22 @@ def test_bad_slo_explains(text: str, msg: str) -> None:
 def test_vllm_compatible_field_names() -> None:
     s = M.summarize([rec(0, 0.1, 1.0, 10, itl=[0.1] * 9)], duration_s=1.0)
     v = M.vllm_compatible(s, {"max_concurrency": 1})
-    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms",
-                "median_e2el_ms", "output_throughput", "request_throughput", "total_token_throughput", "completed",
-                "total_output_tokens", "duration", "max_concurrency"):
+    for key in (
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "mean_itl_ms",
+        "median_e2el_ms",
+        "output_throughput",
+        "request_throughput",
+        "total_token_throughput",
+        "completed",
+        "total_output_tokens",
+        "duration",
+        "max_concurrency",
+    ):
         assert key in v, key
     assert v["median_ttft_ms"] == pytest.approx(100.0)
     assert v["median_tpot_ms"] == pytest.approx(100.0)

@@ -51,12 +51,15 @@ def test_sharegpt_reads_first_human_turn(tmp_path: Path) -> None:
     assert {(p.text, p.output_len) for p in wl.prompts} == {("a b c", 4), ("x y", 1)}
 
 
-@pytest.mark.parametrize("content,msg", [
-    ("not json", "not valid JSON"),
-    ('{"a": 1}', "must be a list"),
-    ('[{"x": 1}]', "no 'conversations' list"),
-    ('[{"conversations": []}]', "no usable"),
-])
+@pytest.mark.parametrize(
+    "content,msg",
+    [
+        ("not json", "not valid JSON"),
+        ('{"a": 1}', "must be a list"),
+        ('[{"x": 1}]', "no 'conversations' list"),
+        ('[{"conversations": []}]', "no usable"),
+    ],
+)
 def test_bad_sharegpt_is_a_clear_error(tmp_path: Path, content: str, msg: str) -> None:
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -75,7 +78,9 @@ def test_tokenizer_cuts_prompts_to_exact_length(tmp_path: Path) -> None:
     vocab = {w: i for i, w in enumerate(["[UNK]", *sorted(set(W._WORDS))])}
     vocab |= {str(i): len(vocab) + i for i in range(10)} | {":": len(vocab) + 10, "-": len(vocab) + 11}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
     tok.save(str(tmp_path / "tokenizer.json"))
     counter = W.TokenCounter(tmp_path)
     wl = W.synthetic(10, W.LengthSpec(37), W.LengthSpec(5), seed=2, counter=counter)

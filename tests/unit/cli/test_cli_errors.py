@@ -11,7 +11,9 @@ import pytest
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servelab", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "servelab", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def free_port() -> int:
@@ -25,17 +27,23 @@ def free_port() -> int:
 BASE = ["bench", "--url", "http://127.0.0.1:9", "--model", "m"]
 
 
-@pytest.mark.parametrize("extra,msg", [
-    (["--num-requests", "5"], "exactly one of --concurrency or --rate"),
-    (["--concurrency", "1", "--rate", "2", "--num-requests", "5"], "exactly one of --concurrency or --rate"),
-    (["--concurrency", "1,x", "--num-requests", "5"], "comma-separated list of numbers"),
-    (["--concurrency", "1"], "exactly one of --num-requests, --duration"),
-    (["--concurrency", "0", "--num-requests", "5"], "whole numbers"),
-    (["--concurrency", "2", "--num-requests", "5", "--slo", "ttft<=3"], "unknown SLO metric"),
-    (["--concurrency", "2", "--num-requests", "5", "--dataset", "/nonexistent.json"], "does not exist"),
-    (["--concurrency", "2", "--num-requests", "5", "--max-concurrency", "4"], "caps an open-loop"),
-    (["--concurrency", "2", "--num-requests", "5", "--workload", "sharegpt"], "needs --dataset"),
-])
+@pytest.mark.parametrize(
+    "extra,msg",
+    [
+        (["--num-requests", "5"], "exactly one of --concurrency or --rate"),
+        (
+            ["--concurrency", "1", "--rate", "2", "--num-requests", "5"],
+            "exactly one of --concurrency or --rate",
+        ),
+        (["--concurrency", "1,x", "--num-requests", "5"], "comma-separated list of numbers"),
+        (["--concurrency", "1"], "exactly one of --num-requests, --duration"),
+        (["--concurrency", "0", "--num-requests", "5"], "whole numbers"),
+        (["--concurrency", "2", "--num-requests", "5", "--slo", "ttft<=3"], "unknown SLO metric"),
+        (["--concurrency", "2", "--num-requests", "5", "--dataset", "/nonexistent.json"], "does not exist"),
+        (["--concurrency", "2", "--num-requests", "5", "--max-concurrency", "4"], "caps an open-loop"),
+        (["--concurrency", "2", "--num-requests", "5", "--workload", "sharegpt"], "needs --dataset"),
+    ],
+)
 def test_bad_bench_options(extra: list[str], msg: str) -> None:
     p = run(*BASE, *extra)
     assert p.returncode == 2, p.stderr
@@ -45,8 +53,17 @@ def test_bad_bench_options(extra: list[str], msg: str) -> None:
 
 
 def test_unreachable_server_is_reported_with_hint() -> None:
-    p = run("bench", "--url", f"http://127.0.0.1:{free_port()}", "--model", "m", "--concurrency", "1",
-            "--num-requests", "1")
+    p = run(
+        "bench",
+        "--url",
+        f"http://127.0.0.1:{free_port()}",
+        "--model",
+        "m",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "1",
+    )
     assert p.returncode == 1
     assert "cannot reach" in p.stderr and "hint:" in p.stderr and "Traceback" not in p.stderr
 
@@ -73,14 +90,17 @@ def test_version_and_module_entry() -> None:
     assert p.returncode == 0 and "servelab" in p.stdout
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["verify-output", "--url", "notaurl", "--model", "m"], "must look like http://HOST:PORT"),
-    (["ui", "--port", "99999"], "not in the range"),
-    (["preflight", "--port", "0"], "not in the range"),
-    (["sim", "--model", "GLM-5", "--gpu", "h100-sxm", "--port", "70000"], "not in the range"),
-    (["tune", "/nonexistent-study.toml"], "does not exist"),
-    (["logs", "parse", "--engine", "nope", "/etc/hostname"], "unknown engine 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["verify-output", "--url", "notaurl", "--model", "m"], "must look like http://HOST:PORT"),
+        (["ui", "--port", "99999"], "not in the range"),
+        (["preflight", "--port", "0"], "not in the range"),
+        (["sim", "--model", "GLM-5", "--gpu", "h100-sxm", "--port", "70000"], "not in the range"),
+        (["tune", "/nonexistent-study.toml"], "does not exist"),
+        (["logs", "parse", "--engine", "nope", "/etc/hostname"], "unknown engine 'nope'"),
+    ],
+)
 def test_bad_input_on_the_study_commands(args: list[str], msg: str) -> None:
     p = run(*args)
     assert p.returncode == 2, p.stderr

@@ -57,19 +57,22 @@ def test_add_start_done_show_history() -> None:
     assert "already in_progress" in run("plan", "start", "2").stdout
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["plan", "add", "x", "--priority", "urgent"], "unknown priority 'urgent'"),
-    (["plan", "start", "9"], "no item '9'"),
-    (["plan", "start", "2"], "waits for 1"),
-    (["plan", "add", "x", "--after", "7"], "unknown item(s) 7"),
-    (["plan", "add", "x", "--id", "1"], "already exists"),
-    (["plan", "block", "1", "--reason", ""], "needs a reason"),
-    (["plan", "block", "1"], "Missing option '--reason'"),
-    (["plan", "done", "9"], "no item '9'"),
-    (["plan", "show", "--plan", "s-nope"], "no plan 's-nope'"),
-    (["plan", "add", "x", "--bind-candidate", "nolabel"], "is not STUDY:LABEL"),
-    (["plan", "add", "x", "--requested", "tp_size"], "is not KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["plan", "add", "x", "--priority", "urgent"], "unknown priority 'urgent'"),
+        (["plan", "start", "9"], "no item '9'"),
+        (["plan", "start", "2"], "waits for 1"),
+        (["plan", "add", "x", "--after", "7"], "unknown item(s) 7"),
+        (["plan", "add", "x", "--id", "1"], "already exists"),
+        (["plan", "block", "1", "--reason", ""], "needs a reason"),
+        (["plan", "block", "1"], "Missing option '--reason'"),
+        (["plan", "done", "9"], "no item '9'"),
+        (["plan", "show", "--plan", "s-nope"], "no plan 's-nope'"),
+        (["plan", "add", "x", "--bind-candidate", "nolabel"], "is not STUDY:LABEL"),
+        (["plan", "add", "x", "--requested", "tp_size"], "is not KEY=VALUE"),
+    ],
+)
 def test_bad_input_exits_2_and_changes_nothing(args: list[str], msg: str) -> None:
     ok("plan", "add", "a")
     ok("plan", "add", "b", "--after", "1")
@@ -82,11 +85,15 @@ def test_bad_input_exits_2_and_changes_nothing(args: list[str], msg: str) -> Non
 
 def test_import_export_todowrite_round_trip(tmp_path: Path) -> None:
     todo = tmp_path / "todos.json"
-    todo.write_text(json.dumps([
-        {"id": "a", "content": "check the container", "status": "completed", "priority": "high"},
-        {"id": "b", "content": "run the study", "status": "in_progress", "priority": "medium"},
-        {"content": "write the report", "status": "pending", "priority": "low"},
-    ]))
+    todo.write_text(
+        json.dumps(
+            [
+                {"id": "a", "content": "check the container", "status": "completed", "priority": "high"},
+                {"id": "b", "content": "run the study", "status": "in_progress", "priority": "medium"},
+                {"content": "write the report", "status": "pending", "priority": "low"},
+            ]
+        )
+    )
     d = ok("plan", "import", str(todo))
     assert d["format"] == "todowrite" and d["added"] == ["a", "b", "1"]
     assert set(d) == {"plan", "format", "added", "updated", "unchanged", "missing", "pruned"}
@@ -112,15 +119,25 @@ def test_import_from_stdin_and_bad_files(tmp_path: Path) -> None:
     assert r.exit_code == 0 and json.loads(r.stdout)["added"] == ["1"]
     before = stored()
     bad = tmp_path / "bad.json"
-    for text, msg in [("{nope", "not valid JSON"), ('[{"content": "y", "status": "done"}]', "unknown status"),
-                      ('[{"content": "y", "status": "in_progress"}, {"content": "z", "status": "in_progress"}]',
-                       "two items in progress")]:
+    for text, msg in [
+        ("{nope", "not valid JSON"),
+        ('[{"content": "y", "status": "done"}]', "unknown status"),
+        (
+            '[{"content": "y", "status": "in_progress"}, {"content": "z", "status": "in_progress"}]',
+            "two items in progress",
+        ),
+    ]:
         bad.write_text(text)
         r = run("plan", "import", str(bad))
         assert r.exit_code == 2 and msg in r.stderr, r.output
     assert run("plan", "import", str(tmp_path / "missing.json")).exit_code == 2
-    cyc = {"format": "servelab-plan", "items": [{"id": "1", "content": "x", "depends_on": ["2"]},
-                                                {"id": "2", "content": "y", "depends_on": ["1"]}]}
+    cyc = {
+        "format": "servelab-plan",
+        "items": [
+            {"id": "1", "content": "x", "depends_on": ["2"]},
+            {"id": "2", "content": "y", "depends_on": ["1"]},
+        ],
+    }
     bad.write_text(json.dumps(cyc))
     r = run("plan", "import", str(bad))
     assert r.exit_code == 2 and "dependency cycle" in r.stderr
@@ -128,15 +145,27 @@ def test_import_from_stdin_and_bad_files(tmp_path: Path) -> None:
 
 
 def test_json_export_is_lossless_and_markdown_is_readable(tmp_path: Path) -> None:
-    ok("plan", "add", "check http://127.0.0.1:8000", "--requested", "moe_runner_backend=flashinfer_trtllm",
-       "--url", "http://127.0.0.1:8000", "--unit", "servelab-glm.service")
+    ok(
+        "plan",
+        "add",
+        "check http://127.0.0.1:8000",
+        "--requested",
+        "moe_runner_backend=flashinfer_trtllm",
+        "--url",
+        "http://127.0.0.1:8000",
+        "--unit",
+        "servelab-glm.service",
+    )
     ok("plan", "add", "b", "--after", "1")
     ok("plan", "block", "2", "--reason", "needs root")
     dump = tmp_path / "plan.json"
     assert run("plan", "export", "--format", "json", "-o", str(dump)).exit_code == 0
     data = json.loads(dump.read_text())
-    assert data["items"][0]["binding"] == {"requested": {"moe_runner_backend": "flashinfer_trtllm"},
-                                           "url": "http://127.0.0.1:8000", "unit": "servelab-glm.service"}
+    assert data["items"][0]["binding"] == {
+        "requested": {"moe_runner_backend": "flashinfer_trtllm"},
+        "url": "http://127.0.0.1:8000",
+        "unit": "servelab-glm.service",
+    }
     # Into a study's plan, then out again: identical items.
     with open_store() as s:
         _, uid = StudyRepo(s).create_study("glm", None, {}, "h")
@@ -153,23 +182,46 @@ def make_trial(status: str, effective: dict[str, Any], not_applied: list[dict[st
         sid, uid = repo.create_study("glm", None, {}, "h")
         cid = repo.add_candidate(sid, 0, "trtllm", {}, None)
         tid = repo.start_trial(cid, 0, "m")
-        repo.update_trial(tid, status=status, effective={"effective": effective, "evidence": {}},
-                          not_applied=not_applied)
+        repo.update_trial(
+            tid, status=status, effective={"effective": effective, "evidence": {}}, not_applied=not_applied
+        )
     return uid
 
 
 def test_bound_item_completes_only_with_an_applied_run() -> None:
-    uid = make_trial("not_applied", {"moe_runner_backend": "flashinfer_cutlass"}, [
-        {"key": "moe_runner_backend", "requested": "flashinfer_trtllm", "effective": "flashinfer_cutlass",
-         "evidence": "moe_runner_backend='flashinfer_cutlass'"}])
-    d = ok("plan", "add", "run trtllm", "--bind-candidate", f"{uid}:trtllm", "--requested",
-           "moe_runner_backend=flashinfer_trtllm")
-    assert d["item"]["binding"] == {"study": uid, "candidate": "trtllm",
-                                    "requested": {"moe_runner_backend": "flashinfer_trtllm"}}
+    uid = make_trial(
+        "not_applied",
+        {"moe_runner_backend": "flashinfer_cutlass"},
+        [
+            {
+                "key": "moe_runner_backend",
+                "requested": "flashinfer_trtllm",
+                "effective": "flashinfer_cutlass",
+                "evidence": "moe_runner_backend='flashinfer_cutlass'",
+            }
+        ],
+    )
+    d = ok(
+        "plan",
+        "add",
+        "run trtllm",
+        "--bind-candidate",
+        f"{uid}:trtllm",
+        "--requested",
+        "moe_runner_backend=flashinfer_trtllm",
+    )
+    assert d["item"]["binding"] == {
+        "study": uid,
+        "candidate": "trtllm",
+        "requested": {"moe_runner_backend": "flashinfer_trtllm"},
+    }
     ok("plan", "start", "1")
     before = stored()
-    for extra, msg in [([], "completes only with a run"), (["--run", f"{uid}:trtllm"], "did not take effect"),
-                       (["--run", f"{uid}:nope"], "no candidate 'nope'")]:
+    for extra, msg in [
+        ([], "completes only with a run"),
+        (["--run", f"{uid}:trtllm"], "did not take effect"),
+        (["--run", f"{uid}:nope"], "no candidate 'nope'"),
+    ]:
         r = run("plan", "done", "1", *extra)
         assert r.exit_code == 2 and msg in r.stderr, r.output
     assert stored() == before
@@ -177,8 +229,12 @@ def test_bound_item_completes_only_with_an_applied_run() -> None:
         repo = StudyRepo(s)
         cid = repo.candidates(repo.resolve(uid)["id"])[0]["id"]
         tid = repo.start_trial(cid, 1, "m")
-        repo.update_trial(tid, status="measured", effective={"effective": {"moe_runner_backend": "flashinfer_trtllm"},
-                                                             "evidence": {}}, not_applied=[])
+        repo.update_trial(
+            tid,
+            status="measured",
+            effective={"effective": {"moe_runner_backend": "flashinfer_trtllm"}, "evidence": {}},
+            not_applied=[],
+        )
     d = ok("plan", "done", "1", "--run", f"{uid}:trtllm")
     assert d["item"]["status"] == "completed" and d["item"]["evidence"][-1]["applied"] is True
     assert d["item"]["evidence"][-1]["run"] == f"{uid}:trtllm#1"
@@ -193,10 +249,28 @@ def test_study_plan_is_separate_from_the_workspace() -> None:
     assert ok("plan", "show")["items"] == []
 
 
-OBS = {"servers": [{"url": "http://127.0.0.1:8000", "up": True, "models": ["m"], "engine": "sglang",
-                    "effective": {"moe_runner_backend": "flashinfer_cutlass"}}],
-       "services": [{"unit": "servelab-glm.service", "active_state": "active", "sub_state": "running",
-                     "restarts": 0, "since": "Sun 2026-11-29 10:00:00 UTC"}], "gpus": [], "leftovers": {}}
+OBS = {
+    "servers": [
+        {
+            "url": "http://127.0.0.1:8000",
+            "up": True,
+            "models": ["m"],
+            "engine": "sglang",
+            "effective": {"moe_runner_backend": "flashinfer_cutlass"},
+        }
+    ],
+    "services": [
+        {
+            "unit": "servelab-glm.service",
+            "active_state": "active",
+            "sub_state": "running",
+            "restarts": 0,
+            "since": "Sun 2026-11-29 10:00:00 UTC",
+        }
+    ],
+    "gpus": [],
+    "leftovers": {},
+}
 
 
 def test_check_against_an_observation(tmp_path: Path) -> None:
@@ -211,7 +285,9 @@ def test_check_against_an_observation(tmp_path: Path) -> None:
     assert set(d) == {"plan", "checked", "observed", "findings"}
     assert d["checked"] == 2 and d["observed"] == {"servers": 1, "services": 1}
     assert [(f["item"], f["kind"], f["severity"]) for f in d["findings"]] == [
-        ("1", "config_mismatch", "warning"), ("2", "service_healthy", "warning")]
+        ("1", "config_mismatch", "warning"),
+        ("2", "service_healthy", "warning"),
+    ]
     human = run("plan", "check", "--observation", str(obs)).stdout
     assert "config_mismatch" in human and "flashinfer_cutlass" in human
     obs.write_text("[]")

@@ -11,11 +11,19 @@ from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 from servelab.tune import settings_for, spec_hash
 
-DIGEST = {"level": 4.0, "completed": 16, "failed": 0, "output_throughput": 1000.0, "tpot_ms_p50": 10.0,
-          "ttft_ms_p50": 100.0}
+DIGEST = {
+    "level": 4.0,
+    "completed": 16,
+    "failed": 0,
+    "output_throughput": 1000.0,
+    "tpot_ms_p50": 10.0,
+    "ttft_ms_p50": 100.0,
+}
 
 
-def study_data(engine: str, env: dict[str, str] | None = None, args: list[str] | None = None) -> dict[str, Any]:
+def study_data(
+    engine: str, env: dict[str, str] | None = None, args: list[str] | None = None
+) -> dict[str, Any]:
     options: dict[str, Any] = {"python": sys.executable}
     if engine == "sim":
         options.update(speed=50, fast_start=True)
@@ -30,9 +38,17 @@ def study_data(engine: str, env: dict[str, str] | None = None, args: list[str] |
     }
 
 
-def store_study(store: Store, engine: str = "sim", env: dict[str, str] | None = None, args: list[str] | None = None,
-                port: int = 8123, ready_s: float | None = 42.0, winner: str | None = "tp2",
-                digest: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+def store_study(
+    store: Store,
+    engine: str = "sim",
+    env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+    port: int = 8123,
+    ready_s: float | None = 42.0,
+    winner: str | None = "tp2",
+    digest: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Store the study; returns its uid, id, trial ids by candidate and the first candidate's argv."""
     study = parse_study(data or study_data(engine, env, args))
     repo = StudyRepo(store)
@@ -43,11 +59,21 @@ def store_study(store: Store, engine: str = "sim", env: dict[str, str] | None = 
         cid = repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), None)
         tid = repo.start_trial(cid, 0, f"servelab-study:{uid}:{cand.label()}:0")
         launch = registry.get(study.engine.name).command(settings_for(study, cand, port))
-        repo.update_trial(tid, argv=launch.argv, env=launch.env, url=launch.url, log_path="/tmp/x.log",
-                          ready_s=ready_s, engine_version="0.32.0",
-                          effective={"effective": {"tp_size": cand.tp, "served_model_name": launch.served_model},
-                                     "evidence": {}},
-                          levels=[{**main, "level": 1.0}, main], status="measured")
+        repo.update_trial(
+            tid,
+            argv=launch.argv,
+            env=launch.env,
+            url=launch.url,
+            log_path="/tmp/x.log",
+            ready_s=ready_s,
+            engine_version="0.32.0",
+            effective={
+                "effective": {"tp_size": cand.tp, "served_model_name": launch.served_model},
+                "evidence": {},
+            },
+            levels=[{**main, "level": 1.0}, main],
+            status="measured",
+        )
         repo.set_candidate(cid, "measured", {})
         out["trials"][cand.label()] = tid
         out["argv"] = out.get("argv") or launch.argv

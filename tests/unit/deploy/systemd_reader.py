@@ -52,5 +52,7 @@ def unquote_words(line: str, dollar: bool) -> list[str]:
 def systemd_analyze() -> str:
     exe = shutil.which("systemd-analyze")
     if exe is None:
-        pytest.fail("systemd-analyze is missing: install Debian's systemd package (scripts/test.sh does as root)")
+        pytest.fail(
+            "systemd-analyze is missing: install Debian's systemd package (scripts/test.sh does as root)"
+        )
     return exe

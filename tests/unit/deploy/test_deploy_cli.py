@@ -37,14 +37,28 @@ def test_dry_run_writes_and_records_nothing(store: Store, make_study: MakeStudy,
     assert DeploymentRepo(store).list() == []
 
 
-@pytest.mark.parametrize("target,filename", [("systemd", "web.service"), ("compose", "compose.yaml"),
-                                             ("kubernetes", "web.k8s.yaml")])
-def test_writes_the_file_and_records_it(target: str, filename: str, store: Store, make_study: MakeStudy,
-                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "target,filename",
+    [("systemd", "web.service"), ("compose", "compose.yaml"), ("kubernetes", "web.k8s.yaml")],
+)
+def test_writes_the_file_and_records_it(
+    target: str, filename: str, store: Store, make_study: MakeStudy, tmp_path: Path
+) -> None:
     ids = make_study("sim")
     extra = ["--image", "img:1"] if target != "systemd" else []
-    code, out, exc = _deploy(f"{ids['uid']}:tp1", "--target", target, "--name", "web", "--out", str(tmp_path),
-                             "--port", "9001", "--json", *extra)
+    code, out, exc = _deploy(
+        f"{ids['uid']}:tp1",
+        "--target",
+        target,
+        "--name",
+        "web",
+        "--out",
+        str(tmp_path),
+        "--port",
+        "9001",
+        "--json",
+        *extra,
+    )
     assert code == 0, (out, exc)
     d = json.loads(out)
     assert d["file"] == str(tmp_path / filename) and (tmp_path / filename).is_file()
@@ -52,8 +66,12 @@ def test_writes_the_file_and_records_it(target: str, filename: str, store: Store
     if target == "systemd":
         assert d["verify"] == {"ok": True, "problems": []}
     (rec,) = DeploymentRepo(store).list()
-    assert (rec["name"], rec["target"], rec["trial_id"], rec["status"]) == ("web", target, ids["trials"]["tp1"],
-                                                                             "written")
+    assert (rec["name"], rec["target"], rec["trial_id"], rec["status"]) == (
+        "web",
+        target,
+        ids["trials"]["tp1"],
+        "written",
+    )
     assert rec["source"] == f"{ids['uid']}:tp1" and not rec["installed"]
 
 
@@ -67,16 +85,19 @@ def test_redacted_secret_is_refused_with_the_way_out(make_study: MakeStudy, tmp_
     assert 'Environment="HF_TOKEN=hf_x y$"' in Path(json.loads(out)["file"]).read_text()
 
 
-def test_install_without_systemd_stops_before_touching_anything(make_study: MakeStudy, tmp_path: Path,
-                                                                servelab_home: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_without_systemd_stops_before_touching_anything(
+    make_study: MakeStudy, tmp_path: Path, servelab_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if install.systemd_missing() is None:  # a host running systemd: pretend it does not (CI has none)
         monkeypatch.setattr(install, "SYSTEMD_RUNTIME", tmp_path / "no-systemd")
     ids = make_study("sim")
     db_before = sorted(p.name for p in servelab_home.rglob("*"))
     _code, _out, exc = _deploy(ids["uid"], "--install", "--out", str(tmp_path / "o"))
     assert isinstance(exc, HostError)
-    assert "--install needs systemd" in exc.message and "nothing was written, installed or started" in exc.message
+    assert (
+        "--install needs systemd" in exc.message
+        and "nothing was written, installed or started" in exc.message
+    )
     assert "--out DIR" in exc.hint
     assert not (tmp_path / "o").exists()
     assert sorted(p.name for p in servelab_home.rglob("*")) == db_before
@@ -115,7 +136,12 @@ def test_compare_verdicts() -> None:
     ok = install.compare(tuned, {**tuned, "output_throughput": 950.0, "failed": 0}, 0.1, 4.0)
     assert ok.ok and "within ±10 %" in ok.verdict
     slow = install.compare(tuned, {**tuned, "tpot_ms_p50": 12.0, "failed": 0}, 0.1, 4.0)
-    assert not slow.ok and "NOT as tuned" in slow.verdict and "tpot_ms_p50" in slow.verdict and "+20.0 %" in slow.verdict
+    assert (
+        not slow.ok
+        and "NOT as tuned" in slow.verdict
+        and "tpot_ms_p50" in slow.verdict
+        and "+20.0 %" in slow.verdict
+    )
     faster = install.compare(tuned, {**tuned, "output_throughput": 2000.0, "ttft_ms_p50": 1.0}, 0.1, 4.0)
     assert faster.ok
     failed = install.compare(tuned, {**tuned, "failed": 2}, 0.1, 4.0)

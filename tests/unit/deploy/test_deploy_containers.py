@@ -46,7 +46,9 @@ def test_compose_is_valid_and_carries_the_run(engine: str, store: Store, make_st
     doc = yaml.safe_load(text)
     _compose_validator().validate(doc)
     svc = doc["services"]["llm-api"]
-    assert svc["entrypoint"][0] == "python3" and svc["entrypoint"][1:] == [a.replace("$", "$$") for a in dep.argv[1:]]
+    assert svc["entrypoint"][0] == "python3" and svc["entrypoint"][1:] == [
+        a.replace("$", "$$") for a in dep.argv[1:]
+    ]
     assert svc["network_mode"] == "host" and svc["shm_size"] == "16g"
     assert svc["healthcheck"]["start_period"] == f"{dep.start_timeout_s}s"
     if engine == "sim":

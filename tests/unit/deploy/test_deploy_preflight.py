@@ -33,8 +33,9 @@ def spawn() -> Iterator[Spawn]:
         env = {k: v for k, v in os.environ.items() if k != "SERVELAB_RUN"}
         if marker:
             env["SERVELAB_RUN"] = marker
-        p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, start_new_session=True
+        )
         assert p.stdout is not None and p.stdout.readline().strip() == b"up"
         procs.append(p)
         return p
@@ -51,21 +52,41 @@ NO_GPU = lambda: None  # noqa: E731
 
 def test_free_host_passes() -> None:
     port = free_port()
-    r = preflight("127.0.0.1", port, gpus="none", marker="servelab-deploy:a", gpu_reader=NO_GPU,
-                  shm_patterns=("psm_nothing_here_*",))
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="none",
+        marker="servelab-deploy:a",
+        gpu_reader=NO_GPU,
+        shm_patterns=("psm_nothing_here_*",),
+    )
     assert r.ok and not r.holders and not r.killed
 
 
 def test_own_leftover_on_the_port_is_refused_then_killed(spawn: Spawn) -> None:
     port = free_port()
     p = spawn(LISTEN, str(port), marker="servelab-deploy:llm")
-    r = preflight("127.0.0.1", port, gpus="none", marker="servelab-deploy:llm", gpu_reader=NO_GPU,
-                  shm_patterns=("psm_nothing_here_*",))
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="none",
+        marker="servelab-deploy:llm",
+        gpu_reader=NO_GPU,
+        shm_patterns=("psm_nothing_here_*",),
+    )
     assert not r.ok and p.poll() is None
     (reason,) = r.refusals
     assert f"port {port} held by pid {p.pid}" in reason and "stale" in reason and "--kill-stale" in reason
-    r = preflight("127.0.0.1", port, gpus="none", marker="servelab-deploy:llm", kill_stale=True, gpu_reader=NO_GPU,
-                  shm_patterns=("psm_nothing_here_*",), grace_s=5)
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="none",
+        marker="servelab-deploy:llm",
+        kill_stale=True,
+        gpu_reader=NO_GPU,
+        shm_patterns=("psm_nothing_here_*",),
+        grace_s=5,
+    )
     assert r.ok, r.refusals
     assert [k.pid for k in r.killed] == [p.pid] and r.killed[0].killed == "SIGTERM"
     assert p.wait(5) is not None and port_is_free("127.0.0.1", port)
@@ -75,12 +96,29 @@ def test_another_live_unit_is_never_killed(spawn: Spawn) -> None:
     port = free_port()
     p = spawn(LISTEN, str(port), marker="servelab-deploy:other")
     for state in (None, "active"):  # no systemd to ask: assumed alive; systemd says active
-        r = preflight("127.0.0.1", port, gpus="none", marker="servelab-deploy:llm", kill_stale=True,
-                      gpu_reader=NO_GPU, shm_patterns=("psm_nothing_here_*",), unit_state_of=lambda _u, s=state: s)
+        r = preflight(
+            "127.0.0.1",
+            port,
+            gpus="none",
+            marker="servelab-deploy:llm",
+            kill_stale=True,
+            gpu_reader=NO_GPU,
+            shm_patterns=("psm_nothing_here_*",),
+            unit_state_of=lambda _u, s=state: s,
+        )
         assert not r.ok and not r.killed and p.poll() is None
         assert "live unit other" in r.refusals[0]
-    r = preflight("127.0.0.1", port, gpus="none", marker="servelab-deploy:llm", kill_stale=True, gpu_reader=NO_GPU,
-                  shm_patterns=("psm_nothing_here_*",), unit_state_of=lambda _u: "failed", grace_s=5)
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="none",
+        marker="servelab-deploy:llm",
+        kill_stale=True,
+        gpu_reader=NO_GPU,
+        shm_patterns=("psm_nothing_here_*",),
+        unit_state_of=lambda _u: "failed",
+        grace_s=5,
+    )
     assert r.ok and [k.pid for k in r.killed] == [p.pid]  # that unit is dead: its leftover is stale
 
 
@@ -93,16 +131,36 @@ def test_gpu_holder_is_reported_and_killed(spawn: Spawn) -> None:
     def reader() -> list[GpuProcess]:
         return [g for g in procs if Path(f"/proc/{g.pid}").exists() and not _zombie(g.pid)]
 
-    r = preflight("127.0.0.1", port, gpus="0,1", marker="servelab-deploy:llm", gpu_reader=reader,
-                  shm_patterns=("psm_nothing_here_*",))
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="0,1",
+        marker="servelab-deploy:llm",
+        gpu_reader=reader,
+        shm_patterns=("psm_nothing_here_*",),
+    )
     (reason,) = r.refusals  # GPU 3 is not the unit's
     assert f"GPU 1 (70000 MiB) held by pid {stale.pid}" in reason and "servelab-study:s-1:tp2:0" in reason
-    r = preflight("127.0.0.1", port, gpus="0,1", marker="servelab-deploy:llm", kill_stale=True, gpu_reader=reader,
-                  shm_patterns=("psm_nothing_here_*",), grace_s=5)
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="0,1",
+        marker="servelab-deploy:llm",
+        kill_stale=True,
+        gpu_reader=reader,
+        shm_patterns=("psm_nothing_here_*",),
+        grace_s=5,
+    )
     assert r.ok and [k.pid for k in r.killed] == [stale.pid] and bystander.poll() is None
     procs[1] = GpuProcess(bystander.pid, "3", 500, "GPU-3333")
-    r = preflight("127.0.0.1", port, gpus="GPU-3333", marker="servelab-deploy:llm", gpu_reader=reader,
-                  shm_patterns=("psm_nothing_here_*",))
+    r = preflight(
+        "127.0.0.1",
+        port,
+        gpus="GPU-3333",
+        marker="servelab-deploy:llm",
+        gpu_reader=reader,
+        shm_patterns=("psm_nothing_here_*",),
+    )
     assert not r.ok and f"GPU 3 (500 MiB) held by pid {bystander.pid}" in r.refusals[0]
 
 
@@ -114,7 +172,9 @@ def _zombie(pid: int) -> bool:
 
 
 def test_no_gpu_list_is_a_note_not_a_refusal() -> None:
-    r = preflight("127.0.0.1", free_port(), gpus="all", gpu_reader=NO_GPU, shm_patterns=("psm_nothing_here_*",))
+    r = preflight(
+        "127.0.0.1", free_port(), gpus="all", gpu_reader=NO_GPU, shm_patterns=("psm_nothing_here_*",)
+    )
     assert r.ok and any("GPUs not checked" in n for n in r.notes)
 
 
@@ -125,8 +185,14 @@ def test_stale_shm_removed_held_shm_kept(spawn: Spawn) -> None:
         orphan.write_bytes(b"x" * 4096)
         held.write_bytes(b"y" * 4096)
         holder = spawn(HOLD, str(held))
-        r = preflight("127.0.0.1", free_port(), gpus="none", gpu_reader=NO_GPU, shm_patterns=(f"{tag}_*",),
-                      kill_stale=True)
+        r = preflight(
+            "127.0.0.1",
+            free_port(),
+            gpus="none",
+            gpu_reader=NO_GPU,
+            shm_patterns=(f"{tag}_*",),
+            kill_stale=True,
+        )
         assert r.shm_removed == [orphan.name] and not orphan.exists()
         assert held.exists() and r.shm_held == [f"{held.name} (held by pid {holder.pid})"]
         assert r.ok
@@ -140,8 +206,15 @@ def test_compile_cache_reset(tmp_path: Path) -> None:
     (cache / "sub").mkdir(parents=True)
     (cache / "sub" / "k.bin").write_bytes(b"1")
     (cache / "f").write_bytes(b"1")
-    r = preflight("127.0.0.1", free_port(), gpus="none", gpu_reader=NO_GPU, shm_patterns=("psm_nothing_here_*",),
-                  reset_compile_cache=True, compile_caches=[str(cache)])
+    r = preflight(
+        "127.0.0.1",
+        free_port(),
+        gpus="none",
+        gpu_reader=NO_GPU,
+        shm_patterns=("psm_nothing_here_*",),
+        reset_compile_cache=True,
+        compile_caches=[str(cache)],
+    )
     assert r.caches_reset == [str(cache)] and cache.is_dir() and not list(cache.iterdir())
 
 

@@ -18,8 +18,28 @@ from tests.unit.deploy.systemd_reader import systemd_analyze, unquote_words
 from servelab.deploy.systemd import environment_line, quote_arg, quote_command
 from servelab.errors import ConfigError
 
-HOSTILE = ["a b", 'say "hi"', "it's", "100%", "%n%i", "$HOME", "${PATH}", "$$", "back\\slash", "\\n",
-           "trailing\\", ";", "", " lead", "'single quoted'", "a=b=c", "-dash", "@at", "unicodé ✓", "tab\\t"]
+HOSTILE = [
+    "a b",
+    'say "hi"',
+    "it's",
+    "100%",
+    "%n%i",
+    "$HOME",
+    "${PATH}",
+    "$$",
+    "back\\slash",
+    "\\n",
+    "trailing\\",
+    ";",
+    "",
+    " lead",
+    "'single quoted'",
+    "a=b=c",
+    "-dash",
+    "@at",
+    "unicodé ✓",
+    "tab\\t",
+]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -43,7 +63,9 @@ def test_dollar_is_literal_in_environment_but_escaped_in_commands() -> None:
 @given(st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x2FF, exclude_characters="\x7f")))
 def test_any_printable_value_round_trips(value: str) -> None:
     assert unquote_words(quote_arg(value), dollar=True) == [value]
-    assert unquote_words(environment_line("V", value).removeprefix("Environment="), dollar=False) == [f"V={value}"]
+    assert unquote_words(environment_line("V", value).removeprefix("Environment="), dollar=False) == [
+        f"V={value}"
+    ]
 
 
 @pytest.mark.parametrize("value", ["two\nlines", "nul\x00", "cr\r", "tab\there", "esc\x1b"])
@@ -67,12 +89,17 @@ def test_relative_executable_is_refused() -> None:
 
 def test_systemd_parses_hostile_values_without_complaint(tmp_path: Path) -> None:
     exe = shutil.which("true") or "/bin/true"
-    lines = ["[Service]", "Type=exec", *(environment_line(f"V{i}", v) for i, v in enumerate(HOSTILE)),
-             "ExecStart=" + quote_command([exe, *HOSTILE])]
+    lines = [
+        "[Service]",
+        "Type=exec",
+        *(environment_line(f"V{i}", v) for i, v in enumerate(HOSTILE)),
+        "ExecStart=" + quote_command([exe, *HOSTILE]),
+    ]
     unit = tmp_path / "hostile.service"
     unit.write_text("\n".join(lines) + "\n")
-    res = subprocess.run([systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run(
+        [systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True, check=False
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "hostile" not in res.stdout + res.stderr  # no warning about our file at all
     assert unquote_words(lines[-1].removeprefix("ExecStart="), dollar=True) == [exe, *HOSTILE]
@@ -82,6 +109,7 @@ def test_systemd_analyze_catches_a_broken_line(tmp_path: Path) -> None:
     """The check above can fail: an unbalanced quote is reported."""
     unit = tmp_path / "broken.service"
     unit.write_text('[Service]\nExecStart=/bin/true "a\n')
-    res = subprocess.run([systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run(
+        [systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True, check=False
+    )
     assert res.returncode != 0 and "quot" in (res.stdout + res.stderr).lower()

@@ -71,6 +71,11 @@ def test_redacted_argument_is_refused_until_supplied(store: Store, make_study: M
 
 
 def test_set_flag_forms() -> None:
-    assert source.set_flag(["x", "--port", "1", "--port=2"], "--port", "3") == ["x", "--port", "3", "--port=3"]
+    assert source.set_flag(["x", "--port", "1", "--port=2"], "--port", "3") == [
+        "x",
+        "--port",
+        "3",
+        "--port=3",
+    ]
     with pytest.raises(ConfigError, match="no --host"):
         source.set_flag(["x"], "--host", "0.0.0.0")

@@ -43,10 +43,23 @@ def test_unit_for_each_engine(engine: str, store: Store, make_study: MakeStudy, 
     timeout = math.ceil(250 * 3 + 120)
     assert _lines(text, "TimeoutStartSec") == [str(timeout)]
     assert post_words[post_words.index("--timeout") + 1] == str(timeout - 30)
-    for key, value in (("Restart", "on-failure"), ("KillMode", "mixed"), ("TimeoutStopSec", "60"),
-                       ("RestartSec", "15"), ("StartLimitBurst", "3"), ("User", "svc"), ("Type", "exec")):
+    for key, value in (
+        ("Restart", "on-failure"),
+        ("KillMode", "mixed"),
+        ("TimeoutStopSec", "60"),
+        ("RestartSec", "15"),
+        ("StartLimitBurst", "3"),
+        ("User", "svc"),
+        ("Type", "exec"),
+    ):
         assert _lines(text, key) == [value], key
-    for forbidden in ("PrivateDevices", "NoNewPrivileges", "MemoryDenyWriteExecute", "DevicePolicy", "PrivateIPC"):
+    for forbidden in (
+        "PrivateDevices",
+        "NoNewPrivileges",
+        "MemoryDenyWriteExecute",
+        "DevicePolicy",
+        "PrivateIPC",
+    ):
         assert not _lines(text, forbidden), forbidden
     unit = tmp_path / "llm-api.service"
     unit.write_text(text.replace("User=svc\n", "User=root\n"))  # verify resolves the user on this host
@@ -89,7 +102,9 @@ def test_default_name_and_no_hardening(store: Store, make_study: MakeStudy) -> N
 
 
 def test_gpus_of_the_unit_and_api_key(store: Store, make_study: MakeStudy) -> None:
-    ids = make_study("vllm", env={"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, args=["--api-key", "sk-abcdefghij"])
+    ids = make_study(
+        "vllm", env={"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, args=["--api-key", "sk-abcdefghij"]
+    )
     rec = source.apply_overrides(source.resolve(store, ids["uid"]), args={"--api-key": "k 1"})
     dep = spec.build(rec, "x1")
     pre = dep.preflight_args()

@@ -11,8 +11,13 @@ NO_GPU = gpus.GpuReport("none", False, note="no GPUs: nvidia-smi is not installe
 
 
 def facts(**kw: object) -> doctor.Facts:
-    base: dict[str, object] = {"gpus": NO_GPU, "uvm_disable_hmm": None, "shm_bytes": 32 * 2**30,
-                               "nofile_soft": 1 << 20, "nofile_hard": 1 << 20}
+    base: dict[str, object] = {
+        "gpus": NO_GPU,
+        "uvm_disable_hmm": None,
+        "shm_bytes": 32 * 2**30,
+        "nofile_soft": 1 << 20,
+        "nofile_hard": 1 << 20,
+    }
     base.update(kw)
     return doctor.Facts(**base)  # type: ignore[arg-type]
 
@@ -46,18 +51,45 @@ def test_h200_from_q_is_healthy() -> None:
 
 
 def test_degraded_gpus() -> None:
-    rep = gpus.GpuReport("fixture", True, gpus=[
-        gpus.Gpu(0, pcie_gen=4, pcie_gen_max=5, pcie_width=8, pcie_width_max=16, power_limit_w=500,
-                 default_power_limit_w=700, persistence=False, ecc=True, ecc_uncorrected=3),
-        gpus.Gpu(1, pcie_gen=1, pcie_gen_max=5, pcie_width=16, pcie_width_max=16, utilization_pct=0,
-                 power_limit_w=700, default_power_limit_w=700, persistence=True, ecc=True, ecc_uncorrected=0),
-    ])
+    rep = gpus.GpuReport(
+        "fixture",
+        True,
+        gpus=[
+            gpus.Gpu(
+                0,
+                pcie_gen=4,
+                pcie_gen_max=5,
+                pcie_width=8,
+                pcie_width_max=16,
+                power_limit_w=500,
+                default_power_limit_w=700,
+                persistence=False,
+                ecc=True,
+                ecc_uncorrected=3,
+            ),
+            gpus.Gpu(
+                1,
+                pcie_gen=1,
+                pcie_gen_max=5,
+                pcie_width=16,
+                pcie_width_max=16,
+                utilization_pct=0,
+                power_limit_w=700,
+                default_power_limit_w=700,
+                persistence=True,
+                ecc=True,
+                ecc_uncorrected=0,
+            ),
+        ],
+    )
     c = by_name(facts(gpus=rep))
     assert c["PCIe link"].status == "warn" and "GPU0: x8 of x16" in c["PCIe link"].evidence
     assert "GPU1" not in c["PCIe link"].evidence  # gen 1 at idle is power saving, not a fault
     assert c["power limit"].status == "warn" and "500 W < default 700 W" in c["power limit"].evidence
     assert c["ECC"].status == "fail" and "3 uncorrected" in c["ECC"].evidence
-    assert c["persistence mode"].status == "warn" and c["persistence mode"].fix.startswith("sudo nvidia-smi -pm 1")
+    assert c["persistence mode"].status == "warn" and c["persistence mode"].fix.startswith(
+        "sudo nvidia-smi -pm 1"
+    )
 
 
 def test_p2p_from_topology() -> None:

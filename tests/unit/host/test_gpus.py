@@ -20,7 +20,11 @@ def test_q_h200_new_layout() -> None:
     (g,) = rep.gpus
     assert g.name == "NVIDIA H200" and g.uuid == "GPU-cb3dfa52-e2f3-9ca4-a399-7d16041c3732"
     assert (g.memory_used_mib, g.memory_total_mib) == (1, 143771)
-    assert (g.power_w, g.power_limit_w, g.default_power_limit_w) == (74.58, 700.0, 700.0)  # not the memory rail's 41.76
+    assert (g.power_w, g.power_limit_w, g.default_power_limit_w) == (
+        74.58,
+        700.0,
+        700.0,
+    )  # not the memory rail's 41.76
     assert (g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max) == (5, 5, 16, 16)
     assert (g.clock_sm_mhz, g.clock_mem_mhz, g.clock_sm_max_mhz) == (345, 3199, 1980)
     assert g.persistence is True and g.ecc is True and g.ecc_uncorrected == 0
@@ -71,7 +75,9 @@ GPU 00000000:3B:00.0
 def test_query_gpu_with_header_and_units() -> None:
     gs = gpus.parse_query_gpu(read("query_gpu_8xh200.csv"))
     assert [g.index for g in gs] == list(range(8))
-    assert gs[0].memory_used_mib == 130013 and gs[0].utilization_pct == 100 and gs[0].memory_total_mib == 143771
+    assert (
+        gs[0].memory_used_mib == 130013 and gs[0].utilization_pct == 100 and gs[0].memory_total_mib == 143771
+    )
     assert gs[4].uuid == "GPU-cb449822-5571-be90-8303-e7558da3ea66"
 
 
@@ -126,13 +132,36 @@ def test_read_nvidia_smi_with_a_fake_runner() -> None:
 
 
 def test_from_sim_and_enrich_with_a_live_process() -> None:
-    payload = {"simulated": True, "driver_version": "580.95.05", "gpus": [
-        {"index": 0, "name": "NVIDIA H100", "uuid": "GPU-sim-00", "memory_used_mib": 70000, "memory_total_mib": 81559,
-         "power_w": 300.0, "power_limit_w": 700, "utilization_pct": 40, "temperature_c": 50,
-         "processes": [{"pid": os.getpid(), "name": "VLLM::EngineCore", "used_memory_mib": 70000}]},
-        {"index": 1, "name": "NVIDIA H100", "uuid": "GPU-sim-01", "memory_used_mib": 0, "memory_total_mib": 81559,
-         "power_w": 70.0, "power_limit_w": 700, "utilization_pct": 0, "temperature_c": 35, "processes": []},
-    ]}
+    payload = {
+        "simulated": True,
+        "driver_version": "580.95.05",
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA H100",
+                "uuid": "GPU-sim-00",
+                "memory_used_mib": 70000,
+                "memory_total_mib": 81559,
+                "power_w": 300.0,
+                "power_limit_w": 700,
+                "utilization_pct": 40,
+                "temperature_c": 50,
+                "processes": [{"pid": os.getpid(), "name": "VLLM::EngineCore", "used_memory_mib": 70000}],
+            },
+            {
+                "index": 1,
+                "name": "NVIDIA H100",
+                "uuid": "GPU-sim-01",
+                "memory_used_mib": 0,
+                "memory_total_mib": 81559,
+                "power_w": 70.0,
+                "power_limit_w": 700,
+                "utilization_pct": 0,
+                "temperature_c": 35,
+                "processes": [],
+            },
+        ],
+    }
     rep = gpus.from_sim(payload, "http://127.0.0.1:1")
     assert rep.source == "sim:http://127.0.0.1:1" and rep.available and rep.note == "simulated GPUs"
     gpus.enrich(rep)
@@ -161,19 +190,30 @@ def test_nvml_mapping_with_a_stand_in_binding() -> None:
         raise NotSupported
 
     nv = SimpleNamespace(
-        NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
-        nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlSystemGetCudaDriverVersion=lambda: 12040,
-        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
-        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3", nvmlDeviceGetUUID=lambda h: "GPU-1",
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15",
+        nvmlSystemGetCudaDriverVersion=lambda: 12040,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUUID=lambda h: "GPU-1",
         nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=b"00000000:18:00.0"),
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=3 * 2**20, total=81559 * 2**20),
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=7),
-        nvmlDeviceGetPowerUsage=lambda h: 69500, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
-        nvmlDeviceGetPowerManagementDefaultLimit=lambda h: 700000, nvmlDeviceGetEccMode=lambda h: (1, 1),
-        nvmlDeviceGetTemperature=lambda h, s: 31, nvmlDeviceGetClockInfo=lambda h, c: 345 if c == 1 else 2619,
-        nvmlDeviceGetMaxClockInfo=lambda h, c: 1980, nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 5,
-        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 5, nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
-        nvmlDeviceGetMaxPcieLinkWidth=unsupported, nvmlDeviceGetPersistenceMode=lambda h: 1,
+        nvmlDeviceGetPowerUsage=lambda h: 69500,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
+        nvmlDeviceGetPowerManagementDefaultLimit=lambda h: 700000,
+        nvmlDeviceGetEccMode=lambda h: (1, 1),
+        nvmlDeviceGetTemperature=lambda h, s: 31,
+        nvmlDeviceGetClockInfo=lambda h, c: 345 if c == 1 else 2619,
+        nvmlDeviceGetMaxClockInfo=lambda h, c: 1980,
+        nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 5,
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 5,
+        nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetMaxPcieLinkWidth=unsupported,
+        nvmlDeviceGetPersistenceMode=lambda h: 1,
         nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=77, usedGpuMemory=512 * 2**20)],
     )
     rep = gpus._nvml_report(nv)

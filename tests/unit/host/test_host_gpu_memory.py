@@ -27,8 +27,15 @@ def test_no_gpus_is_ok() -> None:
 def test_waits_until_memory_is_back() -> None:
     readings = iter([[9000, 500], [4000, 500], [600, 510]])
     clock = _Clock()
-    report = wait_for_baseline([500, 500], reader=lambda: next(readings), timeout_s=30, tolerance_mib=256,
-                               poll_s=1.0, sleep=clock.sleep, clock=clock)
+    report = wait_for_baseline(
+        [500, 500],
+        reader=lambda: next(readings),
+        timeout_s=30,
+        tolerance_mib=256,
+        poll_s=1.0,
+        sleep=clock.sleep,
+        clock=clock,
+    )
     assert report.status == "back to baseline" and report.ok
     assert report.final_mib == [600, 510]
     assert report.waited_s == 2.0
@@ -36,8 +43,14 @@ def test_waits_until_memory_is_back() -> None:
 
 def test_reports_what_is_still_held_at_the_timeout() -> None:
     clock = _Clock()
-    report = wait_for_baseline([500, 500], reader=lambda: [500, 20000], timeout_s=5, tolerance_mib=100,
-                               sleep=clock.sleep, clock=clock)
+    report = wait_for_baseline(
+        [500, 500],
+        reader=lambda: [500, 20000],
+        timeout_s=5,
+        tolerance_mib=100,
+        sleep=clock.sleep,
+        clock=clock,
+    )
     assert report.status == "not back" and not report.ok
     assert report.over_mib == [0, 19400]
 

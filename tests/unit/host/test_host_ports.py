@@ -35,7 +35,9 @@ def _listener(port: int = 0, reuseport: bool = False, host: str = "127.0.0.1") -
 @pytest.fixture
 def child_listener() -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", LISTEN_CHILD, str(port), "1"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTEN_CHILD, str(port), "1"], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     yield proc, port
     proc.kill()

@@ -113,8 +113,12 @@ def test_kill_processes_reports_sigterm_and_sigkill(spawned: list[int]) -> None:
 
 
 def test_a_dead_process_is_reported_gone_and_a_reused_pid_is_not_alive(spawned: list[int]) -> None:
-    p = subprocess.Popen([sys.executable, "-c", "print('up', flush=True); input()"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "print('up', flush=True); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None and p.stdin is not None and p.stdout.readline()
     snapshot = info(p.pid)
     assert snapshot is not None
@@ -137,7 +141,9 @@ def test_session_members_are_found_without_the_marker(spawned: list[int]) -> Non
     """A server started in its own session; its worker stays in the session and needs no marker."""
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT.replace("start_new_session=True", "env={}"), "stay"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     spawned.append(parent.pid)
     assert parent.stdout is not None

@@ -27,15 +27,22 @@ Result=exit-code
 def test_parse_show_blocks() -> None:
     a, b = systemd.parse_show(SHOW)
     assert (a.unit, a.active_state, a.sub_state, a.restarts, a.main_pid) == (
-        "servelab-qwen.service", "active", "running", 2, 4242)
+        "servelab-qwen.service",
+        "active",
+        "running",
+        2,
+        4242,
+    )
     assert a.since == "Sun 2026-11-29 18:02:11 UTC" and not a.failed
     assert b.failed and b.since is None and b.main_pid is None and b.restarts == 5
     assert b.to_dict()["failed"] is True
 
 
 def test_list_units_names() -> None:
-    text = ("servelab-qwen.service loaded active running servelab qwen\n"
-            "● servelab-glm.service loaded failed failed servelab glm\n")
+    text = (
+        "servelab-qwen.service loaded active running servelab qwen\n"
+        "● servelab-glm.service loaded failed failed servelab glm\n"
+    )
     assert systemd.parse_list_units(text) == ["servelab-qwen.service", "servelab-glm.service"]
 
 
@@ -44,7 +51,11 @@ def test_states_lists_then_shows() -> None:
 
     def run(args: list[str]) -> str | None:
         calls.append(args)
-        return "servelab-qwen.service loaded active running x\n" if args[0] == "list-units" else SHOW.split("\n\n")[0]
+        return (
+            "servelab-qwen.service loaded active running x\n"
+            if args[0] == "list-units"
+            else SHOW.split("\n\n")[0]
+        )
 
     out = systemd.states(run=run, is_booted=lambda: True)
     assert out["available"] and [u.unit for u in out["units"]] == ["servelab-qwen.service"]

@@ -49,7 +49,9 @@ def test_p2p_matrix_ok_and_unavailable() -> None:
     t2 = parse("topo_2x5090_phb.txt")
     t2.p2p = topology.parse_p2p((FIX / "p2p_2x5090_gns.txt").read_text())
     s2 = topology.analyze(t2, virtual_machine=False)
-    assert s2["p2p_unavailable"] == [{"pair": ["GPU0", "GPU1"], "status": "GNS", "meaning": "GPU not supported"}]
+    assert s2["p2p_unavailable"] == [
+        {"pair": ["GPU0", "GPU1"], "status": "GNS", "meaning": "GPU not supported"}
+    ]
 
 
 def test_garbage_gives_an_empty_topology() -> None:
@@ -72,6 +74,9 @@ def test_read_without_nvidia_smi_reports_numa_and_vm(tmp_path: Path) -> None:
 
 
 def test_read_with_a_runner() -> None:
-    texts = {"-m": (FIX / "topo_2x5090_phb.txt").read_text(), "-p2p": (FIX / "p2p_2x5090_gns.txt").read_text()}
+    texts = {
+        "-m": (FIX / "topo_2x5090_phb.txt").read_text(),
+        "-p2p": (FIX / "p2p_2x5090_gns.txt").read_text(),
+    }
     out = topology.read(run=lambda args: texts[args[1]])
     assert out["available"] and out["summary"]["p2p_unavailable"][0]["status"] == "GNS"

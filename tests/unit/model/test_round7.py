@@ -22,19 +22,45 @@ from servelab.model.factors import default_factors
 
 INFERENCEX_DB = "db-dump/2026-04-27; config_id=733; silicon_concurrency=128; workflow_run_id=758"
 INFERENCEX_EXPORT = "source_file=2026-04-06.csv; model=DeepSeek-R1; silicon_concurrency=4; wip=False"
-GAP_ANALYSIS = "source_file=/Users/x/aic-auto-gap-analysis/data/h200_sxm/vllm/0.12.0/Q.csv; silicon_concurrency=8"
+GAP_ANALYSIS = (
+    "source_file=/Users/x/aic-auto-gap-analysis/data/h200_sxm/vllm/0.12.0/Q.csv; silicon_concurrency=8"
+)
 
 
 def test_moe_split_wider_than_attention_is_attention_dp() -> None:
     # vLLM Qwen3-235B-FP8 rows: tp 1, moe_tp 2, attention-DP column empty -> 2 GPUs, DP2
-    assert _layout({"tp_size": "1", "attention_dp_size": "", "moe_tp_size": "2", "moe_ep_size": "1"}) == (1, 2, 1)
-    assert _layout({"tp_size": "2", "attention_dp_size": "", "moe_tp_size": "4", "moe_ep_size": "1"}) == (2, 2, 1)
-    assert _layout({"tp_size": "1", "attention_dp_size": "", "moe_tp_size": "4", "moe_ep_size": "1"}) == (1, 4, 1)
+    assert _layout({"tp_size": "1", "attention_dp_size": "", "moe_tp_size": "2", "moe_ep_size": "1"}) == (
+        1,
+        2,
+        1,
+    )
+    assert _layout({"tp_size": "2", "attention_dp_size": "", "moe_tp_size": "4", "moe_ep_size": "1"}) == (
+        2,
+        2,
+        1,
+    )
+    assert _layout({"tp_size": "1", "attention_dp_size": "", "moe_tp_size": "4", "moe_ep_size": "1"}) == (
+        1,
+        4,
+        1,
+    )
     # dense rows carry moe_tp = moe_ep = 1 (or 0): nothing to undo
-    assert _layout({"tp_size": "4", "attention_dp_size": "", "moe_tp_size": "1", "moe_ep_size": "1"}) == (4, 1, 1)
-    assert _layout({"tp_size": "2", "attention_dp_size": "", "moe_tp_size": "0", "moe_ep_size": "0"}) == (2, 1, 1)
+    assert _layout({"tp_size": "4", "attention_dp_size": "", "moe_tp_size": "1", "moe_ep_size": "1"}) == (
+        4,
+        1,
+        1,
+    )
+    assert _layout({"tp_size": "2", "attention_dp_size": "", "moe_tp_size": "0", "moe_ep_size": "0"}) == (
+        2,
+        1,
+        1,
+    )
     # a split that does not divide is left as written, not guessed
-    assert _layout({"tp_size": "4", "attention_dp_size": "", "moe_tp_size": "6", "moe_ep_size": "1"}) == (4, 1, 1)
+    assert _layout({"tp_size": "4", "attention_dp_size": "", "moe_tp_size": "6", "moe_ep_size": "1"}) == (
+        4,
+        1,
+        1,
+    )
 
 
 def test_inferencex_rows_carry_the_mean_of_their_length_distribution() -> None:
@@ -49,7 +75,22 @@ def test_inferencex_rows_carry_the_mean_of_their_length_distribution() -> None:
 
 def _obs(length_mean: float) -> Observation:
     return Observation(
-        "Llama-3.1-70B", "h200-sxm", 4, 4, 1, 1, 1, "fp8", None, 8192, 1024, 64, "vllm", 1.0, 1.0, "k",
+        "Llama-3.1-70B",
+        "h200-sxm",
+        4,
+        4,
+        1,
+        1,
+        1,
+        "fp8",
+        None,
+        8192,
+        1024,
+        64,
+        "vllm",
+        1.0,
+        1.0,
+        "k",
         length_mean=length_mean,
     )
 

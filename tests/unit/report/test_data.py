@@ -23,11 +23,16 @@ def test_explain_sets_the_winner_beside_the_model(golden_store: Store) -> None:
     assert all(lv["predicted"]["tpot_ms"] > 0 for lv in ex["levels"])
     dec = ex["decode"]
     assert dec["concurrency"] == 64 and dec["measured_tpot_ms"] == tp8["levels"][-1]["tpot_ms_p50"]
-    assert abs(sum(dec["predicted_breakdown_ms"].values()) - dec["predicted_step_ms"]) < 0.01 * dec["predicted_step_ms"]
+    assert (
+        abs(sum(dec["predicted_breakdown_ms"].values()) - dec["predicted_step_ms"])
+        < 0.01 * dec["predicted_step_ms"]
+    )
 
 
 def test_unknown_model_leaves_a_note_not_an_error(golden_store: Store) -> None:
-    golden_store.conn.execute("UPDATE studies SET spec_json = json_set(spec_json, '$.model.path', 'no-such-model')")
+    golden_store.conn.execute(
+        "UPDATE studies SET spec_json = json_set(spec_json, '$.model.path', 'no-such-model')"
+    )
     ex = data.load(golden_store, "golden-study")["explain"]
     assert not ex["available"] and "cannot describe" in ex["note"]
 
@@ -60,12 +65,25 @@ def test_html_tables_hold_the_stored_numbers(golden_store: Store) -> None:
 def test_cli_writes_html_and_markdown_and_json(tmp_path: Path, servelab_home: Path) -> None:
     with open_store() as store:
         build_study(store, tmp_path)
-    res = CliRunner().invoke(cli, ["report", "golden-study", "--no-host-checks", "--html", str(tmp_path / "r.html"),
-                                   "--md", str(tmp_path / "md" / "r.md"), "--json"])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "report",
+            "golden-study",
+            "--no-host-checks",
+            "--html",
+            str(tmp_path / "r.html"),
+            "--md",
+            str(tmp_path / "md" / "r.md"),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["winner"]["label"] == "tp8" and out["format"] == "servelab-report/1"
-    assert str(tmp_path / "r.html") in out["written"] and (tmp_path / "md" / "r_files" / "latency.svg").exists()
+    assert (
+        str(tmp_path / "r.html") in out["written"] and (tmp_path / "md" / "r_files" / "latency.svg").exists()
+    )
     assert "<svg" in (tmp_path / "r.html").read_text()
     plain = CliRunner().invoke(cli, ["report", "last", "--no-host-checks"])
     assert plain.exit_code == 0 and plain.output.startswith("# Findings: golden-study")

@@ -16,7 +16,7 @@ def test_clean_strips_csi_osc_and_controls() -> None:
 
 
 def test_h_escapes_markup_and_quotes() -> None:
-    assert h("<img src=x onerror=\"alert(1)\">") == "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;"
+    assert h('<img src=x onerror="alert(1)">') == "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;"
     assert h(None) == ""
 
 

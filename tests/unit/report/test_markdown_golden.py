@@ -17,15 +17,35 @@ GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
 
 # The decode-step view is the performance model's; a fixed one keeps the golden file independent of refits.
 EXPLAIN: dict[str, Any] = {
-    "available": True, "label": "tp8", "largest_gap": "at concurrency 64: ttft_ms off by -2%",
-    "levels": [{"concurrency": c, "measured": {"tpot_ms": t, "ttft_ms": f, "output_throughput": o},
-                "predicted": {"tpot_ms": t * 0.99, "ttft_ms": f * 0.98, "output_throughput": o * 1.01},
-                "error_pct": {}, "attribution": {}, "gap": "ttft_ms off by -2%"}
-               for c, t, f, o in ((1, 19.7, 283.0, 46.0), (16, 45.9, 992.5, 301.0), (64, 105.3, 2795.0, 503.0))],
-    "decode": {"concurrency": 64, "predicted_step_ms": 80.0, "predicted_tpot_ms": 104.0,
-               "predicted_breakdown_ms": {"weights": 20.0, "kv_cache": 4.0, "compute": 10.0, "allreduce": 30.0,
-                                          "other": 16.0},
-               "measured_tpot_ms": 105.3, "bottleneck": "allreduce", "allreduce_share": 0.375},
+    "available": True,
+    "label": "tp8",
+    "largest_gap": "at concurrency 64: ttft_ms off by -2%",
+    "levels": [
+        {
+            "concurrency": c,
+            "measured": {"tpot_ms": t, "ttft_ms": f, "output_throughput": o},
+            "predicted": {"tpot_ms": t * 0.99, "ttft_ms": f * 0.98, "output_throughput": o * 1.01},
+            "error_pct": {},
+            "attribution": {},
+            "gap": "ttft_ms off by -2%",
+        }
+        for c, t, f, o in ((1, 19.7, 283.0, 46.0), (16, 45.9, 992.5, 301.0), (64, 105.3, 2795.0, 503.0))
+    ],
+    "decode": {
+        "concurrency": 64,
+        "predicted_step_ms": 80.0,
+        "predicted_tpot_ms": 104.0,
+        "predicted_breakdown_ms": {
+            "weights": 20.0,
+            "kv_cache": 4.0,
+            "compute": 10.0,
+            "allreduce": 30.0,
+            "other": 16.0,
+        },
+        "measured_tpot_ms": 105.3,
+        "bottleneck": "allreduce",
+        "allreduce_share": 0.375,
+    },
 }
 
 
@@ -41,7 +61,9 @@ def check_golden(name: str, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"{path} missing: run with SERVELAB_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name} differs from the golden file (SERVELAB_UPDATE_GOLDEN=1 regenerates it)"
+    assert text == path.read_text(), (
+        f"{name} differs from the golden file (SERVELAB_UPDATE_GOLDEN=1 regenerates it)"
+    )
 
 
 def test_markdown_matches_golden(golden_store: Store) -> None:
@@ -58,8 +80,11 @@ def test_write_puts_valid_svgs_beside_the_markdown(golden_store: Store, tmp_path
         assert f"](findings_files/{p.name})" in text
         root = ET.fromstring(p.read_text())  # well-formed XML, drawable
         assert root.tag.endswith("svg") and root.get("viewBox")
-        assert len(list(root.iter("{http://www.w3.org/2000/svg}circle"))) + len(
-            list(root.iter("{http://www.w3.org/2000/svg}rect"))) > 2
+        assert (
+            len(list(root.iter("{http://www.w3.org/2000/svg}circle")))
+            + len(list(root.iter("{http://www.w3.org/2000/svg}rect")))
+            > 2
+        )
 
 
 def test_report_model_holds_the_stored_numbers(golden_store: Store) -> None:
@@ -74,7 +99,11 @@ def test_report_model_holds_the_stored_numbers(golden_store: Store) -> None:
     assert c["arfusion"]["status"] == "anomalous"
     assert {a["kind"] for a in c["arfusion"]["anomalies"]} >= {"throughput_collapse", "power_drop"}
     assert c["broken"]["diagnosis"]["class"] == "cuda_init"
-    assert m["plan_state"] == {"done": ["tp8", "tp4-pp2", "arfusion"], "not_applied": ["tp8-trtllm"],
-                               "failed": ["broken"], "not_yet_done": ["later"]}
+    assert m["plan_state"] == {
+        "done": ["tp8", "tp4-pp2", "arfusion"],
+        "not_applied": ["tp8-trtllm"],
+        "failed": ["broken"],
+        "not_yet_done": ["later"],
+    }
     assert [p["label"] for p in m["pareto"]["front"]] and all(p["meets_slo"] for p in m["pareto"]["front"])
     assert c["tp8"]["command"].startswith("NCCL_P2P_LEVEL=SYS python -m servelab sim")

@@ -23,9 +23,18 @@ def test_log_ticks_use_the_load_levels_when_few() -> None:
 
 
 def test_line_chart_draws_every_point_marks_anomalies_and_the_front() -> None:
-    svg = line_chart("thr <&>", [Series("a<b", [(1, 10), (4, 30), (16, 50)]),
-                                 Series("b", [(1, 5), (4, 2)], marks=[(4, 2, "collapse")], dashed=True)],
-                     x_label="conc", y_label="tok/s", log_x=True, hlines=[(40, "SLO")], front=[(10, 1), (50, 3)])
+    svg = line_chart(
+        "thr <&>",
+        [
+            Series("a<b", [(1, 10), (4, 30), (16, 50)]),
+            Series("b", [(1, 5), (4, 2)], marks=[(4, 2, "collapse")], dashed=True),
+        ],
+        x_label="conc",
+        y_label="tok/s",
+        log_x=True,
+        hlines=[(40, "SLO")],
+        front=[(10, 1), (50, 3)],
+    )
     root = ET.fromstring(svg)
     circles = list(root.iter(f"{NS}circle"))
     assert len([c for c in circles if c.get("class") != "anomaly"]) == 5
@@ -33,10 +42,18 @@ def test_line_chart_draws_every_point_marks_anomalies_and_the_front() -> None:
     assert "collapse" in "".join(ring.itertext())
     assert len(list(root.iter(f"{NS}polyline"))) == 3  # two series + the front
     assert "thr &lt;&amp;&gt;" in svg and "a&lt;b" in svg
-    assert svg == line_chart("thr <&>", [Series("a<b", [(1, 10), (4, 30), (16, 50)]),
-                                         Series("b", [(1, 5), (4, 2)], marks=[(4, 2, "collapse")], dashed=True)],
-                             x_label="conc", y_label="tok/s", log_x=True, hlines=[(40, "SLO")],
-                             front=[(10, 1), (50, 3)])
+    assert svg == line_chart(
+        "thr <&>",
+        [
+            Series("a<b", [(1, 10), (4, 30), (16, 50)]),
+            Series("b", [(1, 5), (4, 2)], marks=[(4, 2, "collapse")], dashed=True),
+        ],
+        x_label="conc",
+        y_label="tok/s",
+        log_x=True,
+        hlines=[(40, "SLO")],
+        front=[(10, 1), (50, 3)],
+    )
     ys = [float(c.get("cy") or 0) for c in circles if c.get("class") != "anomaly"][:3]
     assert ys[0] > ys[1] > ys[2]  # larger values higher up
 
@@ -46,8 +63,9 @@ def test_empty_chart_says_so() -> None:
 
 
 def test_stacked_bars_sum_their_parts() -> None:
-    svg = stacked_bars("step", [("predicted", [("weights", 20.0), ("comm", 30.0)]), ("measured", [("all", 52.0)])],
-                       unit="ms")
+    svg = stacked_bars(
+        "step", [("predicted", [("weights", 20.0), ("comm", 30.0)]), ("measured", [("all", 52.0)])], unit="ms"
+    )
     root = ET.fromstring(svg)
     bars = [r for r in root.iter(f"{NS}rect") if r.get("class") == "bar"]
     assert len(bars) == 3

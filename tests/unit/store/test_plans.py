@@ -35,23 +35,39 @@ def test_migration_is_applied_and_an_unwritten_plan_is_empty(store: Store) -> No
 def test_changes_are_stored_with_their_history(tmp_path: Path, store: Store) -> None:
     repo = PlanRepo(store)
     repo.apply("workspace", lambda p: P.add(p, "check the container", priority="high", **KW))
-    repo.apply("workspace", lambda p: P.add(p, "run it", depends_on=["1"], binding={"url": "http://h:1"}, **KW))
+    repo.apply(
+        "workspace", lambda p: P.add(p, "run it", depends_on=["1"], binding={"url": "http://h:1"}, **KW)
+    )
     repo.apply("workspace", lambda p: P.start(p, "1", worker="agent", **KW))
     repo.apply("workspace", lambda p: P.note(p, "1", "2 GPUs visible", **KW))
     store.close()
     with open_store(tmp_path / "servelab.db") as again:
         r = PlanRepo(again)
         p = r.load()
-        assert [(i.id, i.status, i.worker) for i in p.items] == [("1", "in_progress", "agent"), ("2", "pending", None)]
+        assert [(i.id, i.status, i.worker) for i in p.items] == [
+            ("1", "in_progress", "agent"),
+            ("2", "pending", None),
+        ]
         assert p.get("1").notes == ("2 GPUs visible",) and p.get("2").depends_on == ("1",)
         assert p.get("2").binding == {"url": "http://h:1"}
         hist = r.history("workspace", "1")
         assert [(e.from_status, e.to_status, e.reason) for e in hist] == [
-            (None, "pending", "added"), ("pending", "in_progress", "started"), ("in_progress", "in_progress", "note")]
+            (None, "pending", "added"),
+            ("pending", "in_progress", "started"),
+            ("in_progress", "in_progress", "note"),
+        ]
         assert hist[1].detail == {"worker": "agent"} and hist[1].actor == "test"
         assert len(r.history("workspace")) == 4
-        assert r.plans() == [{"name": "workspace", "kind": "workspace", "study_uid": None,
-                              "created_at": r.plans()[0]["created_at"], "items": 2, "open": 2}]
+        assert r.plans() == [
+            {
+                "name": "workspace",
+                "kind": "workspace",
+                "study_uid": None,
+                "created_at": r.plans()[0]["created_at"],
+                "items": 2,
+                "open": 2,
+            }
+        ]
 
 
 def test_an_invalid_change_writes_nothing(store: Store) -> None:
@@ -61,9 +77,15 @@ def test_an_invalid_change_writes_nothing(store: Store) -> None:
     before = (repo.load(), count(store, "plan_events"))
 
     def half_then_fail(p: P.Plan) -> P.Outcome:
-        return P.import_todowrite(p, [{"id": "1", "content": "a", "status": "completed"},
-                                      {"id": "2", "content": "b", "status": "in_progress"},
-                                      {"id": "3", "content": "c", "status": "in_progress"}], **KW)
+        return P.import_todowrite(
+            p,
+            [
+                {"id": "1", "content": "a", "status": "completed"},
+                {"id": "2", "content": "b", "status": "in_progress"},
+                {"id": "3", "content": "c", "status": "in_progress"},
+            ],
+            **KW,
+        )
 
     with pytest.raises(ConfigError, match="two items in progress"):
         repo.apply("workspace", half_then_fail)
@@ -79,8 +101,12 @@ def test_an_invalid_change_writes_nothing(store: Store) -> None:
 def test_json_round_trip_through_the_store(store: Store) -> None:
     repo = PlanRepo(store)
     repo.apply("workspace", lambda p: P.add(p, "a", binding={"requested": {"tp_size": 2}}, **KW))
-    repo.apply("workspace", lambda p: P.import_todowrite(p, [{"content": "b", "status": "pending",
-                                                              "activeForm": "Doing b"}], **KW))
+    repo.apply(
+        "workspace",
+        lambda p: P.import_todowrite(
+            p, [{"content": "b", "status": "pending", "activeForm": "Doing b"}], **KW
+        ),
+    )
     exported = P.export_json(repo.load())
     repo.apply("copy", lambda p: P.import_json(p, exported, **KW))
     assert P.export_json(repo.load("copy"))["items"] == exported["items"]
@@ -91,16 +117,37 @@ def test_study_loop_api(store: Store) -> None:
     assert fill_from_study(store, "s-abc", cands) == ["1", "2"]
     assert fill_from_study(store, "s-abc", cands) == []  # resume adds nothing
     assert on_trial(store, "s-abc", "trtllm", "running", {"run": "b-1"}).status == "in_progress"
-    it = on_trial(store, "s-abc", "trtllm", "not_applied", {
-        "run": "b-1", "trial": 7, "effective": {"effective": {"moe_runner_backend": "flashinfer_cutlass"},
-                                                "evidence": {"moe_runner_backend": "backend=cutlass"}}})
+    it = on_trial(
+        store,
+        "s-abc",
+        "trtllm",
+        "not_applied",
+        {
+            "run": "b-1",
+            "trial": 7,
+            "effective": {
+                "effective": {"moe_runner_backend": "flashinfer_cutlass"},
+                "evidence": {"moe_runner_backend": "backend=cutlass"},
+            },
+        },
+    )
     assert it.status == "pending" and it.evidence[-1]["mismatches"][0]["evidence"] == "backend=cutlass"
     on_trial(store, "s-abc", "trtllm", "running", {"run": "b-2"})
-    done = on_trial(store, "s-abc", "trtllm", "measured", {"run": "b-2", "effective": {
-        "moe_runner_backend": "flashinfer_trtllm"}})
+    done = on_trial(
+        store,
+        "s-abc",
+        "trtllm",
+        "measured",
+        {"run": "b-2", "effective": {"moe_runner_backend": "flashinfer_trtllm"}},
+    )
     assert done.status == "completed"
     repo = PlanRepo(store)
     assert repo.plans()[0]["kind"] == "study" and repo.plans()[0]["study_uid"] == "s-abc"
     assert [e.to_status for e in repo.history("s-abc", "1")] == [
-        "pending", "in_progress", "pending", "in_progress", "completed"]
+        "pending",
+        "in_progress",
+        "pending",
+        "in_progress",
+        "completed",
+    ]
     assert repo.load("workspace").items == ()

@@ -31,7 +31,10 @@ def test_migrations_apply_once_and_new_ones_later(tmp_path: Path) -> None:
 
 
 def test_failed_migration_rolls_back(tmp_path: Path) -> None:
-    bad = [("0001_ok", "CREATE TABLE a (x INTEGER);"), ("0002_bad", "CREATE TABLE b (x INTEGER); SELEC nonsense;")]
+    bad = [
+        ("0001_ok", "CREATE TABLE a (x INTEGER);"),
+        ("0002_bad", "CREATE TABLE b (x INTEGER); SELEC nonsense;"),
+    ]
     with pytest.raises(StoreError, match="0002_bad"):
         open_store(tmp_path / "y.db", bad)
     conn = sqlite3.connect(tmp_path / "y.db")
@@ -53,8 +56,20 @@ def test_requests_are_visible_to_another_connection_immediately() -> None:
         repo = BenchRepo(store)
         run_id, uid = repo.create_run("http://x", "m", "completions", {"api_key": "sk-abcdefgh123"}, "h")
         level = repo.create_level(run_id, 0, "concurrency", 4, None)
-        repo.add_request(level, RequestRecord(idx=0, prompt_idx=0, start_s=0.0, ok=True, ttft_s=0.1, e2e_s=0.5,
-                                              itl_s=[0.1, 0.1], output_tokens=3, token_source="usage"))
+        repo.add_request(
+            level,
+            RequestRecord(
+                idx=0,
+                prompt_idx=0,
+                start_s=0.0,
+                ok=True,
+                ttft_s=0.1,
+                e2e_s=0.5,
+                itl_s=[0.1, 0.1],
+                output_tokens=3,
+                token_source="usage",
+            ),
+        )
         with open_store() as other:  # a second process would see exactly this
             got = BenchRepo(other).requests(level)
             assert len(got) == 1 and got[0].itl_s == [0.1, 0.1]

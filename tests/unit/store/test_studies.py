@@ -12,7 +12,9 @@ def test_study_candidates_trials_round_trip_and_open_trials(tmp_path: Path) -> N
     db = tmp_path / "s.db"
     with open_store(db) as store:
         repo = StudyRepo(store)
-        sid, uid = repo.create_study("glm", "x.toml", {"engine": {"env": {"HF_TOKEN": "hf_abcdefghijkl"}}}, "h1")
+        sid, uid = repo.create_study(
+            "glm", "x.toml", {"engine": {"env": {"HF_TOKEN": "hf_abcdefghijkl"}}}, "h1"
+        )
         cid = repo.add_candidate(sid, 0, "tp8", {"tp": 8}, {"output_throughput": 500.0})
         tid = repo.start_trial(cid, 0, f"servelab-study:{uid}:tp8:0")
         repo.update_trial(tid, argv=["python", "-m", "vllm", "--api-key", "sk-secretsecret"], pid=123)

@@ -8,9 +8,19 @@ from servelab import analyze
 from servelab.config import AnomalySpec, SLOSpec
 
 
-def _lv(level: float, thr: float, tpot: float = 20.0, ttft: float = 100.0, failed: int = 0, **kw: object) -> dict:
-    return {"level": level, "completed": 100 - failed, "failed": failed, "failure_rate": failed / 100,
-            "output_throughput": thr, "tpot_ms_p50": tpot, "ttft_ms_p99": ttft, **kw}
+def _lv(
+    level: float, thr: float, tpot: float = 20.0, ttft: float = 100.0, failed: int = 0, **kw: object
+) -> dict:
+    return {
+        "level": level,
+        "completed": 100 - failed,
+        "failed": failed,
+        "failure_rate": failed / 100,
+        "output_throughput": thr,
+        "tpot_ms_p50": tpot,
+        "ttft_ms_p99": ttft,
+        **kw,
+    }
 
 
 def test_estimate_uses_student_t() -> None:
@@ -48,17 +58,26 @@ def test_anomalies_against_the_baseline() -> None:
 
 def test_rank_picks_best_meeting_slo_and_judges_noise() -> None:
     slo = SLOSpec(tpot_ms={"p50": 50})
-    a = analyze.score("a", "measured", [_lv(16, 500, ci={"output_throughput": 5.0}),
-                                         _lv(64, 900, tpot=80, ci={"output_throughput": 5.0})], slo, "output_throughput")
+    a = analyze.score(
+        "a",
+        "measured",
+        [_lv(16, 500, ci={"output_throughput": 5.0}), _lv(64, 900, tpot=80, ci={"output_throughput": 5.0})],
+        slo,
+        "output_throughput",
+    )
     assert a.value == 500 and a.level == 16  # the faster level misses the TPOT limit
-    b = analyze.score("b", "measured", [_lv(16, 450, ci={"output_throughput": 5.0})], slo, "output_throughput")
+    b = analyze.score(
+        "b", "measured", [_lv(16, 450, ci={"output_throughput": 5.0})], slo, "output_throughput"
+    )
     c = analyze.score("c", "not_applied", [], slo, "output_throughput")
     r = analyze.rank([b, c, a], "output_throughput")
     assert r.winner == "a" and r.runner_up == "b"
     assert r.margin == pytest.approx(50)
     assert r.significant is True
     assert [s.label for s in r.ranked] == ["a", "b", "c"]
-    close = analyze.score("d", "measured", [_lv(16, 498, ci={"output_throughput": 20.0})], slo, "output_throughput")
+    close = analyze.score(
+        "d", "measured", [_lv(16, 498, ci={"output_throughput": 20.0})], slo, "output_throughput"
+    )
     r2 = analyze.rank([a, close], "output_throughput")
     assert r2.significant is False and "within the noise" in r2.verdict
 

@@ -5,9 +5,11 @@ from servelab.applied import compare, same
 
 def test_backend_replacement_is_a_mismatch_with_evidence() -> None:
     line = "Use flashinfer_cutlass as MoE runner backend on SM120, since flashinfer_trtllm is not supported"
-    mism, unconfirmed = compare({"moe_runner_backend": "flashinfer_trtllm", "tp_size": 8, "pp_size": 1},
-                                {"moe_runner_backend": "flashinfer_cutlass", "tp_size": 8},
-                                {"moe_runner_backend": line})
+    mism, unconfirmed = compare(
+        {"moe_runner_backend": "flashinfer_trtllm", "tp_size": 8, "pp_size": 1},
+        {"moe_runner_backend": "flashinfer_cutlass", "tp_size": 8},
+        {"moe_runner_backend": line},
+    )
     assert [m.key for m in mism] == ["moe_runner_backend"]
     assert mism[0].evidence == line
     assert "flashinfer_trtllm" in mism[0].sentence()

@@ -48,13 +48,21 @@ def test_workload_size_is_exactly_one_of_three() -> None:
 
 
 def test_matrix_is_a_cartesian_product_with_variants() -> None:
-    got = expand_matrix({
-        "variants": [{"tp": 8}, {"tp": 4, "pp": 2}],
-        "args": [["--moe-runner-backend", "flashinfer_cutlass"], ["--moe-runner-backend", "flashinfer_trtllm"]],
-    })
+    got = expand_matrix(
+        {
+            "variants": [{"tp": 8}, {"tp": 4, "pp": 2}],
+            "args": [
+                ["--moe-runner-backend", "flashinfer_cutlass"],
+                ["--moe-runner-backend", "flashinfer_trtllm"],
+            ],
+        }
+    )
     assert [(c.tp, c.pp, c.args[-1]) for c in got] == [
-        (8, 1, "flashinfer_cutlass"), (8, 1, "flashinfer_trtllm"),
-        (4, 2, "flashinfer_cutlass"), (4, 2, "flashinfer_trtllm")]
+        (8, 1, "flashinfer_cutlass"),
+        (8, 1, "flashinfer_trtllm"),
+        (4, 2, "flashinfer_cutlass"),
+        (4, 2, "flashinfer_trtllm"),
+    ]
     assert len({c.label() for c in got}) == 4
 
 

@@ -17,9 +17,17 @@ from servelab.ui.server import is_loopback, make_server, serve_in_thread, url_of
 
 
 def _summary(thr: float, tpot: float) -> dict[str, object]:
-    return {"completed": 10, "failed": 0, "output_throughput": thr, "total_token_throughput": thr * 9,
-            "request_throughput": 1.0, "ttft_ms": {"p50": 100.0, "p99": 150.0}, "tpot_ms": {"p50": tpot, "p99": tpot},
-            "itl_ms": {"p50": tpot}, "e2e_ms": {"p50": 1000.0}}
+    return {
+        "completed": 10,
+        "failed": 0,
+        "output_throughput": thr,
+        "total_token_throughput": thr * 9,
+        "request_throughput": 1.0,
+        "ttft_ms": {"p50": 100.0, "p99": 150.0},
+        "tpot_ms": {"p50": tpot, "p99": tpot},
+        "itl_ms": {"p50": tpot},
+        "e2e_ms": {"p50": 1000.0},
+    }
 
 
 @pytest.fixture

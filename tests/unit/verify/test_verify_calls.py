@@ -9,16 +9,26 @@ from servelab.verify.calls import Caller, parse_body
 
 
 def test_completions_body_with_token_ids() -> None:
-    body = orjson.dumps({"choices": [{"text": " Paris", "finish_reason": "length", "token_ids": [1, 2],
-                                      "prompt_token_ids": [0, 7]}], "usage": {"completion_tokens": 2}})
+    body = orjson.dumps(
+        {
+            "choices": [
+                {"text": " Paris", "finish_reason": "length", "token_ids": [1, 2], "prompt_token_ids": [0, 7]}
+            ],
+            "usage": {"completion_tokens": 2},
+        }
+    )
     c = parse_body("The capital", body)
     assert c.ok and c.text == " Paris" and c.token_ids == [1, 2] and c.prompt_token_ids == [0, 7]
     assert c.finish_reason == "length" and c.completion_tokens == 2 and c.tokens() == [1, 2]
 
 
 def test_chat_body_without_ids_compares_words() -> None:
-    body = orjson.dumps({"choices": [{"message": {"role": "assistant", "content": "Paris is"},
-                                      "finish_reason": "stop"}], "prompt_token_ids": [3, 4]})
+    body = orjson.dumps(
+        {
+            "choices": [{"message": {"role": "assistant", "content": "Paris is"}, "finish_reason": "stop"}],
+            "prompt_token_ids": [3, 4],
+        }
+    )
     c = parse_body([{"role": "user", "content": "q"}], body)
     assert c.text == "Paris is" and c.token_ids is None and c.tokens() == ["Paris", "is"]
     assert c.prompt_token_ids == [3, 4]
@@ -40,6 +50,14 @@ def test_request_bodies() -> None:
 
 
 def test_reasoning_only_answer_is_judged_by_its_reasoning() -> None:
-    body = orjson.dumps({"choices": [{"message": {"content": None, "reasoning_content": "The user asks"},
-                                      "finish_reason": "length"}]})
+    body = orjson.dumps(
+        {
+            "choices": [
+                {
+                    "message": {"content": None, "reasoning_content": "The user asks"},
+                    "finish_reason": "length",
+                }
+            ]
+        }
+    )
     assert parse_body("q", body).text == "The user asks"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servelab", "verify-output", *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "servelab", "verify-output", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def dead_url() -> str:
@@ -35,8 +36,16 @@ def test_hf_reference_must_be_a_model_dir(tmp_path: Path) -> None:
 
 def test_missing_reference_python(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    p = run("--url", dead_url(), "--model", "m", "--reference", f"hf:{tmp_path}",
-            "--reference-python", str(tmp_path / "python"))
+    p = run(
+        "--url",
+        dead_url(),
+        "--model",
+        "m",
+        "--reference",
+        f"hf:{tmp_path}",
+        "--reference-python",
+        str(tmp_path / "python"),
+    )
     assert p.returncode == 2 and "does not exist" in p.stderr and "hint:" in p.stderr
 
 

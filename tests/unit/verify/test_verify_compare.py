@@ -33,13 +33,25 @@ def test_word_divergence_allows_an_early_stop() -> None:
 
 
 def step(pos: int, engine: int, top: int, gap: float, rank: int = 0) -> dict[str, Any]:
-    return {"pos": pos, "engine_id": engine, "ref_top_id": top, "gap": gap, "rank": rank,
-            "engine_text": f"e{engine}", "ref_top_text": f"r{top}"}
+    return {
+        "pos": pos,
+        "engine_id": engine,
+        "ref_top_id": top,
+        "gap": gap,
+        "rank": rank,
+        "engine_text": f"e{engine}",
+        "ref_top_text": f"r{top}",
+    }
 
 
 def ref(ids: list[int], forced: list[dict[str, Any]], prompt_ids: list[int] | None = None) -> dict[str, Any]:
-    return {"ids": ids, "forced": forced, "prompt_ids": prompt_ids or [0, 5], "tokens": [f"t{i}" for i in ids],
-            "engine_tokens": [f"e{s['engine_id']}" for s in forced]}
+    return {
+        "ids": ids,
+        "forced": forced,
+        "prompt_ids": prompt_ids or [0, 5],
+        "tokens": [f"t{i}" for i in ids],
+        "engine_tokens": [f"e{s['engine_id']}" for s in forced],
+    }
 
 
 def test_judge_forced_picks_the_first_step_past_tolerance() -> None:
@@ -49,7 +61,9 @@ def test_judge_forced_picks_the_first_step_past_tolerance() -> None:
 
 
 def test_exact_match() -> None:
-    v = judge_reference([1, 2, 3], ref([1, 2, 3], [step(i, t, t, 0.0) for i, t in enumerate([1, 2, 3])]), {99})
+    v = judge_reference(
+        [1, 2, 3], ref([1, 2, 3], [step(i, t, t, 0.0) for i, t in enumerate([1, 2, 3])]), {99}
+    )
     assert v["ok"] and v["first_divergence"] is None and v["exact_match_tokens"] == 3
 
 
@@ -68,8 +82,13 @@ def test_wrong_weights_fail_with_the_rejected_token() -> None:
     v = judge_reference(engine, ref([1, 2, 3], forced), {99})
     assert not v["ok"]
     assert v["first_divergence"] == 1
-    assert v["first_rejected"] == {"pos": 1, "gap": 1.3, "rank": 812, "engine": {"id": 50, "text": "e50"},
-                                   "reference": {"id": 2, "text": "r2"}}
+    assert v["first_rejected"] == {
+        "pos": 1,
+        "gap": 1.3,
+        "rank": 812,
+        "engine": {"id": 50, "text": "e50"},
+        "reference": {"id": 2, "text": "r2"},
+    }
     assert v["max_gap"] == 1.3
 
 

@@ -11,14 +11,17 @@ def kinds(text: str, ids: list[int] | None = None, finish: str | None = "length"
     return {f.kind: f.severity for f in inspect(text, ids, finish)}
 
 
-@pytest.mark.parametrize("text", [
-    " Paris. It is also the largest city in France.",
-    " 6, 7, 8, 9, 10, 11, 12",
-    "    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
-    " gama lodece calebe hibu dikipu pige dikipu pige",
-    "Wow!!! That is great.",
-    " ==== Section ==== and then some more words follow here to dilute it",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        " Paris. It is also the largest city in France.",
+        " 6, 7, 8, 9, 10, 11, 12",
+        "    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+        " gama lodece calebe hibu dikipu pige dikipu pige",
+        "Wow!!! That is great.",
+        " ==== Section ==== and then some more words follow here to dilute it",
+    ],
+)
 def test_plausible_answers_are_clean(text: str) -> None:
     assert inspect(text, None, "length") == []
 

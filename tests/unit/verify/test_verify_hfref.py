@@ -21,7 +21,9 @@ def test_reference_python_must_exist(tmp_path: Path) -> None:
     assert "--reference-python" in exc.value.hint
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="needs a python without transformers")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is not None, reason="needs a python without transformers"
+)
 def test_default_python_without_transformers_is_a_user_error() -> None:
     with pytest.raises(ConfigError, match="cannot import transformers"):
         hfref.resolve_python(None)
@@ -46,18 +48,38 @@ def test_a_reference_that_cannot_run_is_an_engine_error(tmp_path: Path) -> None:
 
 
 def result(ids: list[int], forced: list[tuple[int, int, float]]) -> dict[str, Any]:
-    return {"prompt_ids": [0, 4], "ids": ids, "text": " ".join(map(str, ids)), "tokens": [str(i) for i in ids],
-            "engine_ids": [e for e, _, _ in forced], "engine_tokens": [str(e) for e, _, _ in forced],
-            "retokenized": False,
-            "forced": [{"pos": i, "engine_id": e, "ref_top_id": t, "gap": g, "rank": 0 if g == 0 else 3,
-                        "engine_text": str(e), "ref_top_text": str(t)} for i, (e, t, g) in enumerate(forced)]}
+    return {
+        "prompt_ids": [0, 4],
+        "ids": ids,
+        "text": " ".join(map(str, ids)),
+        "tokens": [str(i) for i in ids],
+        "engine_ids": [e for e, _, _ in forced],
+        "engine_tokens": [str(e) for e, _, _ in forced],
+        "retokenized": False,
+        "forced": [
+            {
+                "pos": i,
+                "engine_id": e,
+                "ref_top_id": t,
+                "gap": g,
+                "rank": 0 if g == 0 else 3,
+                "engine_text": str(e),
+                "ref_top_text": str(t),
+            }
+            for i, (e, t, g) in enumerate(forced)
+        ],
+    }
 
 
 def test_judge_pass_flip_and_fail() -> None:
     a = Completion("p", text="1 2", token_ids=[1, 2], prompt_token_ids=[0, 4])
     b = Completion("q", text="1 5", token_ids=[1, 5], prompt_token_ids=[0, 4])
-    data = {"eos_ids": [9], "model_dir": "/m", "dtype": "bfloat16",
-            "results": [result([1, 2], [(1, 1, 0.0), (2, 2, 0.0)]), result([1, 3], [(1, 1, 0.0), (5, 3, 0.01)])]}
+    data = {
+        "eos_ids": [9],
+        "model_dir": "/m",
+        "dtype": "bfloat16",
+        "results": [result([1, 2], [(1, 1, 0.0), (2, 2, 0.0)]), result([1, 3], [(1, 1, 0.0), (5, 3, 0.01)])],
+    }
     check = hfref.judge([a, b], data)
     assert check.ok and check.severity == "warning" and "positions 1" in check.detail
     data["results"][1] = result([1, 3], [(1, 1, 0.0), (5, 3, 0.7)])

@@ -21,18 +21,20 @@ def test_default_set_has_items_for_both_apis() -> None:
     assert france == "The capital of France is"
 
 
-@pytest.mark.parametrize("answer,expect,hit", [
-    (" Paris, which is also", ("Paris",), "Paris"),
-    (" paris.", ("Paris",), "Paris"),
-    (" 14", ("4", "four"), None),
-    (" 4.", ("4", "four"), "4"),
-    (" Four", ("4", "four"), "four"),
-    (" Fabulous", ("F",), None),
-    (" F, G, H", ("F",), "F"),
-])
+@pytest.mark.parametrize(
+    "answer,expect,hit",
+    [
+        (" Paris, which is also", ("Paris",), "Paris"),
+        (" paris.", ("Paris",), "Paris"),
+        (" 14", ("4", "four"), None),
+        (" 4.", ("4", "four"), "4"),
+        (" Four", ("4", "four"), "four"),
+        (" Fabulous", ("F",), None),
+        (" F, G, H", ("F",), "F"),
+    ],
+)
 def test_whole_word_matching(answer: str, expect: tuple[str, ...], hit: str | None) -> None:
     assert known.matches(answer, expect) == hit
-
 
 
 def test_judge_threshold() -> None:

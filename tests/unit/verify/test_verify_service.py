@@ -40,8 +40,12 @@ def test_garbage_the_reference_also_produces_is_a_warning() -> None:
 
 
 def test_result_verdict_and_json() -> None:
-    r = VerifyResult("http://h:1", "m", "completions", [Check("a", True), Check("b", False, "warning"),
-                                                          Check("c", False, "error", "bad", {"x": 1})])
+    r = VerifyResult(
+        "http://h:1",
+        "m",
+        "completions",
+        [Check("a", True), Check("b", False, "warning"), Check("c", False, "error", "bad", {"x": 1})],
+    )
     assert not r.ok and [c.name for c in r.failures] == ["c"]
     d = r.to_dict()
     assert d["failed"] == ["c"] and d["warnings"] == ["b"] and d["checks"][2]["evidence"] == {"x": 1}

@@ -10,9 +10,14 @@ MODEL = "Qwen3-8B"
 
 
 def test_the_sims_own_text_passes_even_when_eos_cut_it_short() -> None:
-    answers = [Completion("The capital of France is", text=greedy_text(MODEL, "The capital of France is", 16)),
-               Completion("Once", text=greedy_text(MODEL, "Once", 5), finish_reason="stop"),
-               Completion([{"role": "user", "content": "hi"}], text=greedy_text(MODEL, [{"role": "user", "content": "hi"}], 8))]
+    answers = [
+        Completion("The capital of France is", text=greedy_text(MODEL, "The capital of France is", 16)),
+        Completion("Once", text=greedy_text(MODEL, "Once", 5), finish_reason="stop"),
+        Completion(
+            [{"role": "user", "content": "hi"}],
+            text=greedy_text(MODEL, [{"role": "user", "content": "hi"}], 8),
+        ),
+    ]
     check = judge(MODEL, answers)
     assert check.ok, check.detail
 
