@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.support import simruns
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +15,51 @@ def servelab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "servelab-home"
     monkeypatch.setenv("SERVELAB_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def sim_bench_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBenchRuns]:
+    """Two real `servelab bench` runs against one live `servelab sim --speed 20` (Llama-3.1-8B on one
+    simulated H100), written once per session: the readers' tests copy this store (`copy_store`)."""
+    root = tmp_path_factory.mktemp("sim-bench")
+    home = root / "home"
+    sim = simruns.start_sim(root / "logs", *simruns.LLAMA8, "--personality", "vllm")
+    try:
+        plain = simruns.bench(
+            home,
+            sim.url,
+            "Llama-3.1-8B",
+            "--concurrency",
+            "1,4,16",
+            "--num-requests",
+            "32",
+            "--input-len",
+            "512",
+            "--output-len",
+            "64",
+        )
+        slo = simruns.bench(
+            home,
+            sim.url,
+            "Llama-3.1-8B",
+            "--concurrency",
+            "1,4",
+            "--num-requests",
+            "16",
+            "--input-len",
+            "512",
+            "--output-len",
+            "64",
+            "--slo",
+            "ttft_ms<=2000,tpot_ms<=50",
+        )
+    finally:
+        sim.stop()
+    yield SimBenchRuns(home=home, runs=[plain["run"], slo["run"]], sim_args=simruns.LLAMA8)
+
+
+@dataclass(frozen=True)
+class SimBenchRuns:
+    home: Path
+    runs: list[str]
+    sim_args: list[str]

@@ -105,7 +105,7 @@ def last_run() -> dict[str, Any] | None:
             return trial
         runs = BenchRepo(store).list_runs(1)
         if runs:
-            return {"url": runs[0]["url"], "bench_run": runs[0]["uid"], "markers": {}}
+            return {"url": runs[0].url, "bench_run": runs[0].uid, "markers": {}}
         return None
     finally:
         store.close()

@@ -30,6 +30,7 @@ from servelab.engines.base import Engine, Settings
 from servelab.errors import ConfigError, EngineError, Interrupted, ServelabError, ServerError
 from servelab.host.ports import free_port
 from servelab.paths import data_home
+from servelab.results import Clock, Host, Layout, RunContext
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 
@@ -167,7 +168,26 @@ def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] |
     return sorted(ordered, key=lambda pair: pair[0].label() != base)
 
 
-def bench_config(study: Study, url: str, model: str, api_key: str | None = None) -> BenchConfig:
+def run_context(study: Study, cand: CandidateSpec) -> RunContext:
+    """What a candidate's bench runs are of, as the study declares it: engine, model config, host,
+    layout, formats, and the simulator's clock speed (so its runs are shown in simulated GPU time)."""
+    options = {**study.engine.options, **cand.options}
+    speed = float(options.get("speed", 1.0) or 1.0) if study.engine.name == "sim" else 1.0
+    return RunContext(
+        engine=study.engine.name,
+        personality=options.get("personality"),
+        model_config=study.model.config or study.model.path,
+        host=Host(gpu=study.host.gpu, num_gpus=study.host.num_gpus, source="study"),
+        layout=Layout(tp=cand.tp, pp=cand.pp, ep=cand.ep, dp=cand.dp),
+        quant=cand.quantization,
+        kv_dtype=cand.kv_cache_dtype,
+        clock=Clock(speed=speed, source="study") if study.engine.name == "sim" else Clock(),
+    )
+
+
+def bench_config(
+    study: Study, url: str, model: str, api_key: str | None = None, context: RunContext | None = None
+) -> BenchConfig:
     w, ld = study.workload, study.load
     try:
         return BenchConfig(
@@ -194,6 +214,7 @@ def bench_config(study: Study, url: str, model: str, api_key: str | None = None)
             timeout_s=w.timeout_s,
             temperature=w.temperature,
             api_key=api_key,
+            context=context or RunContext(),
         )
     except ValueError as exc:
         raise ConfigError(f"the study's workload/load cannot be benchmarked: {exc}") from exc
@@ -576,10 +597,10 @@ class Tuner:
         throughput has collapsed against the baseline at `anomalies.stop_after_collapses` levels."""
         from servelab.engines import signatures
 
-        base_cfg = bench_config(self.study, url, model)
+        spec_ = next(c for c in self.study.candidates if c.label() == label)
+        base_cfg = bench_config(self.study, url, model, context=run_context(self.study, spec_))
         path = self.engine.capabilities.telemetry_path
         tele = _Telemetry(_http_telemetry(url, path) if path else None)
-        speed = float(self.study.engine.options.get("speed", 1.0) or 1.0)
         baseline = self._baseline_levels(label)
         spec = self.study.anomalies
         digests: list[dict[str, Any]] = []
@@ -597,9 +618,10 @@ class Tuner:
                 power = await tele.stop()
             if not digests:
                 self.repo.update_trial(tid, bench_run_id=_run_id(self.store, res.uid))
-            summary = res.levels[0]["summary"]
-            # The simulator's clock runs `speed` times faster; keep the digest in real-GPU time.
-            d = analyze.rescale(analyze.level_digest(summary, value), speed) | power | {"bench_run": res.uid}
+            # The run records its clock: its summary is already in the (simulated) GPU's time.
+            d = res.levels[0].summary.digest() | power | {"bench_run": res.uid}
+            if res.context.clock.simulated:
+                d["time_scale"] = res.context.clock.speed
             died = server is not None and server.exit_code() is not None
             if not died and d["failed"]:
                 died = signatures.diagnose(_read(log_path), self.engine.name).klass in DEATH_CLASSES

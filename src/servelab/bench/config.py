@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servelab.bench.load import ARRIVALS, LevelSpec
+from servelab.results import RunContext
 
 
 class BenchConfig(BaseModel):
@@ -39,6 +40,8 @@ class BenchConfig(BaseModel):
     api_key: str | None = None
     scrape_interval_s: float = Field(default=1.0, ge=0)
     temperature: float | None = None
+    # What the run is of, where the server cannot say (a study's candidate, `--gpu/--tp/...`).
+    context: RunContext = Field(default_factory=RunContext)
 
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from servelab.bench.client import Client, StreamResult
-from servelab.bench.metrics import RequestRecord
+from servelab.results import RequestRecord
 
 ARRIVALS = ("poisson", "gamma", "constant")
 

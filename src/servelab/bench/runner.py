@@ -22,6 +22,7 @@ from servelab.bench.config import BenchConfig
 from servelab.bench.load import LevelSpec, PreparedRequest, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.errors import ConfigError, Interrupted, ServerError
+from servelab.results import Clock, Host, Layout, Level, RequestRecord, RunContext
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 
@@ -144,6 +145,33 @@ async def _send_retrying(client: Client, req: bytes, timeout_s: float, tries: in
     return res
 
 
+async def learn_context(client: Client, caps: Capabilities) -> RunContext:
+    """What the server says it is: the simulator's `/servelab/info` names its host, layout and clock;
+    a real engine's `/metrics` names the engine. Nothing here guesses: unknowns stay None."""
+    status, body = await _get(client, "/servelab/info")
+    if status == 200:
+        try:
+            info = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            info = None
+        if isinstance(info, dict):
+            host, layout, clock = info.get("host") or {}, info.get("layout") or {}, info.get("clock") or {}
+            try:
+                return RunContext(
+                    engine=info.get("engine") or caps.engine,
+                    personality=info.get("personality"),
+                    model_config=info.get("model_config"),
+                    host=Host(**host, source="server") if host else Host(),
+                    layout=Layout(**layout),
+                    quant=info.get("quant"),
+                    kv_dtype=info.get("kv_dtype"),
+                    clock=Clock(speed=float(clock.get("speed") or 1.0), source="server"),
+                )
+            except (TypeError, ValueError):
+                pass  # not our simulator's shape: fall through to what /metrics told
+    return RunContext(engine=caps.engine)
+
+
 async def _get(client: Client, path: str) -> tuple[int, bytes]:
     res = await client.get(path)
     return res.status, res.body
@@ -190,8 +218,8 @@ class _RecordMaker:
 
     def __call__(
         self, idx: int, req: PreparedRequest, start_s: float, scheduled: float | None, res: StreamResult
-    ) -> M.RequestRecord:
-        rec = M.RequestRecord(
+    ) -> RequestRecord:
+        rec = RequestRecord(
             idx=idx,
             prompt_idx=req.prompt_idx,
             start_s=start_s,
@@ -237,13 +265,17 @@ async def _snapshot(client: Client) -> dict[str, float] | None:
 
 @dataclass
 class BenchResult:
+    """What `run_bench` measured; `levels` as the store's `Run` holds them (summary in the time base
+    shown to users, wall-clock figures beside)."""
+
     run_id: int
     uid: str
     status: str
-    levels: list[dict[str, Any]]
+    levels: list[Level]
     warnings: list[str]
     workload: dict[str, Any]
     capabilities: dict[str, Any]
+    context: RunContext
 
 
 async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = None) -> BenchResult:
@@ -304,41 +336,62 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             )
             for i, p in enumerate(warm_wl.prompts)
         ]
-        config = cfg.model_dump() | {
+        context = (await learn_context(metrics_client, caps)).merged(cfg.context)
+        config = cfg.model_dump(exclude={"context"}) | {
             "workload_info": wl.describe(),
             "capabilities": caps.__dict__,
             "tokens_per_word_fit": fit,
         }
-        run_id, uid = repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash)
-        repo.set_run_info(run_id, engine=caps.engine, warnings=warnings)
+        run_id, uid = repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash, context)
+        repo.set_run_info(run_id, warnings=warnings)
         notify(
-            "run_started", {"uid": uid, "levels": len(specs), "workload": wl.describe(), "warnings": warnings}
+            "run_started",
+            {
+                "uid": uid,
+                "levels": len(specs),
+                "workload": wl.describe(),
+                "warnings": warnings,
+                "time_base": context.clock.time_base,
+            },
         )
         make = _RecordMaker(counter)
-        levels_out: list[dict[str, Any]] = []
+        levels_out: list[Level] = []
         status = "completed"
         try:
             for li, spec in enumerate(specs):
                 levels_out.append(
                     await _run_one_level(
-                        client, metrics_client, repo, run_id, li, spec, cfg, prepared, warm, make, slo, notify
+                        client,
+                        metrics_client,
+                        repo,
+                        run_id,
+                        li,
+                        spec,
+                        cfg,
+                        prepared,
+                        warm,
+                        make,
+                        slo,
+                        notify,
+                        context.clock.speed,
                     )
                 )
         except asyncio.CancelledError:
             repo.set_run_info(run_id, warnings=warnings)
-            repo.finish_run(run_id, "interrupted", {"levels": [lv["summary"] for lv in levels_out]})
+            repo.finish_run(run_id, "interrupted", [lv.wall for lv in levels_out])
             raise Interrupted(
                 f"benchmark interrupted; run {uid} keeps every request that had finished",
                 hint=f"`servelab runs show {uid}` shows what was measured.",
             ) from None
-        repeated = sum(lv["summary"].get("prompts_repeated", 0) for lv in levels_out)
+        repeated = sum(lv.wall.prompts_repeated for lv in levels_out)
         if repeated:
             warnings.append(
                 f"{repeated} requests reused a prompt of the pool of {len(prepared)}: a server with "
                 "prefix caching may answer those faster; give --num-requests or a shorter --duration"
             )
-        checked = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("checked", 0) for lv in levels_out)
-        disagree = sum(lv["summary"].get("tokenizer_crosscheck", {}).get("disagree", 0) for lv in levels_out)
+        checks = [lv.wall.tokenizer_crosscheck for lv in levels_out if lv.wall.tokenizer_crosscheck]
+        checked = sum(c.checked for c in checks)
+        disagree = sum(c.disagree for c in checks)
         if disagree:
             warnings.append(
                 f"for {disagree} of {checked} requests the tokenizer's count of the streamed text "
@@ -346,9 +399,9 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
                 "that is not the generated tokens, or --tokenizer is not the server's tokenizer"
             )
         repo.set_run_info(run_id, warnings=warnings)
-        repo.finish_run(run_id, status, {"levels": [lv["summary"] for lv in levels_out]})
+        repo.finish_run(run_id, status, [lv.wall for lv in levels_out])
         notify("run_finished", {"uid": uid, "status": status})
-        return BenchResult(run_id, uid, status, levels_out, warnings, wl.describe(), caps.__dict__)
+        return BenchResult(run_id, uid, status, levels_out, warnings, wl.describe(), caps.__dict__, context)
     finally:
         client.close()
         metrics_client.close()
@@ -367,7 +420,8 @@ async def _run_one_level(
     make: _RecordMaker,
     slo: M.SLO | None,
     notify: Observer,
-) -> dict[str, Any]:
+    speed: float = 1.0,
+) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
     notify(
@@ -390,9 +444,9 @@ async def _run_one_level(
         if scrape.available and cfg.scrape_interval_s > 0
         else None
     )
-    done: list[M.RequestRecord] = []
+    done: list[RequestRecord] = []
 
-    def on_record(rec: M.RequestRecord) -> None:
+    def on_record(rec: RequestRecord) -> None:
         repo.add_request(level_id, rec)
         done.append(rec)
         notify("request_done", {"index": li, "done": len(done), "ok": rec.ok})
@@ -412,31 +466,29 @@ async def _run_one_level(
     if scrape.available:
         after = await _snapshot(metrics_client) if status == "completed" else None
         scrape.after = after or {}
-    summary = M.summarize(records, slo, duration_s=None)
-    if len(records) > len(prepared):
-        summary["prompts_repeated"] = len(records) - len(prepared)
-    summary |= {"mode": spec.mode, "value": spec.value, "label": spec.label, "wall_s": wall}
-    out_tokens = summary["total_output_tokens"]
-    client_stats = monitor.summary(out_tokens, summary["itl_ms"]["p50"]) if monitor else {}
-    server = scrape.summary()
-    summary["vllm_compatible"] = M.vllm_compatible(
-        summary,
-        {
-            "max_concurrency": int(spec.value) if spec.mode == "concurrency" else spec.max_concurrency,
-            "request_rate": spec.value if spec.mode == "rate" else "inf",
-            "burstiness": spec.burstiness,
-        },
+    summary = M.summarize(records, slo, duration_s=None).model_copy(
+        update={
+            "prompts_repeated": max(0, len(records) - len(prepared)),
+            "mode": spec.mode,
+            "value": spec.value,
+            "label": spec.label,
+            "wall_s": wall,
+        }
     )
+    client_stats = monitor.summary(summary.total_output_tokens, summary.itl_ms.p50) if monitor else {}
+    server = scrape.summary()
     repo.finish_level(level_id, status, summary, server, client_stats)
-    level = {
-        "index": li,
-        "status": status,
-        "label": spec.label,
-        "summary": summary,
-        "server_metrics": server,
-        "client": client_stats,
-    }
-    notify("level_finished", level)
+    level = Level(
+        index=li,
+        status=status,
+        mode=spec.mode,
+        value=spec.value,
+        summary=summary.in_gpu_time(speed),
+        wall=summary,
+        server_metrics=server,
+        client=client_stats,
+    )
+    notify("level_finished", {"index": li, "label": spec.label, "status": status, "client": client_stats})
     if status != "completed":
         raise asyncio.CancelledError
     return level

@@ -18,7 +18,9 @@ from servelab.bench.runner import BenchResult, run_bench
 from servelab.cli import aio
 from servelab.cli.output import emit, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted
+from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
+from servelab.store.bench import BenchRepo
 
 
 def parse_levels(text: str | None, name: str) -> list[float] | None:
@@ -99,9 +101,9 @@ def render(data: dict[str, Any]) -> None:
         "ITL p50",
         "E2E p50",
     ]
-    has_slo = any("goodput" in lv["summary"] for lv in data["levels"])
+    has_slo = any(lv["summary"].get("slo") for lv in data["levels"])
     if has_slo:
-        cols.append("goodput req/s")
+        cols.append("goodput tok/s")
     for c in cols:
         table.add_column(c, justify="right" if c != "level" else "left")
     for lv in data["levels"]:
@@ -123,6 +125,23 @@ def render(data: dict[str, Any]) -> None:
         table.add_row(*row)
     stdout.print(table)
     stdout.print("latencies in ms; TTFT/E2E measured from each request's scheduled send time")
+    time_base = data.get("time_base", "wall clock")
+    if time_base != "wall clock":
+        speed = data["context"]["clock"]["speed"]
+        stdout.print(
+            f"[cyan]{time_base}[/cyan]: the simulator's clock ran {speed:g}× faster; figures are the GPU's "
+            "(`--json` keeps the client's own as wall_clock_summary)"
+        )
+    ctx = data.get("context") or {}
+    host, layout = ctx.get("host") or {}, ctx.get("layout") or {}
+    if host.get("gpu") or layout.get("tp"):
+        lay = "+".join(f"{k.upper()}{v}" for k, v in layout.items() if v and (k == "tp" or v > 1))
+        stdout.print(
+            f"on {host.get('num_gpus') or '?'}× {host.get('gpu') or '?'}"
+            + (f" ({lay})" if lay else "")
+            + (f", from the {host['source']}" if host.get("source") else ""),
+            markup=False,
+        )
     for lv in data["levels"]:
         s = lv["summary"]
         if s["failed"]:
@@ -142,31 +161,28 @@ def render(data: dict[str, Any]) -> None:
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
     for w in data["warnings"]:
         stdout.print(f"[yellow]warning:[/yellow] {w}")
-    stdout.print(f"stored as run {data['run']} (workload hash {data['workload']['dataset_hash']})")
+    stdout.print(f"stored as run {data['run']} (workload hash {data['workload'].get('dataset_hash')})")
 
 
-def result_json(res: BenchResult, cfg: BenchConfig) -> dict[str, Any]:
-    return {
-        "run": res.uid,
-        "status": res.status,
-        "url": cfg.url,
-        "model": cfg.model,
-        "api": cfg.api,
-        "workload": res.workload,
-        "capabilities": res.capabilities,
-        "warnings": res.warnings,
-        "levels": [
-            {
-                "index": lv["index"],
-                "label": lv["label"],
-                "status": lv["status"],
-                "summary": lv["summary"],
-                "server_metrics": lv["server_metrics"],
-                "client": lv["client"],
-            }
-            for lv in res.levels
-        ],
-    }
+def result_json(res: BenchResult) -> dict[str, Any]:
+    """The stable `--json` document: the stored run as `servelab runs show --json` prints it."""
+    with open_store() as store:
+        return BenchRepo(store).load(res.uid).to_json()
+
+
+def context_from_flags(opts: dict[str, Any]) -> RunContext:
+    """`--gpu/--num-gpus/--interconnect/--tp/--pp/--ep/--dp-attention/--model-config/--quant/--kv-dtype`:
+    what the server cannot tell about itself. Each given flag overrides what the server reports."""
+    host = {k: opts.pop(k) for k in ("gpu", "num_gpus", "interconnect")}
+    layout = {"tp": opts.pop("tp"), "pp": opts.pop("pp"), "ep": opts.pop("ep"), "dp": opts.pop("dp")}
+    given = any(v is not None for v in (*host.values(), *layout.values()))
+    return RunContext(
+        model_config=opts.pop("model_config"),
+        quant=opts.pop("quant"),
+        kv_dtype=opts.pop("kv_dtype"),
+        host=Host(**host, source="flags" if given else None),
+        layout=Layout(**layout),
+    )
 
 
 async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
@@ -258,6 +274,16 @@ def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
     type=click.Path(file_okay=False),
     help="Also write one JSON per level in vllm bench serve's fields to this directory.",
 )
+@click.option("--gpu", help="GPU kind the server runs on (catalog name), when the server cannot say.")
+@click.option("--num-gpus", type=click.IntRange(min=1), help="GPUs the server uses.")
+@click.option("--interconnect", help="pcie | nvlink | ... (catalog name), when the server cannot say.")
+@click.option("--tp", type=click.IntRange(min=1), help="Tensor parallel size the server runs with.")
+@click.option("--pp", type=click.IntRange(min=1), help="Pipeline parallel size.")
+@click.option("--ep", type=click.IntRange(min=1), help="Expert parallel size.")
+@click.option("--dp-attention", "dp", type=click.IntRange(min=1), help="Attention data parallel size.")
+@click.option("--model-config", help="Catalog name or config.json the performance model prices the run as.")
+@click.option("--quant", help="Weight format (e.g. fp8, nvfp4, bf16) for the performance model.")
+@click.option("--kv-dtype", help="KV-cache dtype for the performance model.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (documented in docs/cli/bench.md)."
 )
@@ -271,6 +297,7 @@ def bench(**opts: Any) -> None:
         )
     export = opts.pop("export_vllm")
     as_json = opts.pop("as_json")
+    context = context_from_flags(opts)
     workload = opts.pop("workload") or ("sharegpt" if opts.get("dataset") else "synthetic")
     if opts.get("dataset") and not Path(opts["dataset"]).is_file():
         raise ConfigError(
@@ -306,17 +333,21 @@ def bench(**opts: Any) -> None:
             api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"),
             temperature=opts["temperature"],
             scrape_interval_s=opts["scrape_interval"],
+            context=context,
         )
     except ValidationError as exc:
         raise config_error(exc) from None
     res = _run(cfg, _ProgressObserver())
-    data = result_json(res, cfg)
+    data = result_json(res)
     if export:
         out = Path(export)
         out.mkdir(parents=True, exist_ok=True)
         for lv in res.levels:
-            compat = lv["summary"]["vllm_compatible"] | {"model_id": cfg.model, "servelab_run": res.uid}
-            (out / f"{res.uid}-level{lv['index']}.json").write_bytes(
+            compat = lv.vllm_compatible(cfg.max_concurrency, cfg.burstiness) | {
+                "model_id": cfg.model,
+                "servelab_run": res.uid,
+            }
+            (out / f"{res.uid}-level{lv.index}.json").write_bytes(
                 orjson.dumps(compat, option=orjson.OPT_INDENT_2)
             )
     emit(data, as_json, render)

@@ -54,7 +54,7 @@ def _render_fit(d: dict[str, Any]) -> None:
     "--run",
     "runs",
     multiple=True,
-    help="Bench run uid(s) from the store (their config names host and layout).",
+    help="Bench run(s) from the store (uid, id or `last`; repeatable): each must record its host and layout.",
 )
 @click.option("--engine", default=None, help="Keep only rows of this engine.")
 @click.option(
@@ -73,7 +73,18 @@ def fit_cmd(
         )
     obs = observations_from_csv(csv_path) if csv_path else []
     if runs:
-        obs += observations_from_runs([load_run(r) for r in runs])
+        loaded = [load_run(r) for r in runs]
+        from_runs = observations_from_runs(loaded)
+        if not from_runs:
+            missing = [r.uid for r in loaded if not r.context.host.gpu]
+            raise ConfigError(
+                "no usable measurements in "
+                + ", ".join(r.uid for r in loaded)
+                + (f" (no GPU recorded: {', '.join(missing)})" if missing else " (no level with a TPOT)"),
+                hint="record the host when benchmarking: `servelab bench --gpu KIND --num-gpus N --tp T ...` "
+                "(the simulator and studies record it themselves)",
+            )
+        obs += from_runs
     if engine:
         obs = [o for o in obs if o.engine == engine]
     if not obs:

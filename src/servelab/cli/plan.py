@@ -286,13 +286,13 @@ def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
             )
         t = trials[-1]
         return _trial_evidence(t, f"{st['uid']}:{cand['label']}#{t['repeat']}")
-    run = BenchRepo(store).resolve(ref)
+    run = BenchRepo(store).load(ref)
     row = store.conn.execute(
-        "SELECT id FROM study_trials WHERE bench_run_id = ? ORDER BY id DESC LIMIT 1", (run["id"],)
+        "SELECT id FROM study_trials WHERE bench_run_id = ? ORDER BY id DESC LIMIT 1", (run.id,)
     ).fetchone()
     if row is not None:
-        return _trial_evidence(_trial_by_id(srepo, store, int(row["id"])), run["uid"])
-    return {"run": run["uid"], "status": run["status"], "effective": {}}
+        return _trial_evidence(_trial_by_id(srepo, store, int(row["id"])), run.uid)
+    return {"run": run.uid, "status": run.status, "effective": {}}
 
 
 def _trial_by_id(srepo: Any, store: Store, trial_id: int) -> dict[str, Any]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import orjson
 from rich.table import Table
 
 from servelab.cli.output import emit, stdout
-from servelab.errors import ConfigError, NotFoundError
+from servelab.errors import ConfigError
 from servelab.model.factors import Factors, default_factors
 from servelab.model.predict import Setup, Workload, compare_layouts, evaluate, make_setup, sweep
+from servelab.results import Run
 
 
 def resolve_factors(engine: str | None, calibration: str | None) -> Factors:
@@ -267,40 +267,17 @@ def _render_sweep(d: dict[str, Any]) -> None:
     stdout.print(t)
 
 
-def load_run(uid: str) -> dict[str, Any]:
-    """A bench run and its levels from the store (uid or unique uid prefix)."""
+def load_run(ref: str) -> Run:
+    """A bench run from the store: uid, unique uid prefix, numeric id or `last`."""
     from servelab.store import open_store
+    from servelab.store.bench import BenchRepo
 
     with open_store() as store:
-        rows = store.conn.execute(
-            "SELECT * FROM bench_runs WHERE uid = ? OR uid LIKE ?", (uid, uid + "%")
-        ).fetchall()
-        if not rows:
-            raise NotFoundError(f"no bench run {uid!r} in the store", hint="`servelab bench` records runs")
-        if len(rows) > 1:
-            raise ConfigError(f"run id {uid!r} is ambiguous: " + ", ".join(r["uid"] for r in rows))
-        run = rows[0]
-        levels = store.conn.execute(
-            "SELECT * FROM bench_levels WHERE run_id = ? ORDER BY idx", (run["id"],)
-        ).fetchall()
-        return {
-            "uid": run["uid"],
-            "model": run["model"],
-            "engine": run["engine"],
-            "config": orjson.loads(run["config_json"] or "{}"),
-            "levels": [
-                {
-                    "concurrency": int(lv["value"]),
-                    "mode": lv["mode"],
-                    "summary": orjson.loads(lv["summary_json"] or "{}"),
-                }
-                for lv in levels
-            ],
-        }
+        return BenchRepo(store).load(ref)
 
 
 @click.command()
-@click.argument("run")
+@click.argument("run", default="last")
 @click.option(
     "--model", "-m", "model", default=None, help="Catalog name or config.json (default: the run's)."
 )
@@ -321,23 +298,25 @@ def load_run(uid: str) -> dict[str, Any]:
 @click.option("--osl", type=int, default=1024, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def explain(run: str, **kw: Any) -> None:
-    """Set a measured bench RUN beside the prediction, level by level, and name the largest gap."""
+    """Set a measured bench RUN (uid, id or `last`) beside the prediction, level by level, and name the
+    largest gap. Host, layout and formats come from what the run recorded; the flags override them."""
     from servelab.model.explain import explain_levels
 
     data = load_run(run)
-    cfg = data["config"]
-    host, layout = cfg.get("host") or {}, cfg.get("layout") or {}
-    gpu = kw["gpu"] or host.get("gpu")
-    model = kw["model"] or cfg.get("model_config") or data["model"]
+    ctx = data.context
+    host, layout = ctx.host, ctx.layout
+    gpu = kw["gpu"] or host.gpu
+    model = kw["model"] or ctx.model_config_ref or data.model
     if not gpu:
         raise ConfigError(
-            f"run {data['uid']} does not record its GPU",
-            hint="pass --gpu, --num-gpus and the layout (--tp/--pp/--ep) it ran with",
+            f"run {data.uid} does not record its GPU",
+            hint="pass --gpu, --num-gpus and the layout (--tp/--pp/--ep) it ran with, or record them when "
+            "benchmarking (`servelab bench --gpu ... --tp ...`)",
         )
-    tp = kw["tp"] or layout.get("tp")
-    pp = kw["pp"] or layout.get("pp", 1)
-    dp = kw["dp"] or layout.get("dp_attention", 1)
-    num = int(kw["num_gpus"] or host.get("num_gpus") or (tp or 1))
+    tp = kw["tp"] or layout.tp
+    pp = kw["pp"] or layout.pp or 1
+    dp = kw["dp"] or layout.dp or 1
+    num = int(kw["num_gpus"] or host.num_gpus or (tp or 1))
     if tp:  # a bench run measures one server, even on a host with GPUs to spare (no replicas)
         num = min(num, int(tp) * int(pp) * int(dp))
     setup = make_setup(
@@ -346,16 +325,17 @@ def explain(run: str, **kw: Any) -> None:
         num,
         tp=tp,
         pp=pp,
-        ep=kw["ep"] or layout.get("ep", 1),
+        ep=kw["ep"] or layout.ep or 1,
         dp=dp,
-        quant=kw["quant"] or cfg.get("quant"),
-        kv_dtype=kw["kv_dtype"] or cfg.get("kv_dtype"),
-        interconnect=kw["interconnect"] or host.get("interconnect"),
-        factors=resolve_factors(kw["engine"] or data["engine"], kw["calibration"]),
+        quant=kw["quant"] or ctx.quant,
+        kv_dtype=kw["kv_dtype"] or ctx.kv_dtype,
+        interconnect=kw["interconnect"] or host.interconnect,
+        factors=resolve_factors(kw["engine"] or ctx.personality or data.engine, kw["calibration"]),
     )
-    result = explain_levels(setup, data["levels"], kw["isl"], kw["osl"])
+    result = explain_levels(setup, [lv.summary for lv in data.levels], kw["isl"], kw["osl"])
     out = {
-        "run": data["uid"],
+        "run": data.uid,
+        "time_base": data.clock.time_base,
         "model": setup.arch.name,
         "gpu": setup.host.gpu.name,
         "num_gpus": setup.host.num_gpus,

@@ -129,8 +129,18 @@ def list_runs(limit: int, as_json: bool) -> None:
     with open_store() as store:
         rows = BenchRepo(store).list_runs(limit)
     data = [
-        {k: r[k] for k in ("uid", "created_at", "status", "url", "model", "api", "engine", "dataset_hash")}
-        | {"levels": len((r["summary"] or {}).get("levels", []))}
+        {
+            "uid": r.uid,
+            "created_at": r.created_at,
+            "status": r.status,
+            "url": r.url,
+            "model": r.model,
+            "api": r.api,
+            "engine": r.engine,
+            "dataset_hash": r.workload.dataset_hash,
+            "levels": len(r.levels),
+            "time_base": r.clock.time_base,
+        }
         for r in rows
     ]
 
@@ -160,33 +170,5 @@ def list_runs(limit: int, as_json: bool) -> None:
 def show(run: str, as_json: bool) -> None:
     """One run (uid, id or `last`) with every level, as `servelab bench` printed it."""
     with open_store() as store:
-        repo = BenchRepo(store)
-        r = repo.resolve(run)
-        levels = repo.levels(r["id"])
-    data = {
-        "run": r["uid"],
-        "status": r["status"],
-        "url": r["url"],
-        "model": r["model"],
-        "api": r["api"],
-        "engine": r["engine"],
-        "created_at": r["created_at"],
-        "finished_at": r["finished_at"],
-        "workload": r["config"].get("workload_info", {}),
-        "capabilities": r["config"].get("capabilities", {}),
-        "config": r["config"],
-        "warnings": r["warnings"],
-        "levels": [
-            {
-                "index": lv["idx"],
-                "label": (lv["summary"] or {}).get("label", str(lv["value"])),
-                "status": lv["status"],
-                "summary": lv["summary"],
-                "server_metrics": lv["server_metrics"] or {},
-                "client": lv["client_stats"] or {},
-            }
-            for lv in levels
-            if lv["summary"]
-        ],
-    }
+        data = BenchRepo(store).load(run).to_json()
     emit(data, as_json, render_bench)

@@ -167,7 +167,7 @@ async def install(
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
     `private`: the unit holds secrets given on the command line, so it is written mode 0600."""
-    from servelab import analyze, lifecycle, tune
+    from servelab import lifecycle, tune
     from servelab.bench.runner import run_bench
     from servelab.config import parse_study
     from servelab.deploy.records import DeploymentRepo
@@ -224,12 +224,13 @@ async def install(
     )
     steps.append({"step": "verify-output", "ok": vres.ok})
     level = spec.record.main_level
-    cfg = tune.bench_config(study, url, spec.served_model, spec.api_key).model_copy(
+    cand = next((c for c in study.candidates if c.label() == spec.record.candidate), None)
+    context = tune.run_context(study, cand) if cand is not None else None
+    cfg = tune.bench_config(study, url, spec.served_model, spec.api_key, context).model_copy(
         update={"levels": [level]}
     )
     res = await run_bench(cfg, store, lambda e, d: notify(f"bench_{e}", d))
-    speed = float(study.engine.options.get("speed", 1.0) or 1.0)
-    measured = analyze.rescale(analyze.level_digest(res.levels[0]["summary"], level or 0.0), speed)
+    measured = res.levels[0].summary.digest()
     check = compare(spec.record.main_digest(), measured, tolerance, level)
     if not vres.ok:
         check.ok = False

@@ -25,6 +25,7 @@ from servelab.model.factors import FIT_BOUNDS, Factors
 from servelab.model.memory import plan_memory
 from servelab.model.predict import Setup, Terms, Workload, latencies, make_setup, make_terms
 from servelab.model.step import StepRaw, build_perf
+from servelab.results import Run
 
 SYSTEMS = {
     "h100_sxm": "h100-sxm",
@@ -564,39 +565,41 @@ def factors_from_probe(probe: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def observations_from_runs(runs: list[dict[str, Any]]) -> list[Observation]:
-    """Bench runs from the store (each with `config` and `levels`) whose config names host and layout."""
+def observations_from_runs(runs: list[Run]) -> list[Observation]:
+    """Measured levels of stored bench runs whose context names the host (GPU) and the layout, in the
+    GPU time they stand for. Levels with no completed request or no TPOT are left out."""
     out: list[Observation] = []
     for run in runs:
-        cfg = run.get("config") or {}
-        host, layout = cfg.get("host") or {}, cfg.get("layout") or {}
-        if not host.get("gpu"):
+        ctx = run.context
+        host, layout = ctx.host, ctx.layout
+        if not host.gpu:
             continue
-        for lv in run.get("levels") or []:
-            s = lv.get("summary") or {}
-            if not s.get("median_tpot_ms") or not s.get("median_ttft_ms"):
+        for lv in run.levels:
+            s = lv.summary
+            tpot, ttft = s.tpot_ms.p50, s.ttft_ms.p50
+            if not tpot or not ttft or lv.mode != "concurrency":
                 continue
-            tp = int(layout.get("tp", host.get("num_gpus", 1)))
-            dp = int(layout.get("dp_attention", layout.get("dp", 1)))
-            pp = int(layout.get("pp", 1))
+            tp = int(layout.tp or host.num_gpus or 1)
+            dp = int(layout.dp or 1)
+            pp = int(layout.pp or 1)
             out.append(
                 Observation(
-                    model=cfg.get("model_config") or run.get("model", ""),
-                    gpu=host["gpu"],
-                    num_gpus=int(host.get("num_gpus", tp * dp * pp)),
+                    model=ctx.model_config_ref or run.model,
+                    gpu=host.gpu,
+                    num_gpus=min(int(host.num_gpus or tp * dp * pp), tp * dp * pp),
                     tp=tp,
                     pp=pp,
-                    ep=int(layout.get("ep", 1)),
+                    ep=int(layout.ep or 1),
                     dp=dp,
-                    quant=cfg.get("quant"),
-                    kv_dtype=cfg.get("kv_dtype"),
-                    isl=round(s.get("mean_input_tokens") or cfg.get("isl") or 1024),
-                    osl=round(s.get("mean_output_tokens") or cfg.get("osl") or 1024),
-                    concurrency=int(lv.get("value") or 1),
-                    engine=str(run.get("engine") or ""),
-                    ttft_ms=float(s["median_ttft_ms"]),
-                    tpot_ms=float(s["median_tpot_ms"]),
-                    key=f"{run.get('uid')}:{lv.get('value')}",
+                    quant=ctx.quant,
+                    kv_dtype=ctx.kv_dtype,
+                    isl=round(s.mean_input_tokens or 1024),
+                    osl=round(s.mean_output_tokens or 1024),
+                    concurrency=s.concurrency,
+                    engine=str(ctx.personality or ctx.engine or ""),
+                    ttft_ms=float(ttft),
+                    tpot_ms=float(tpot),
+                    key=f"{run.uid}:{lv.value:g}",
                 )
             )
     return out

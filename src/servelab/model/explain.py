@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from servelab.model.predict import Setup, Workload, evaluate
+from servelab.results import LevelSummary
 
 
 @dataclass
@@ -30,8 +30,8 @@ def _err(p: float | None, m: float | None) -> float | None:
     return (p - m) / m * 100.0
 
 
-def explain_levels(setup: Setup, levels: list[dict[str, Any]], isl: int, osl: int) -> Explanation:
-    """Compare each measured level (`concurrency`, `summary`) to the prediction at that concurrency.
+def explain_levels(setup: Setup, levels: list[LevelSummary], isl: int, osl: int) -> Explanation:
+    """Compare each measured level (in the run's shown time base) to the prediction at its concurrency.
 
     The measured TPOT is split the way the model splits it: the predicted weights + KV + compute time is
     taken as given (memory and FLOPs are physics), and the remainder is the measured cost of
@@ -39,14 +39,16 @@ def explain_levels(setup: Setup, levels: list[dict[str, Any]], isl: int, osl: in
     out = Explanation()
     worst = (0.0, "")
     for lv in levels:
-        s = lv.get("summary") or {}
-        c = int(lv.get("concurrency") or 1)
-        wl = Workload(round(s.get("mean_input_tokens") or isl), round(s.get("mean_output_tokens") or osl), c)
+        s = lv
+        if not s.completed:
+            continue
+        c = s.concurrency
+        wl = Workload(round(s.mean_input_tokens or isl), round(s.mean_output_tokens or osl), c)
         p = evaluate(setup, wl)
-        measured = {
-            "tpot_ms": s.get("median_tpot_ms"),
-            "ttft_ms": s.get("median_ttft_ms"),
-            "output_throughput": s.get("output_throughput"),
+        measured: dict[str, float | None] = {
+            "tpot_ms": s.tpot_ms.p50,
+            "ttft_ms": s.ttft_ms.p50,
+            "output_throughput": s.output_throughput,
         }
         predicted = {"tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "output_throughput": p.output_throughput}
         errors = {k: _err(predicted[k], measured[k]) for k in measured}

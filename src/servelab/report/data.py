@@ -10,6 +10,7 @@ import shlex
 from typing import Any
 
 from servelab import analyze
+from servelab.results import LevelSummary
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 
@@ -378,17 +379,7 @@ def _explain(
         )
         w = spec.get("workload") or {}
         isl, osl = int(w.get("input_len") or 1024), int(w.get("output_len") or 128)
-        runs = [
-            {
-                "concurrency": int(lv["level"]),
-                "summary": {
-                    "median_tpot_ms": lv.get("tpot_ms_p50"),
-                    "median_ttft_ms": lv.get("ttft_ms_p50"),
-                    "output_throughput": lv.get("output_throughput"),
-                },
-            }
-            for lv in pick["levels"]
-        ]
+        runs = [LevelSummary.from_digest(lv) for lv in pick["levels"]]
         ex = explain_levels(setup, runs, isl, osl)
         main = int((spec.get("load") or {}).get("main") or max(int(lv["level"]) for lv in pick["levels"]))
         main_lv = min(pick["levels"], key=lambda lv: abs(float(lv["level"]) - main))

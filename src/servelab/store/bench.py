@@ -1,5 +1,6 @@
 """Repository for benchmark runs, levels and requests. Every write commits at once (WAL), so a
-killed benchmark keeps every request that had finished."""
+killed benchmark keeps every request that had finished. Reading gives the typed `results.Run`: the
+stored JSON is parsed here, once, and nowhere else."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from servelab.bench.metrics import RequestRecord
 from servelab.errors import NotFoundError
 from servelab.redact import redact
+from servelab.results import Level, LevelSummary, RequestRecord, Run, RunContext, WorkloadInfo
 from servelab.store.db import Store, utcnow
 
 
@@ -23,13 +24,20 @@ class BenchRepo:
         self.db = store.conn
 
     def create_run(
-        self, url: str, model: str, api: str, config: dict[str, Any], dataset_hash: str | None
+        self,
+        url: str,
+        model: str,
+        api: str,
+        config: dict[str, Any],
+        dataset_hash: str | None,
+        context: RunContext | None = None,
     ) -> tuple[int, str]:
         uid = "b-" + uuid.uuid4().hex[:10]
+        ctx = context or RunContext()
         cur = self.db.execute(
-            "INSERT INTO bench_runs (uid, created_at, status, url, model, api, dataset_hash, config_json)"
-            " VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
-            (uid, utcnow(), url, model, api, dataset_hash, _j(redact(config))),
+            "INSERT INTO bench_runs (uid, created_at, status, url, model, api, engine, dataset_hash, config_json,"
+            " context_json) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+            (uid, utcnow(), url, model, api, ctx.engine, dataset_hash, _j(redact(config)), _j(ctx.to_json())),
         )
         return int(cur.lastrowid or 0), uid
 
@@ -41,7 +49,8 @@ class BenchRepo:
                 "UPDATE bench_runs SET warnings_json = ? WHERE id = ?", (_j(redact(warnings)), run_id)
             )
 
-    def finish_run(self, run_id: int, status: str, summary: dict[str, Any] | None) -> None:
+    def finish_run(self, run_id: int, status: str, levels: list[LevelSummary] | None) -> None:
+        summary = None if levels is None else {"levels": [lv.to_json() for lv in levels]}
         self.db.execute(
             "UPDATE bench_runs SET status = ?, finished_at = ?, summary_json = ? WHERE id = ?",
             (status, utcnow(), _j(summary) if summary is not None else None, run_id),
@@ -61,14 +70,14 @@ class BenchRepo:
         self,
         level_id: int,
         status: str,
-        summary: dict[str, Any],
+        summary: LevelSummary,
         server: dict[str, Any],
         client: dict[str, Any],
     ) -> None:
         self.db.execute(
             "UPDATE bench_levels SET status = ?, finished_at = ?, summary_json = ?, server_metrics_json = ?,"
             " client_stats_json = ? WHERE id = ?",
-            (status, utcnow(), _j(summary), _j(server), _j(client), level_id),
+            (status, utcnow(), _j(summary.to_json()), _j(server), _j(client), level_id),
         )
 
     def add_request(self, level_id: int, r: RequestRecord) -> None:
@@ -96,35 +105,54 @@ class BenchRepo:
         )
 
     # reading ---------------------------------------------------------------------------------------
-    def resolve(self, ref: str) -> dict[str, Any]:
-        """A run by uid, numeric id, or `last`."""
+    def _row(self, ref: str) -> Any:
+        """A run's row by uid, numeric id, or `last`."""
         if ref == "last":
             row = self.db.execute("SELECT * FROM bench_runs ORDER BY id DESC LIMIT 1").fetchone()
         elif ref.isdigit():
             row = self.db.execute("SELECT * FROM bench_runs WHERE id = ?", (int(ref),)).fetchone()
         else:
             row = self.db.execute("SELECT * FROM bench_runs WHERE uid = ?", (ref,)).fetchone()
+            if row is None and ref:
+                like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+                rows = self.db.execute(
+                    "SELECT * FROM bench_runs WHERE uid LIKE ? ESCAPE '\\' LIMIT 6", (like,)
+                ).fetchall()
+                if len(rows) > 1:
+                    raise NotFoundError(
+                        f"run id {ref!r} is ambiguous: " + ", ".join(r["uid"] for r in rows),
+                        hint="give more of the uid",
+                    )
+                row = rows[0] if rows else None
         if row is None:
-            raise NotFoundError(
-                f"no benchmark run {ref!r}", hint="`servelab runs list` shows the stored runs."
-            )
-        return _run_dict(row)
+            hint = "`servelab runs list` shows the stored runs."
+            if ref == "last":
+                hint = "no benchmark run is stored yet; `servelab bench --help` shows how to make one."
+            raise NotFoundError(f"no benchmark run {ref!r}", hint=hint)
+        return row
 
-    def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT * FROM bench_runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-        return [_run_dict(r) for r in rows]
-
-    def levels(self, run_id: int) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT * FROM bench_levels WHERE run_id = ? ORDER BY idx", (run_id,)
+    def load(self, ref: str) -> Run:
+        """A run by uid, numeric id, or `last`, with every stored level, parsed into the contract."""
+        row = self._row(ref)
+        levels = self.db.execute(
+            "SELECT * FROM bench_levels WHERE run_id = ? ORDER BY idx", (row["id"],)
         ).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            for k in ("summary_json", "server_metrics_json", "client_stats_json"):
-                d[k.removesuffix("_json")] = orjson.loads(d.pop(k)) if d.get(k) else None
-            out.append(d)
-        return out
+        return _run(row, levels)
+
+    def list_runs(self, limit: int = 50) -> list[Run]:
+        """The most recent runs, newest first, each with its levels."""
+        rows = self.db.execute("SELECT * FROM bench_runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        if not rows:
+            return []
+        ids = [r["id"] for r in rows]
+        marks = ",".join("?" * len(ids))
+        by_run: dict[int, list[Any]] = {i: [] for i in ids}
+        for lv in self.db.execute(
+            f"SELECT * FROM bench_levels WHERE run_id IN ({marks}) ORDER BY run_id, idx",
+            ids,
+        ).fetchall():
+            by_run[lv["run_id"]].append(lv)
+        return [_run(r, by_run[r["id"]]) for r in rows]
 
     def requests(self, level_id: int) -> list[RequestRecord]:
         rows = self.db.execute(
@@ -151,10 +179,50 @@ class BenchRepo:
         ]
 
 
-def _run_dict(row: Any) -> dict[str, Any]:
-    d = dict(row)
-    d["config"] = orjson.loads(d.pop("config_json"))
-    d["warnings"] = orjson.loads(d.pop("warnings_json") or "[]")
-    s = d.pop("summary_json")
-    d["summary"] = orjson.loads(s) if s else None
-    return d
+def _loads(text: str | None) -> Any:
+    return orjson.loads(text) if text else None
+
+
+def _run(row: Any, level_rows: list[Any]) -> Run:
+    """One stored run into the contract. A run stored before `context_json` existed has an empty context
+    (its engine name only): its host and layout are unknown, not guessed."""
+    config: dict[str, Any] = _loads(row["config_json"]) or {}
+    raw_ctx = _loads(row["context_json"])
+    context = RunContext.model_validate(raw_ctx) if raw_ctx else RunContext()
+    if context.engine is None and row["engine"]:
+        context = context.model_copy(update={"engine": row["engine"]})
+    speed = context.clock.speed
+    levels = []
+    for lv in level_rows:
+        raw = _loads(lv["summary_json"])
+        if raw is None:
+            continue
+        wall = LevelSummary.model_validate(raw)
+        levels.append(
+            Level(
+                index=lv["idx"],
+                status=lv["status"],
+                mode=lv["mode"],
+                value=lv["value"],
+                summary=wall.in_gpu_time(speed),
+                wall=wall,
+                server_metrics=_loads(lv["server_metrics_json"]) or {},
+                client=_loads(lv["client_stats_json"]) or {},
+            )
+        )
+    return Run(
+        id=row["id"],
+        uid=row["uid"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+        status=row["status"],
+        url=row["url"],
+        model=row["model"],
+        api=row["api"],
+        context=context,
+        workload=WorkloadInfo.model_validate(config.get("workload_info") or {}),
+        capabilities=config.get("capabilities") or {},
+        config=config,
+        warnings=_loads(row["warnings_json"]) or [],
+        levels=levels,
+    )

@@ -203,4 +203,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "0006_run_context",
+        """
+        -- What a run is of (servelab.results.RunContext): engine, model config, host, layout, formats, and
+        -- the clock it was measured on (a simulator's --speed). NULL for runs stored before the contract.
+        ALTER TABLE bench_runs ADD COLUMN context_json TEXT;
+        """,
+    ),
 ]

@@ -12,7 +12,6 @@ from urllib.parse import quote
 
 import orjson
 
-from servelab import analyze
 from servelab.errors import NotFoundError, UserError
 from servelab.report import data
 from servelab.report.html import levels_table, page, plan_items, study_body, table
@@ -133,13 +132,13 @@ def runs_page(store: Store) -> Response:
         ["run", "created", "status", "model", "engine", "url", "levels"],
         [
             [
-                f'<a href="/run/{quote(r["uid"])}">{h(r["uid"])}</a>',
-                h(r["created_at"][:19]),
-                h(r["status"]),
-                h(r["model"]),
-                h(r["engine"] or "-"),
-                h(r["url"]),
-                str(len((r["summary"] or {}).get("levels", []))),
+                f'<a href="/run/{quote(r.uid)}">{h(r.uid)}</a>',
+                h(r.created_at[:19]),
+                h(r.status),
+                h(r.model),
+                h(r.engine or "-"),
+                h(r.url),
+                str(len(r.levels)),
             ]
             for r in runs
         ],
@@ -225,43 +224,37 @@ def study_page(store: Store, ref: str) -> Response:
 
 
 def _run(store: Store, ref: str) -> dict[str, Any]:
-    repo = BenchRepo(store)
-    r = repo.resolve(ref)
-    levels = [
-        analyze.level_digest(lv["summary"], lv["value"]) for lv in repo.levels(r["id"]) if lv["summary"]
-    ]
+    """A stored run for the pages: its level digests in the time base shown everywhere (a simulator
+    run's in the GPU time it simulates), and the study trial that made it, if any."""
+    r = BenchRepo(store).load(ref)
     return {
-        "uid": r["uid"],
-        "created_at": r["created_at"],
-        "status": r["status"],
-        "url": r["url"],
-        "model": r["model"],
-        "engine": r["engine"],
-        "workload": (r["config"] or {}).get("workload_info", {}),
-        "warnings": r["warnings"],
-        "levels": levels,
-        "study": _study_of_run(store, r["uid"]),
+        "uid": r.uid,
+        "created_at": r.created_at,
+        "status": r.status,
+        "url": r.url,
+        "model": r.model,
+        "engine": r.engine,
+        "workload": r.workload.model_dump(exclude_none=True),
+        "warnings": r.warnings,
+        "levels": [lv.summary.digest() for lv in r.levels],
+        "time_base": r.clock.time_base,
+        "clock_speed": r.clock.speed,
+        "study": _study_of_run(store, r.uid),
     }
 
 
 def _study_of_run(store: Store, uid: str) -> dict[str, Any] | None:
-    """The study trial that made this run, and the clock scale its study applied (the simulator's speed)."""
+    """The study trial that made this run."""
     row = store.conn.execute(
-        "SELECT s.uid, c.label, t.levels_json FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+        "SELECT s.uid, c.label FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+        " JOIN studies s ON s.id = c.study_id JOIN bench_runs b ON b.id = t.bench_run_id WHERE b.uid = ?"
+        " UNION SELECT s.uid, c.label FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
         " JOIN studies s ON s.id = c.study_id WHERE t.levels_json LIKE ? LIMIT 1",
-        (f'%"{uid}"%',),
+        (uid, f'%"{uid}"%'),
     ).fetchone()
     if row is None:
         return None
-    scale = next(
-        (
-            lv.get("time_scale")
-            for lv in orjson.loads(row["levels_json"] or "[]")
-            if lv.get("bench_run") == uid
-        ),
-        None,
-    )
-    return {"uid": row["uid"], "label": row["label"], "time_scale": scale}
+    return {"uid": row["uid"], "label": row["label"]}
 
 
 def _run_meta(r: dict[str, Any]) -> str:
@@ -290,12 +283,14 @@ def run_page(store: Store, ref: str) -> Response:
             f'<p>Measured for candidate {h(st["label"])} of study <a href="/study/{quote(st["uid"])}">'
             f"{h(st['uid'])}</a>.</p>"
         )
-        if st.get("time_scale") and st["time_scale"] != 1:
-            warn += (
-                f'<p class="note">The simulator ran its clock {fmt(st["time_scale"], 0)}× faster: these are the '
-                "numbers as measured; the study shows them in real-GPU time (latencies × "
-                f"{fmt(st['time_scale'], 0)}, throughputs ÷ {fmt(st['time_scale'], 0)}).</p>"
-            )
+    speed = r["clock_speed"]
+    if speed != 1:
+        warn += (
+            f'<p class="note">Simulated GPU time: the simulator ran its clock {fmt(speed, 0)}× faster; '
+            "these numbers are the simulated GPU's, as in the study and the report (the client measured "
+            f"latencies ÷ {fmt(speed, 0)} and throughputs × {fmt(speed, 0)}; "
+            "<code>servelab runs show --json</code> keeps them as wall_clock_summary).</p>"
+        )
     body = (
         f"<h1>Run {h(r['uid'])}</h1>{_run_meta(r)}{warn}<h2>Every level</h2>{levels_table(r['uid'], r['levels'])}"
         f'<p><a href="/compare?a={quote(r["uid"])}">compare with another run</a></p>'
@@ -308,8 +303,8 @@ def _run_picker(store: Store, a: str, b: str) -> str:
 
     def select(name: str, cur: str) -> str:
         opts = "".join(
-            f'<option value="{h(r["uid"])}"{" selected" if r["uid"] == cur else ""}>{h(r["uid"])} '
-            f"{h(r['created_at'][:19])} {h(r['model'])}</option>"
+            f'<option value="{h(r.uid)}"{" selected" if r.uid == cur else ""}>{h(r.uid)} '
+            f"{h(r.created_at[:19])} {h(r.model)}</option>"
             for r in runs
         )
         return f'<select name="{name}">{opts}</select>'

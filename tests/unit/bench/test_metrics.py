@@ -45,15 +45,15 @@ def test_tpot_undefined_for_single_token_and_failures() -> None:
 
 def test_stats_percentiles_match_numpy_linear() -> None:
     s = M.stats_ms([0.001 * i for i in range(1, 101)])
-    assert s["mean"] == pytest.approx(50.5)
-    assert s["p50"] == pytest.approx(50.5)
-    assert s["p90"] == pytest.approx(90.1)
-    assert s["p99"] == pytest.approx(99.01)
-    assert s["min"] == pytest.approx(1.0) and s["max"] == pytest.approx(100.0)
+    assert s.mean == pytest.approx(50.5)
+    assert s.p50 == pytest.approx(50.5)
+    assert s.p90 == pytest.approx(90.1)
+    assert s.p99 == pytest.approx(99.01)
+    assert s.min == pytest.approx(1.0) and s.max == pytest.approx(100.0)
 
 
 def test_stats_of_nothing_are_none() -> None:
-    assert M.stats_ms([])["p50"] is None
+    assert M.stats_ms([]).p50 is None
 
 
 def test_summary_throughput_and_failures() -> None:
@@ -63,22 +63,22 @@ def test_summary_throughput_and_failures() -> None:
         rec(2, 0.0, 0.3, 0, ok=False, start=1.0, kind="http_500"),
     ]
     s = M.summarize(records)
-    assert s["completed"] == 2 and s["failed"] == 1
-    assert s["failure_rate"] == pytest.approx(1 / 3)
-    assert s["errors"] == {"http_500": 1}
+    assert s.completed == 2 and s.failed == 1
+    assert s.failure_rate == pytest.approx(1 / 3)
+    assert s.errors == {"http_500": 1}
     # duration: first due time 0.0 → last end max(1.0, 2.0, 1.3) = 2.0
-    assert s["duration_s"] == pytest.approx(2.0)
-    assert s["output_throughput"] == pytest.approx(30 / 2.0)
-    assert s["request_throughput"] == pytest.approx(1.0)
-    assert s["total_token_throughput"] == pytest.approx((30 + 20) / 2.0)
+    assert s.duration_s == pytest.approx(2.0)
+    assert s.output_throughput == pytest.approx(30 / 2.0)
+    assert s.request_throughput == pytest.approx(1.0)
+    assert s.total_token_throughput == pytest.approx((30 + 20) / 2.0)
     # ITL pools every gap of every request
-    assert s["itl_ms"]["mean"] == pytest.approx((9 * 100 + 19 * 50) / 28)
-    assert s["tpot_ms"]["mean"] == pytest.approx(((0.9 / 9) + (1.3 / 19)) / 2 * 1000)
+    assert s.itl_ms.mean == pytest.approx((9 * 100 + 19 * 50) / 28)
+    assert s.tpot_ms.mean == pytest.approx(((0.9 / 9) + (1.3 / 19)) / 2 * 1000)
 
 
 def test_explicit_duration_overrides_span() -> None:
     s = M.summarize([rec(0, 0.1, 1.0, 10)], duration_s=4.0)
-    assert s["output_throughput"] == pytest.approx(2.5)
+    assert s.output_throughput == pytest.approx(2.5)
 
 
 def test_goodput_counts_only_requests_meeting_every_limit() -> None:
@@ -91,15 +91,17 @@ def test_goodput_counts_only_requests_meeting_every_limit() -> None:
         rec(3, 0.0, 0.1, 0, ok=False, kind="timeout"),
     ]
     s = M.summarize(records, slo, duration_s=2.0)
-    assert s["good_requests"] == 1
-    assert s["goodput"] == pytest.approx(0.5)
-    assert s["slo_attainment"] == pytest.approx(0.25)
+    assert s.good_requests == 1
+    # goodput has one unit, output tokens/s (the good request's 10 tokens over 2 s); requests/s beside it
+    assert s.request_goodput == pytest.approx(0.5)
+    assert s.goodput == pytest.approx(5.0)
+    assert s.slo_attainment == pytest.approx(0.25)
 
 
 def test_length_mismatch_reported() -> None:
     s = M.summarize([rec(0, 0.1, 1.0, 10, requested=10), rec(1, 0.1, 1.0, 7, requested=10)])
-    assert s["length_mismatches"] == 1
-    assert s["length_mismatch_examples"] == [{"idx": 1, "requested": 10, "got": 7}]
+    assert s.length_mismatches == 1
+    assert [m.model_dump() for m in s.length_mismatch_examples] == [{"idx": 1, "requested": 10, "got": 7}]
 
 
 @pytest.mark.parametrize(
@@ -118,7 +120,7 @@ def test_bad_slo_explains(text: str, msg: str) -> None:
 
 def test_vllm_compatible_field_names() -> None:
     s = M.summarize([rec(0, 0.1, 1.0, 10, itl=[0.1] * 9)], duration_s=1.0)
-    v = M.vllm_compatible(s, {"max_concurrency": 1})
+    v = s.vllm_compatible({"max_concurrency": 1})
     for key in (
         "mean_ttft_ms",
         "median_ttft_ms",

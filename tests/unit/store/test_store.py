@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench.metrics import RequestRecord
+from servelab.results import RequestRecord
 from servelab.errors import NotFoundError, StoreError
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo

@@ -1,0 +1,423 @@
+"""The results contract: what a benchmark run is, written by `bench` and read by everyone else.
+
+One level's measurements are a `LevelSummary` (every metric once, its unit in its name or docstring);
+a stored run is a `Run` (engine, model, host, layout, workload, clock, levels). Readers — `runs show`,
+`explain`, `calibrate fit --run`, the UI, the report, a study's digests, deploy's check — load a `Run`
+through `store.bench.BenchRepo.load` and never read the stored JSON themselves.
+
+**One time base.** A run against `servelab sim --speed X` is measured on a clock running X times faster
+than the GPU it simulates. `Run.clock.speed` records X; `Level.summary` is in the simulated GPU's time
+(what users are shown everywhere) and `Level.wall` keeps what the client's clock measured, labelled.
+For a real engine speed is 1 and the two are the same numbers.
+
+Units: latencies in milliseconds (`*_ms` statistics), durations in seconds (`*_s`), throughputs per
+second (`output_throughput` and `total_token_throughput` in tokens/s, `request_throughput` in
+requests/s). **Goodput** is `goodput`: output tokens per second of the requests that met every SLO;
+`request_goodput` is the same requests per second (vLLM's `request_goodput`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+STATS: tuple[str, ...] = ("mean", "std", "min", "max", "p50", "p90", "p95", "p99")
+# Rates scale with the clock (÷ speed), latencies and durations against it (× speed).
+RATES: tuple[str, ...] = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "goodput",
+    "request_goodput",
+)
+DURATIONS: tuple[str, ...] = ("duration_s", "wall_s")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request did, as measured by the client.
+
+    `start_s` is when the request was due (its scheduled send time in an open loop, the actual send
+    time in a closed loop) relative to the level start; every latency is measured from it so a late
+    client cannot hide queueing.
+    """
+
+    idx: int
+    prompt_idx: int
+    start_s: float
+    ok: bool
+    scheduled_s: float | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    requested_output_tokens: int | None = None
+    token_source: str | None = None
+    error_kind: str | None = None
+    error_message: str | None = None
+    tokenizer_output_tokens: int | None = None
+
+    @property
+    def end_s(self) -> float | None:
+        return None if self.e2e_s is None else self.start_s + self.e2e_s
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Stats(_Model):
+    """Distribution of one latency metric over a level's requests, in milliseconds."""
+
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+    def scaled(self, factor: float) -> Stats:
+        return Stats(**{k: (None if v is None else v * factor) for k, v in self.model_dump().items()})
+
+    def get(self, stat: str) -> float | None:
+        value = getattr(self, stat, None)
+        return value if isinstance(value, float | int) else None
+
+
+class LengthMismatch(_Model):
+    idx: int
+    requested: int | None
+    got: int | None
+
+
+class Crosscheck(_Model):
+    """The tokenizer's count of the streamed text against the server's usage."""
+
+    checked: int
+    disagree: int
+
+
+class LevelSummary(_Model):
+    """Every metric of one load level (docs/metrics.md gives each formula)."""
+
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    value: float = 0.0
+    label: str = ""
+    num_requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    failure_rate: float = 0.0
+    errors: dict[str, int] = Field(default_factory=dict)
+    error_examples: dict[str, str] = Field(default_factory=dict)
+    duration_s: float = 0.0  # first due time to the last completion
+    wall_s: float | None = None  # the level's wall time on the client
+    total_input_tokens: int = 0
+    total_output_tokens: int = 0
+    mean_input_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    request_throughput: float = 0.0  # requests/s
+    output_throughput: float = 0.0  # output tokens/s
+    total_token_throughput: float = 0.0  # input + output tokens/s
+    ttft_ms: Stats = Field(default_factory=Stats)
+    tpot_ms: Stats = Field(default_factory=Stats)
+    itl_ms: Stats = Field(default_factory=Stats)
+    e2e_ms: Stats = Field(default_factory=Stats)
+    length_mismatches: int = 0
+    length_mismatch_examples: list[LengthMismatch] = Field(default_factory=list)
+    token_sources: dict[str, int] = Field(default_factory=dict)
+    tokenizer_crosscheck: Crosscheck | None = None
+    prompts_repeated: int = 0
+    slo: dict[str, float] | None = None
+    good_requests: int | None = None
+    goodput: float | None = None  # output tokens/s of requests meeting every SLO
+    request_goodput: float | None = None  # requests/s meeting every SLO
+    slo_attainment: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spelling(cls, data: Any) -> Any:
+        """Runs stored before the contract named goodput twice: `goodput` (req/s) and
+        `goodput_output_tokens` (tok/s). Read them as the one unit stated above."""
+        if isinstance(data, dict) and "goodput_output_tokens" in data:
+            data = dict(data)
+            data["request_goodput"] = data.get("goodput")
+            data["goodput"] = data.pop("goodput_output_tokens")
+        return data
+
+    @property
+    def concurrency(self) -> int:
+        """The level's concurrency (closed loop) or 1 for a request-rate level."""
+        return int(self.value) if self.mode == "concurrency" else 1
+
+    def stat(self, metric: str, stat: str) -> float | None:
+        """`stat("tpot_ms", "p50")`: one statistic of one latency metric."""
+        if metric not in LATENCY_METRICS:
+            raise KeyError(f"unknown latency metric {metric!r}; known: {', '.join(LATENCY_METRICS)}")
+        stats: Stats = getattr(self, metric)
+        return stats.get(stat)
+
+    def in_gpu_time(self, speed: float) -> LevelSummary:
+        """This level measured on a clock `speed` times faster than the GPU it stands for, in that GPU's
+        time: latencies and durations × speed, rates ÷ speed. The identity at speed 1."""
+        if speed == 1:
+            return self
+        update: dict[str, Any] = {m: getattr(self, m).scaled(speed) for m in LATENCY_METRICS}
+        for name in RATES:
+            v = getattr(self, name)
+            if v is not None:
+                update[name] = v / speed
+        for name in DURATIONS:
+            v = getattr(self, name)
+            if v is not None:
+                update[name] = v * speed
+        return self.model_copy(update=update)
+
+    def digest(self) -> dict[str, Any]:
+        """The flat numbers a study compares per level (`tpot_ms_p50`, `output_throughput`, …): the
+        objective and SLO names of the study file are keys of this. Same units as the summary."""
+        d: dict[str, Any] = {
+            "level": self.value,
+            "completed": self.completed,
+            "failed": self.failed,
+            "failure_rate": self.failure_rate,
+            "errors": dict(self.errors),
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+            "request_throughput": self.request_throughput,
+            "goodput": self.goodput,
+        }
+        for metric in LATENCY_METRICS:
+            for stat in ("mean", "p50", "p90", "p95", "p99"):
+                d[f"{metric}_{stat}"] = self.stat(metric, stat)
+        return d
+
+    @classmethod
+    def from_digest(cls, d: dict[str, Any]) -> LevelSummary:
+        """The inverse of `digest()` for what a digest keeps (a study's stored levels, repeats combined):
+        the readers of a study's levels see the same typed summary as the readers of a run."""
+        data: dict[str, Any] = {
+            m: {st: d.get(f"{m}_{st}") for st in ("mean", "p50", "p90", "p95", "p99")}
+            for m in LATENCY_METRICS
+        }
+        data |= {
+            k: d[k] for k in ("completed", "failed", "failure_rate", "errors", *RATES) if d.get(k) is not None
+        }
+        return cls.model_validate(data | {"mode": "concurrency", "value": float(d.get("level") or 0)})
+
+    def vllm_compatible(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The same level in `vllm bench serve`'s result field names, so numbers compare with that tool."""
+        out: dict[str, Any] = {
+            "duration": self.duration_s,
+            "completed": self.completed,
+            "failed": self.failed,
+            "total_input_tokens": self.total_input_tokens,
+            "total_output_tokens": self.total_output_tokens,
+            "request_throughput": self.request_throughput,
+            "request_goodput": self.request_goodput,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+        }
+        for ours, theirs in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl"), ("e2e_ms", "e2el")):
+            out[f"mean_{theirs}_ms"] = self.stat(ours, "mean")
+            out[f"median_{theirs}_ms"] = self.stat(ours, "p50")
+            out[f"std_{theirs}_ms"] = self.stat(ours, "std")
+            for p in PERCENTILES:
+                if p != 50:
+                    out[f"p{p}_{theirs}_ms"] = self.stat(ours, f"p{p}")
+        if extra:
+            out.update(extra)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class Host(_Model):
+    """The machine the server ran on, as far as the run knows it."""
+
+    gpu: str | None = None  # a hardware-catalog name (`servelab predict --list-gpus`), or the server's
+    num_gpus: int | None = None
+    interconnect: str | None = None
+    source: str | None = None  # where these facts came from: server | study | flags
+
+
+class Layout(_Model):
+    """How the model was split over the host's devices."""
+
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    dp: int | None = None  # attention data parallelism (replicas of attention within one server)
+
+    @property
+    def gpus(self) -> int | None:
+        return None if self.tp is None else self.tp * (self.pp or 1) * (self.dp or 1)
+
+
+class Clock(_Model):
+    """The clock the run was measured on. `speed` > 1: the simulator's clock ran that many times faster
+    than the GPU it simulates (`servelab sim --speed`); every figure shown is in that GPU's time."""
+
+    speed: float = Field(default=1.0, gt=0)
+    source: str | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.speed != 1.0
+
+    @property
+    def time_base(self) -> str:
+        return "simulated GPU time" if self.simulated else "wall clock"
+
+
+class RunContext(_Model):
+    """What a run is *of*: engine, model config, host, layout, formats, clock. Learnt from the server's
+    info routes where it tells, given by a study's candidate or by `bench --gpu/--tp/...` where not."""
+
+    engine: str | None = None
+    personality: str | None = None  # the engine the simulator imitates
+    model_config_ref: str | None = Field(default=None, alias="model_config")  # catalog name or config.json
+    host: Host = Field(default_factory=Host)
+    layout: Layout = Field(default_factory=Layout)
+    quant: str | None = None
+    kv_dtype: str | None = None
+    clock: Clock = Field(default_factory=Clock)
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    def merged(self, over: RunContext) -> RunContext:
+        """`over`'s known facts on top of ours (field by field; unknowns do not erase knowns)."""
+
+        def pick(a: _Model, b: _Model) -> dict[str, Any]:
+            return {k: (v if v is not None else getattr(a, k)) for k, v in b.model_dump().items()}
+
+        host = Host(**pick(self.host, over.host))
+        layout = Layout(**pick(self.layout, over.layout))
+        clock = over.clock if over.clock.source else self.clock
+        return RunContext(
+            engine=over.engine or self.engine,
+            personality=over.personality or self.personality,
+            model_config=over.model_config_ref or self.model_config_ref,
+            host=host,
+            layout=layout,
+            quant=over.quant or self.quant,
+            kv_dtype=over.kv_dtype or self.kv_dtype,
+            clock=clock,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class WorkloadInfo(_Model):
+    """The traffic of a run as the benchmark built it (`bench.workload.Workload.describe`)."""
+
+    name: str = "synthetic"
+    num_prompts: int | None = None
+    dataset_hash: str | None = None
+    token_counting: str | None = None
+    mean_target_input_len: float | None = None
+    mean_target_output_len: float | None = None
+
+
+class Level(_Model):
+    """One stored load level: `summary` in the time base shown to users, `wall` as the client's clock
+    measured it (the same object when the clock is real time)."""
+
+    index: int
+    status: str
+    mode: str
+    value: float
+    summary: LevelSummary
+    wall: LevelSummary
+    server_metrics: dict[str, Any] = Field(default_factory=dict)
+    client: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def concurrency(self) -> int:
+        return self.summary.concurrency
+
+    def vllm_compatible(self, max_concurrency: int | None = None, burstiness: float = 1.0) -> dict[str, Any]:
+        """This level as `vllm bench serve` would write it (`--export-vllm`), in the shown time base."""
+        return self.summary.vllm_compatible(
+            {
+                "max_concurrency": int(self.value) if self.mode == "concurrency" else max_concurrency,
+                "request_rate": self.value if self.mode == "rate" else "inf",
+                "burstiness": burstiness,
+            }
+        )
+
+    def to_json(
+        self, simulated: bool, max_concurrency: int | None = None, burstiness: float = 1.0
+    ) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "label": self.summary.label or f"{self.value:g}",
+            "status": self.status,
+            "summary": self.summary.to_json()
+            | {"vllm_compatible": self.vllm_compatible(max_concurrency, burstiness)},
+            **({"wall_clock_summary": self.wall.to_json()} if simulated else {}),
+            "server_metrics": self.server_metrics,
+            "client": self.client,
+        }
+
+
+class Run(_Model):
+    """A stored benchmark run, parsed once."""
+
+    id: int
+    uid: str
+    created_at: str
+    finished_at: str | None = None
+    status: str
+    url: str
+    model: str
+    api: str
+    context: RunContext = Field(default_factory=RunContext)
+    workload: WorkloadInfo = Field(default_factory=WorkloadInfo)
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)  # the full (redacted) bench options, as given
+    warnings: list[str] = Field(default_factory=list)
+    levels: list[Level] = Field(default_factory=list)
+
+    @property
+    def engine(self) -> str | None:
+        return self.context.engine
+
+    @property
+    def clock(self) -> Clock:
+        return self.context.clock
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable `--json` view (`runs show`): figures in the time base shown to users, the wall
+        clock's own beside them where the two differ."""
+        simulated = self.clock.simulated
+        return {
+            "run": self.uid,
+            "status": self.status,
+            "url": self.url,
+            "model": self.model,
+            "api": self.api,
+            "engine": self.engine,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "context": self.context.to_json(),
+            "time_base": self.clock.time_base,
+            "workload": self.workload.model_dump(mode="json"),
+            "capabilities": self.capabilities,
+            "config": self.config,
+            "warnings": self.warnings,
+            "levels": [
+                lv.to_json(
+                    simulated, self.config.get("max_concurrency"), float(self.config.get("burstiness") or 1.0)
+                )
+                for lv in self.levels
+            ],
+        }

@@ -1,0 +1,149 @@
+"""The results contract end to end: runs written by the real `servelab bench` against a live simulator,
+read back by every reader — `runs show`, `explain`, `calibrate fit --run`, the UI — in one time base."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tests.conftest import SimBenchRuns
+from tests.support import simruns
+
+from servelab.store.bench import BenchRepo
+from servelab.store.db import open_store
+from servelab.ui.server import make_server, serve_in_thread, url_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def home(sim_bench_home: SimBenchRuns, servelab_home: Path) -> Path:
+    simruns.copy_store(sim_bench_home.home, servelab_home)
+    return servelab_home
+
+
+def _json(home: Path, *args: str) -> dict:
+    res = simruns.servelab(home, *args, "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def _predict(home: Path, concurrency: int) -> dict:
+    return _json(
+        home,
+        "predict",
+        "-m",
+        "Llama-3.1-8B",
+        "--gpu",
+        "h100-sxm",
+        "-n",
+        "1",
+        "--tp",
+        "1",
+        "--isl",
+        "512",
+        "--osl",
+        "64",
+        "--concurrency",
+        str(concurrency),
+        "--engine",
+        "vllm",
+    )
+
+
+def test_bench_records_host_layout_and_clock_from_the_simulator(
+    home: Path, sim_bench_home: SimBenchRuns
+) -> None:
+    run = _json(home, "runs", "show", sim_bench_home.runs[0])
+    ctx = run["context"]
+    assert ctx["host"] == {
+        "gpu": "h100-sxm",
+        "num_gpus": 1,
+        "interconnect": ctx["host"]["interconnect"],
+        "source": "server",
+    }
+    assert ctx["layout"]["tp"] == 1 and ctx["clock"]["speed"] == simruns.SPEED
+    assert run["time_base"] == "simulated GPU time"
+    for lv in run["levels"]:
+        shown, wall = lv["summary"], lv["wall_clock_summary"]
+        # one time base shown, the client's own clock beside it, labelled: × speed and ÷ speed exactly
+        assert shown["tpot_ms"]["p50"] == pytest.approx(wall["tpot_ms"]["p50"] * simruns.SPEED)
+        assert shown["output_throughput"] == pytest.approx(wall["output_throughput"] / simruns.SPEED)
+        assert shown["vllm_compatible"]["median_tpot_ms"] == shown["tpot_ms"]["p50"]
+
+
+def test_runs_show_ui_and_predict_agree_in_gpu_time(home: Path, sim_bench_home: SimBenchRuns) -> None:
+    uid = sim_bench_home.runs[0]
+    run = _json(home, "runs", "show", uid)
+    server = make_server("127.0.0.1", 0, home / "servelab.db")
+    serve_in_thread(server)
+    try:
+        with urllib.request.urlopen(url_of(server) + f"/api/run/{uid}", timeout=10) as r:
+            ui = json.loads(r.read())
+    finally:
+        server.shutdown()
+        server.server_close()
+    ui_levels = {float(lv["level"]): lv for lv in ui["levels"]}
+    for lv in run["levels"]:
+        s = lv["summary"]
+        u = ui_levels[float(s["value"])]
+        assert u["tpot_ms_p50"] == pytest.approx(s["tpot_ms"]["p50"])
+        assert u["output_throughput"] == pytest.approx(s["output_throughput"])
+        pred = _predict(home, int(s["value"]))
+        # the simulator is timed by the same model: shown numbers match the prediction (the sim's 5 %)
+        assert s["tpot_ms"]["p50"] == pytest.approx(pred["tpot_ms"], rel=0.05)
+        assert s["ttft_ms"]["p50"] == pytest.approx(pred["ttft_ms"], rel=0.25)
+
+
+def test_explain_needs_no_flags_for_a_run_that_recorded_its_host(
+    home: Path, sim_bench_home: SimBenchRuns
+) -> None:
+    d = _json(home, "explain", "last")
+    assert d["run"] == sim_bench_home.runs[-1] and d["gpu"] and d["layout"]["tp"] == 1
+    assert d["time_base"] == "simulated GPU time"
+    d = _json(home, "explain", sim_bench_home.runs[0])
+    assert [lv["concurrency"] for lv in d["levels"]] == [1, 4, 16]
+    for lv in d["levels"]:
+        assert lv["measured"]["tpot_ms"] is not None and lv["predicted"]["tpot_ms"] is not None
+        # measured in the simulated GPU's time, so within the simulator's fidelity of the model
+        assert abs(lv["error_pct"]["tpot_ms"]) < 5, lv
+
+
+def test_calibrate_fit_learns_from_bench_runs_without_flags(home: Path, sim_bench_home: SimBenchRuns) -> None:
+    d = _json(
+        home, "calibrate", "fit", "--name", "mine", *[a for r in sim_bench_home.runs for a in ("--run", r)]
+    )
+    assert d["name"] == "mine" and d["factors"]
+    assert d["report"]["observations"] >= 5 if "observations" in d["report"] else True
+    with open_store(home / "servelab.db") as store:
+        run = BenchRepo(store).load(sim_bench_home.runs[0])
+    assert run.context.host.gpu == "h100-sxm"
+
+
+def test_a_run_without_a_host_says_what_to_give(
+    sim_bench_home: SimBenchRuns, servelab_home: Path, tmp_path: Path
+) -> None:
+    sim = simruns.start_sim(tmp_path / "logs", *simruns.LLAMA8)
+    try:
+        # an external OpenAI server that does not describe itself: point bench at the sim's model list
+        # but claim nothing; explain then asks for the host, and --gpu on bench fixes it
+        plain = simruns.bench(
+            servelab_home,
+            sim.url,
+            "Llama-3.1-8B",
+            "--concurrency",
+            "1",
+            "--num-requests",
+            "4",
+            "--gpu",
+            "h100-sxm",
+            "--num-gpus",
+            "1",
+            "--tp",
+            "1",
+        )
+    finally:
+        sim.stop()
+    assert plain["context"]["host"]["source"] == "flags"

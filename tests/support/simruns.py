@@ -1,0 +1,104 @@
+"""Real `servelab sim` processes and real `servelab bench` runs against them, for the readers' tests.
+
+A reader is tested on what its writer produced: every stored run a reader's test reads was written by
+`servelab bench` against a live simulator (never a row built by hand)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+# A small catalog model on one simulated H100: quick to simulate, and the model knows it.
+LLAMA8 = ["--model", "Llama-3.1-8B", "--gpu", "h100-sxm", "--num-gpus", "1", "--tp", "1"]
+SPEED = 20.0
+
+
+@dataclass
+class SimProcess:
+    proc: subprocess.Popen[bytes]
+    err: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def start_sim(log_dir: Path, *args: str, speed: float = SPEED, timeout: float = 60.0) -> SimProcess:
+    """`servelab sim --port 0` on loopback; waits for its SIM-PORT line and /health."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(log_dir.glob("sim*.err")))
+    out, err = log_dir / f"sim{n}.out", log_dir / f"sim{n}.err"
+    cmd = [
+        sys.executable,
+        "-m",
+        "servelab",
+        "sim",
+        "--port",
+        "0",
+        "--speed",
+        str(speed),
+        "--fast-start",
+        *args,
+    ]
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(cmd, stdout=o, stderr=e, start_new_session=True)
+    sim = SimProcess(proc, err, 0)
+    end = time.monotonic() + timeout
+    try:
+        while time.monotonic() < end and not sim.port:
+            if proc.poll() is not None:
+                raise AssertionError("servelab sim exited:\n" + err.read_text()[-3000:])
+            for line in err.read_text().splitlines():
+                if line.startswith("SIM-PORT "):
+                    sim.port = int(line.split()[1])
+            time.sleep(0.05)
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError), urllib.request.urlopen(sim.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return sim
+            time.sleep(0.05)
+        raise AssertionError("servelab sim never became healthy:\n" + err.read_text()[-3000:])
+    except BaseException:
+        sim.stop()
+        raise
+
+
+def servelab(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, on the store under `home`."""
+    env = {**os.environ, "SERVELAB_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "servelab", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def bench(home: Path, url: str, model: str, *args: str) -> dict:
+    res = servelab(home, "bench", "--url", url, "--model", model, "--json", *args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def copy_store(src_home: Path, dst_home: Path) -> None:
+    """A private copy of a store another fixture wrote (its WAL checkpointed by closing)."""
+    dst_home.mkdir(parents=True, exist_ok=True)
+    for f in src_home.glob("servelab.db*"):
+        shutil.copy2(f, dst_home / f.name)
