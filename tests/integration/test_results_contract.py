@@ -147,3 +147,42 @@ def test_a_run_without_a_host_says_what_to_give(
     finally:
         sim.stop()
     assert plain["context"]["host"]["source"] == "flags"
+
+
+def test_explain_flags_override_what_the_run_recorded(home: Path, sim_bench_home: SimBenchRuns) -> None:
+    uid = sim_bench_home.runs[0]
+    shown = _json(home, "runs", "show", uid)
+    d = _json(home, "explain", uid, "--gpu", "h100-sxm", "-n", "4", "--tp", "4", "--quant", "fp8")
+    assert d["layout"]["tp"] == 4 and d["num_gpus"] == 4
+    assert len(d["levels"]) == 3
+    assert d["levels"][1]["measured"]["tpot_ms"] == pytest.approx(
+        shown["levels"][1]["summary"]["tpot_ms"]["p50"]
+    )
+    assert d["largest_gap"]
+    assert "measured_comm_overhead_ms" in d["levels"][0]["attribution"]
+
+
+def test_explain_of_a_run_that_does_not_know_its_gpu_asks_for_it(
+    fault_server_factory, servelab_home: Path
+) -> None:
+    srv = fault_server_factory(token_interval_ms=1, ttft_ms=5)
+    simruns.bench(servelab_home, srv.url, "fault-model", "--concurrency", "1", "--num-requests", "4")
+    res = simruns.servelab(servelab_home, "explain", "last")
+    assert res.returncode == 2 and "--gpu" in res.stderr + res.stdout
+    res = simruns.servelab(servelab_home, "calibrate", "fit", "--name", "x", "--run", "last")
+    assert res.returncode == 2 and "no GPU recorded" in res.stderr + res.stdout
+
+
+def test_calibration_from_runs_applies_to_predict(home: Path, sim_bench_home: SimBenchRuns) -> None:
+    _json(home, "calibrate", "fit", "--name", "mine", "--run", sim_bench_home.runs[0])
+    with open_store(home / "servelab.db") as store:
+        from servelab.store.calibrations import get
+
+        cal = get(store, "mine")
+    assert cal.kind == "fit" and "bw_eff" in cal.factors
+    d = _json(home, "predict", "-m", "Llama-3.1-8B", "--gpu", "h100-sxm", "-n", "1", "--calibration", "mine")
+    assert d["tpot_ms"] > 0
+    res = simruns.servelab(
+        home, "predict", "-m", "Llama-3.1-8B", "--gpu", "h100-sxm", "-n", "1", "--calibration", "nope"
+    )
+    assert res.returncode == 2 and "no calibration" in res.stderr + res.stdout

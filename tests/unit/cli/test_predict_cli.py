@@ -6,13 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-import orjson
 import pytest
 from click.testing import CliRunner
 
 from servelab.cli.main import cli
-from servelab.store import open_store
-from servelab.store.calibrations import get
 
 ENGINES_PY = Path(__file__).resolve().parents[3] / ".venv-engines" / "bin" / "python"
 
@@ -89,86 +86,8 @@ def test_compare_layouts_and_sweep() -> None:
     assert [p["concurrency"] for p in pts] == [1, 8, 32]
 
 
-def _insert_run(config: dict) -> str:
-    with open_store() as store:
-        c = store.conn
-        c.execute(
-            "INSERT INTO bench_runs (uid, created_at, status, url, model, api, engine, config_json) VALUES (?,?,?,?,?,?,?,?)",
-            (
-                "run-abc",
-                "2026-01-01",
-                "completed",
-                "http://x",
-                "Llama-3.1-70B",
-                "chat",
-                "vllm",
-                orjson.dumps(config).decode(),
-            ),
-        )
-        rid = c.execute("SELECT id FROM bench_runs WHERE uid='run-abc'").fetchone()[0]
-        for i, (conc, tpot, ttft) in enumerate([(1, 12.0, 90.0), (16, 30.0, 400.0)]):
-            summary = {
-                "median_tpot_ms": tpot,
-                "median_ttft_ms": ttft,
-                "output_throughput": conc * 1000 / tpot,
-                "mean_input_tokens": 1000,
-                "mean_output_tokens": 500,
-            }
-            c.execute(
-                "INSERT INTO bench_levels (run_id, idx, mode, value, started_at, status, summary_json) VALUES (?,?,?,?,?,?,?)",
-                (rid, i, "concurrency", conc, "2026-01-01", "completed", json.dumps(summary)),
-            )
-    return "run-abc"
-
-
-def test_explain_sets_run_beside_prediction() -> None:
-    uid = _insert_run({})
-    code, out = run("explain", uid, "--gpu", "h100-sxm", "-n", "4", "--tp", "4", "--quant", "fp8", "--json")
-    assert code == 0, out
-    d = json.loads(out)
-    assert len(d["levels"]) == 2
-    assert d["levels"][1]["measured"]["tpot_ms"] == 30.0
-    assert d["largest_gap"]
-    assert "measured_comm_overhead_ms" in d["levels"][0]["attribution"]
-
-
-def test_explain_reads_host_and_layout_from_run_config() -> None:
-    uid = _insert_run({"host": {"gpu": "h100-sxm", "num_gpus": 4}, "layout": {"tp": 4}, "quant": "fp8"})
-    code, out = run("explain", uid, "--json")
-    assert code == 0, out
-    assert json.loads(out)["layout"]["tp"] == 4
-
-
-def test_explain_without_gpu_asks_for_it() -> None:
-    uid = _insert_run({})
-    code, out = run("explain", uid)
-    assert code == 2 and "--gpu" in out
-
-
-def test_calibrate_fit_from_runs_and_apply() -> None:
-    _insert_run({"host": {"gpu": "h100-sxm", "num_gpus": 4}, "layout": {"tp": 4}, "quant": "fp8"})
-    code, out = run("calibrate", "fit", "--name", "mine", "--run", "run-abc", "--json")
-    assert code == 0, out
-    with open_store() as store:
-        cal = get(store, "mine")
-    assert cal.kind == "fit" and "bw_eff" in cal.factors
-    code, out = run(
-        "predict",
-        "-m",
-        "Llama-3.1-70B",
-        "--gpu",
-        "h100-sxm",
-        "-n",
-        "4",
-        "--quant",
-        "fp8",
-        "--calibration",
-        "mine",
-        "--json",
-    )
-    assert code == 0
-    code, out = run("predict", "-m", "Llama-3.1-70B", "--gpu", "h100-sxm", "-n", "4", "--calibration", "nope")
-    assert code == 2 and "no calibration" in out
+# `explain RUN` and `calibrate fit --run` read runs the real `servelab bench` wrote:
+# tests/integration/test_results_contract.py.
 
 
 @pytest.mark.slow

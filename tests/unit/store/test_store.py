@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.results import RequestRecord
 from servelab.errors import NotFoundError, StoreError
+from servelab.results import RequestRecord
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 from servelab.store.migrations import MIGRATIONS

@@ -9,48 +9,37 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.conftest import SimBenchRuns
+from tests.support.simruns import copy_store
 from tests.unit.report.study_builder import GOLDEN_UID, build_study
 
+from servelab.results import Run
 from servelab.store.bench import BenchRepo
 from servelab.store.db import open_store
 from servelab.ui.server import is_loopback, make_server, serve_in_thread, url_of
 
 
-def _summary(thr: float, tpot: float) -> dict[str, object]:
-    return {
-        "completed": 10,
-        "failed": 0,
-        "output_throughput": thr,
-        "total_token_throughput": thr * 9,
-        "request_throughput": 1.0,
-        "ttft_ms": {"p50": 100.0, "p99": 150.0},
-        "tpot_ms": {"p50": tpot, "p99": tpot},
-        "itl_ms": {"p50": tpot},
-        "e2e_ms": {"p50": 1000.0},
-    }
-
-
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
-    db = tmp_path / "ui.sqlite"
+def served(tmp_path: Path, sim_bench_home: SimBenchRuns) -> Iterator[tuple[str, list[str]]]:
+    """The UI over a store holding a golden study and two runs the real `servelab bench` wrote against a
+    live simulator."""
+    home = tmp_path / "ui-home"
+    copy_store(sim_bench_home.home, home)
+    db = home / "servelab.db"
     with open_store(db) as store:
         build_study(store, tmp_path)
-        repo = BenchRepo(store)
-        runs = []
-        for thr, tpot in ((100.0, 20.0), (150.0, 18.0)):
-            rid, uid = repo.create_run("http://127.0.0.1:9", "m", "completions", {}, None)
-            for i, lvl in enumerate((1.0, 8.0)):
-                lid = repo.create_level(rid, i, "concurrency", lvl, None)
-                repo.finish_level(lid, "completed", _summary(thr * lvl, tpot), {}, {})
-            repo.finish_run(rid, "completed", {"levels": [1, 2]})
-            runs.append(uid)
     server = make_server("127.0.0.1", 0, db)
     serve_in_thread(server)
     try:
-        yield url_of(server), runs
+        yield url_of(server), list(sim_bench_home.runs)
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _shown(db_home: Path, uid: str) -> Run:
+    with open_store(db_home / "servelab.db") as store:
+        return BenchRepo(store).load(uid)
 
 
 def get(url: str) -> tuple[int, str, dict[str, str]]:
@@ -61,31 +50,36 @@ def get(url: str) -> tuple[int, str, dict[str, str]]:
         return e.code, e.read().decode(), dict(e.headers)
 
 
-def test_pages_show_studies_runs_and_comparisons(served: tuple[str, list[str]]) -> None:
+def test_pages_show_studies_runs_and_comparisons(served: tuple[str, list[str]], tmp_path: Path) -> None:
     base, (a, b) = served
+    home = tmp_path / "ui-home"
     status, body, headers = get(base)
     assert status == 200 and f'href="/study/{GOLDEN_UID}"' in body and "golden-study" in body
     assert "default-src 'none'" in body and headers["X-Frame-Options"] == "DENY"
     status, body, _ = get(f"{base}study/{GOLDEN_UID}")
     assert status == 200 and 'data-candidate="tp8"' in body and 'id="fig-throughput"' in body
     assert 'data-value="503.0"' in body
+    run_a, run_b = _shown(home, a), _shown(home, b)
     status, body, _ = get(f"{base}run/{a}")
-    assert status == 200 and 'data-value="800.0"' in body  # 100 tok/s × level 8, as stored
+    thr = run_a.levels[1].summary.output_throughput  # as `runs show` shows it: simulated GPU time
+    assert status == 200 and f'data-value="{thr:.1f}"' in body and "Simulated GPU time" in body
     status, body, _ = get(f"{base}compare?a={a}&b={b}")
-    assert status == 200 and "+50.0 %" in body and "-10.0 %" in body  # throughput up, TPOT down
+    ta, tb = run_a.levels[0].summary.output_throughput, run_b.levels[0].summary.output_throughput
+    assert status == 200 and f"{(tb - ta) / ta * 100:+.1f} %" in body
     assert body.count('class="levels"') == 2
     status, body, _ = get(f"{base}plan/{GOLDEN_UID}")
     assert status == 200 and "Plan" in body
 
 
-def test_json_endpoints(served: tuple[str, list[str]]) -> None:
+def test_json_endpoints(served: tuple[str, list[str]], tmp_path: Path) -> None:
     base, (a, _b) = served
     assert json.loads(get(f"{base}api/studies")[1])["studies"][0]["winner"] == "tp8"
     model = json.loads(get(f"{base}api/study/{GOLDEN_UID}")[1])
     assert model["winner"]["label"] == "tp8"
     prog = json.loads(get(f"{base}api/study/{GOLDEN_UID}/progress")[1])
     assert prog["status"] == "completed" and prog["finished"] == 5 and prog["total"] == 6
-    assert json.loads(get(f"{base}api/run/{a}")[1])["levels"][1]["output_throughput"] == 800.0
+    thr = _shown(tmp_path / "ui-home", a).levels[1].summary.output_throughput
+    assert json.loads(get(f"{base}api/run/{a}")[1])["levels"][1]["output_throughput"] == pytest.approx(thr)
 
 
 def test_missing_things_are_404(served: tuple[str, list[str]]) -> None:
