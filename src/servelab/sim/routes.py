@@ -45,7 +45,7 @@ def state(srv: SimServer) -> dict[str, Any]:
     return {
         "ready": srv.ready,
         "dead": srv.dead,
-        "personality": srv.cfg.personality,
+        "personality": srv.persona.name,
         "model_time_s": srv.model_now(),
         "speed": srv.cfg.speed,
         "steps": c.steps,
