@@ -2,9 +2,11 @@
 
 One asyncio task runs the scheduler's step clock (`scheduler.py`); HTTP is a hand-written protocol
 (`http.py`); tokens are written straight into each stream's transport from pre-built byte templates.
-Start-up prints the engine's log (`personalities.py`), phases take their (model) time divided by
---speed, and readiness follows the engine: vLLM opens its port only when ready; SGLang answers
-/health with 503 until "The server is fired up and ready to roll!".
+This module keeps the clock and generation; routes are in `routes.py`, telemetry in `telemetry.py`,
+the start-up log and fault lines in `startup.py`. What the engine looks like (defaults, log lines,
+routes, names) is its personality (`personalities.toml`, parsed by `personalities.py`). Start-up
+phases take their (model) time divided by --speed, and readiness follows the engine: vLLM opens its
+port only when ready; SGLang answers /health with 503 until "The server is fired up and ready to roll!".
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from servelab.model.memory import GB, plan_memory
+from servelab.model.memory import plan_memory
 from servelab.model.predict import Setup
 from servelab.sim.faults import Fault
 from servelab.sim.http import (
@@ -37,17 +39,10 @@ from servelab.sim.http import (
     raise_fd_limit,
     response_bytes,
 )
-from servelab.sim.personalities import (
-    EngineArgs,
-    Logger,
-    fault_signatures,
-    power_table,
-    render_metrics,
-    sglang_server_args,
-    templates,
-    vllm_engine_config,
-)
+from servelab.sim.personalities import EngineArgs, Logger, Personality, get_personality
+from servelab.sim.routes import Router
 from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing
+from servelab.sim.startup import engine_dead_lines, run_startup
 from servelab.sim.text import GARBAGE_WORD, greedy_tokens
 from servelab.sim.wire import DONE_EVENT, MALFORMED_EVENT, SseTemplates, completion_body
 
@@ -55,7 +50,6 @@ MIB = 1024 * 1024
 GIB = 1024**3
 EARLY = 0.0005  # event-loop timers fire up to ~1 ms late (millisecond resolution): aim half of that early
 _GARBAGE = GARBAGE_WORD.encode()
-ENGINE_DEAD_MSG = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
 @dataclass
@@ -73,29 +67,29 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     box_gpus: int = 0  # GPUs in the simulated box (default: the ones the layout uses)
+    persona: Personality | None = None  # default: the packaged personality named by engine.personality
 
     @property
     def personality(self) -> str:
         return self.engine.personality
 
+    def resolved_persona(self) -> Personality:
+        """The personality this server imitates (personalities.toml, parsed once)."""
+        return self.persona if self.persona is not None else get_personality(self.engine.personality)
+
 
 def effective(cfg: SimConfig) -> dict[str, Any]:
-    """The engine's effective settings (defaults filled in the way each engine fills them)."""
+    """The engine's effective settings (defaults filled in the way each engine fills them:
+    personalities.toml [defaults])."""
     s, a = cfg.setup, cfg.engine
-    big = s.host.gpu.memory_gb >= 70
-    if a.personality == "vllm":
-        max_running = a.max_num_seqs or (1024 if big else 256)
-        batched = a.max_batched_tokens or (8192 if big else 2048)
-        mem_fraction = a.mem_fraction or 0.9
-    else:
-        max_running = a.max_num_seqs or 4096
-        batched = a.max_batched_tokens or (16384 if s.host.gpu.memory_gb >= 120 else 8192)
-        mem_fraction = a.mem_fraction or s.mem_fraction
+    d = cfg.resolved_persona().defaults
+    gpu_gb = s.host.gpu.memory_gb
+    model_fraction = d.mem_fraction if d.mem_fraction is not None else s.mem_fraction
     return {
-        "max_running": max_running,
-        "max_batched_tokens": batched,
-        "mem_fraction": mem_fraction,
-        "max_model_len": a.max_model_len or 32768,
+        "max_running": a.max_num_seqs or int(d.max_running.pick(gpu_gb)),
+        "max_batched_tokens": a.max_batched_tokens or int(d.max_batched_tokens.pick(gpu_gb)),
+        "mem_fraction": a.mem_fraction or model_fraction,
+        "max_model_len": a.max_model_len or d.max_model_len,
         "quantization": a.quantization,
         "attention_backend": "nsa" if s.arch.index_topk else "flashinfer",
     }
@@ -151,10 +145,10 @@ class StreamSink:
         self.include_usage = include_usage
         self.pending: bytes | None = None
         self.closing = False  # the pending bytes end the stream
-        name = fault.name if fault else ""
-        self.stall_at = fault.n if name == "stall_stream" else -1
-        self.drop_at = fault.n if name == "drop_stream" else -1
-        self.malformed_at = fault.n if name == "malformed_sse" else -1
+        name, n = (fault.name, fault.n) if fault is not None else ("", -1)
+        self.stall_at = n if name == "stall_stream" else -1
+        self.drop_at = n if name == "drop_stream" else -1
+        self.malformed_at = n if name == "malformed_sse" else -1
         self.garbage = name == "garbage"
 
     def token(self, req: SimRequest) -> None:
@@ -290,6 +284,7 @@ class BufferSink:
 class SimServer:
     def __init__(self, cfg: SimConfig, log_stream: Any = None) -> None:
         self.cfg = cfg
+        self.persona: Personality = cfg.resolved_persona()
         self.eff = effective(cfg)
         s = cfg.setup
         self.mem = plan_memory(s.arch, s.quant, s.host, s.layout, self.eff["mem_fraction"])
@@ -305,7 +300,8 @@ class SimServer:
         self.sched = Scheduler(self.timing, self.limits)
         self.sampler = LengthSampler(cfg.seed, cfg.eos_mean)
         self.fault_rng = random.Random(cfg.seed + 1)
-        self.log = Logger(cfg.personality, s.layout.tp, log_stream)
+        self.log = Logger(self.persona, s.layout.tp, log_stream)
+        self.router = Router(self)
         self.served = cfg.engine.served_model_name
         self.model_json = orjson.dumps(self.served)
         self.ready = False
@@ -339,183 +335,18 @@ class SimServer:
     def kick(self) -> None:
         self.wake.set()
 
-    # -- start-up -----------------------------------------------------------------------------------
-    def _ctx(self) -> dict[str, Any]:
-        cfg, s, a, eff, mem = self.cfg, self.cfg.setup, self.cfg.engine, self.eff, self.mem
-        weights_gb = mem.weights / GB
-        kv_gb = max(mem.kv_cache, 0) / GB
-        total_gb = s.host.gpu.memory_gb
-        maxc = self.kv_tokens / eff["max_model_len"] if eff["max_model_len"] else 0
-        if s.arch.kv_elems_per_token and s.arch.num_kv_heads and s.arch.attention_kind != "mla":
-            kv_sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
-        else:
-            kv_sizes = f"KV size: {kv_gb:.2f} GB"
-        d = self.delays()
-        non_default = dict(a.non_default)
-        return {
-            "version": templates()[cfg.personality]["version"],
-            "non_default": repr(non_default),
-            "architecture": _arch_class(s.arch.model_type),
-            "max_model_len": eff["max_model_len"],
-            "max_model_len_fmt": f"{eff['max_model_len']:,}",
-            "max_batched_tokens": eff["max_batched_tokens"],
-            "max_running": eff["max_running"],
-            "engine_config": vllm_engine_config(a, eff),
-            "server_args": sglang_server_args(a, eff),
-            "world": s.layout.tp * s.layout.pp * s.layout.dp,
-            "model": a.model,
-            "load_s": d["load"],
-            "load_s2": d["load"] + 0.4,
-            "weights_gib": mem.weights / GIB,
-            "weights_gb": weights_gb,
-            "compile_s": d["compile"],
-            "kv_gib": max(mem.kv_cache, 0) / GIB,
-            "kv_tokens": self.kv_tokens,
-            "kv_tokens_fmt": f"{self.kv_tokens:,}",
-            "max_conc": maxc,
-            "graph_s": d["graph"],
-            "graph_gib": 0.53,
-            "graph_gb": 0.57,
-            "init_s": d["compile"] + d["kv"] + d["graph"] + 3.0,
-            "host": cfg.host,
-            "port": cfg.port,
-            "pid": os.getpid(),
-            "avail_gb": total_gb * 0.985,
-            "avail_after_gb": total_gb * 0.985 - weights_gb,
-            "avail_pool_gb": total_gb * 0.985 - weights_gb - kv_gb,
-            "avail_final_gb": total_gb * 0.985 - weights_gb - kv_gb - 0.57,
-            "kv_sizes": kv_sizes,
-        }
-
-    def delays(self) -> dict[str, float]:
-        s, a = self.cfg.setup, self.cfg.engine
-        load = 4.0 + self.mem.weights / GB / 2.5  # per-GPU shard from local NVMe, ~2.5 GB/s
-        graph = 12.0 if a.cuda_graph else 0.0
-        if "slow_start" in self.cfg.faults:
-            graph += float(self.cfg.faults["slow_start"].arg or 0)
-        return {
-            "0": 0.0,
-            "engine": 2.0 + 0.5 * (s.layout.tp * s.layout.pp - 1),
-            "load": load,
-            "compile": 25.0 if (a.personality == "vllm" and a.cuda_graph) else 0.0,
-            "kv": 2.0,
-            "graph": graph,
-            "warmup": 1.5,
-        }
-
-    async def _sleep_model(self, seconds: float) -> None:
-        if seconds > 0 and not self.cfg.fast_start:
-            await asyncio.sleep(seconds / self.cfg.speed)
-
-    def _crash(self, name: str) -> int:
-        sig = fault_signatures()[name]
-        lines = sig.get(f"{self.cfg.personality}_lines") or sig["lines"]
-        gpu = self.cfg.setup.host.gpu
-        values = {
-            "pid": os.getpid(),
-            "port": self.cfg.port,
-            "host": self.cfg.host,
-            "rank": 0,
-            "tp": self.cfg.setup.layout.tp,
-            "gpu": gpu.name,
-            "gib": max(self.mem.weights / GIB, 1.0),
-            "total_gib": gpu.memory_gb * GB / GIB,
-            "free_gib": 0.31,
-            "date": f"{Logger.vdate()}",
-            "sdate": Logger.sdate(),
-        }
-        self.log.raw([ln.format(**values) for ln in lines])
-        return int(sig.get("exit", 1))
-
+    # -- start-up (sim/startup.py) ------------------------------------------------------------------
     async def startup(self) -> int:
         """Print the engine's start-up, phase by phase; returns non-zero when start-up crashes."""
-        cfg, faults = self.cfg, self.cfg.faults
-        if "cuda_init" in faults:
-            return self._crash("cuda_init")
-        ctx = self._ctx()
-        delays = self.delays()
-        lines = templates()[cfg.personality]["lines"]
-        has_listen = any(text == "@listen" for _, _, text in lines)
-        extra = float(faults["slow_start"].arg or 0) if "slow_start" in faults else 0.0
-        for who, key, text in lines:
-            await self._sleep_model(delays.get(key, 0.0))
-            if key == "graph" and extra > 0 and cfg.fast_start:
-                await asyncio.sleep(extra / cfg.speed)  # an injected fault outlives --fast-start
-            if key == "kv":
-                self._set_memory(self.mem.weights + self.mem.activations + max(self.mem.kv_cache, 0))
-            elif key == "graph":
-                self._set_memory(
-                    self.mem.weights + self.mem.activations + max(self.mem.kv_cache, 0) + 0.57 * GB
-                )
-            if text == "@bind":
-                if "port_in_use" in faults:
-                    return self._crash("port_in_use")
-                try:
-                    self.reserve()
-                    if not has_listen:
-                        await self.listen()
-                except OSError:
-                    return self._crash("port_in_use")
-                ctx["port"] = self.cfg.port
-                continue
-            if text == "@listen":
-                await self.listen()
-                continue
-            if text == "@engine":
-                for name in ("worker_init", "nccl_shm"):
-                    if name in faults:
-                        return self._crash(name)
-                if "orphan" in faults:
-                    self.spawn_orphan()
-                continue
-            if text == "@weights":
-                self._set_memory(self.mem.weights + 0.5 * GB)
-                if "oom_init" in faults or self.mem.kv_cache <= 0 or self.mem.kv_cache_tokens <= 0:
-                    return self._crash("oom_init")
-                if (
-                    cfg.personality == "sglang"
-                    and cfg.setup.arch.index_topk
-                    and cfg.engine.prefix_caching
-                    and cfg.setup.host.gpu.sm == 120
-                ):
-                    return self._crash("nsa_radix")
-                continue
-            if text == "@ready":
-                self.ready = True
-                continue
-            if cfg.personality == "sglang" and text.startswith("server_args="):
-                for w in cfg.engine_warnings:
-                    self.log.emit("main", w, level="WARNING")
-            self.log.emit(who, text.format(**ctx))
-        return 0
-
-    def _set_memory(self, per_gpu_bytes: float) -> None:
-        used = self.cfg.setup.layout.tp * self.cfg.setup.layout.pp * self.cfg.setup.layout.dp
-        cap = self.cfg.setup.host.gpu.memory_gb * GB
-        for i in range(len(self.gpu_mem_mib)):
-            self.gpu_mem_mib[i] = min(per_gpu_bytes, cap) / MIB if i < used else 0.0
-
-    def spawn_orphan(self) -> None:
-        name = "VLLM::EngineCore" if self.cfg.personality == "vllm" else "sglang::scheduler_TP0"
-        code = "import time\nwhile True:\n    time.sleep(3600)\n"
-        self.orphan = subprocess.Popen(
-            [sys.executable, "-c", code, name],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.log.emit(
-            "engine" if self.cfg.personality == "vllm" else "main",
-            f"Started engine core process {name} pid={self.orphan.pid}",
-        )
+        return await run_startup(self)
 
     def reuse_port(self) -> bool:
         """vLLM sets SO_REUSEPORT on its API socket (unconditionally through 0.11, the version this
         personality reports; later releases when --api-server-count > 1), so a second vLLM on a busy
         port binds without an error and the kernel splits connections between the two. SGLang serves
-        through uvicorn, which sets SO_REUSEADDR only: a second server there fails to bind."""
-        return self.cfg.personality == "vllm"
+        through uvicorn, which sets SO_REUSEADDR only: a second server there fails to bind
+        (personalities.toml `reuse_port`)."""
+        return self.persona.reuse_port
 
     def reserve(self) -> None:
         """Bind the listening socket (not yet accepting), the way the engine does."""
@@ -539,8 +370,11 @@ class SimServer:
         """Start accepting connections on the reserved socket."""
         if self.sock is None:
             self.reserve()
+        sock = self.sock
+        if sock is None:  # reserve() binds it or raises
+            raise OSError("the listening socket was not bound")
         self.server = await self.loop.create_server(
-            lambda: HttpProtocol(self.handle, self.connections), sock=self.sock, backlog=4096
+            lambda: HttpProtocol(self.router.handle, self.connections), sock=sock, backlog=4096
         )
 
     # -- the step clock -----------------------------------------------------------------------------
@@ -575,124 +409,21 @@ class SimServer:
         self.gen_throughput = (c.generation_tokens - self._last_gen) / dt if dt > 0 else 0.0
         self._last_log, self._last_gen = now_m, c.generation_tokens
         self.util_samples.append((now_m, c.busy_s))
-        if self.cfg.personality == "vllm":
-            self.log.emit(
-                "api",
-                f"Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
-                f"{self.gen_throughput:.1f} tokens/s, Running: {self.sched.num_running} reqs, Waiting: "
-                f"{self.sched.num_waiting} reqs, GPU KV cache usage: {self.sched.kv_usage * 100:.1f}%, "
-                f"Prefix cache hit rate: 0.0%",
-                src="loggers.py:123",
-            )
-        else:
-            self.log.emit(
-                "rank0",
-                f"Decode batch. #running-req: {self.sched.num_running}, #token: {self.sched.kv_tokens_used}, "
-                f"token usage: {self.sched.kv_usage:.2f}, cuda graph: True, gen throughput (token/s): "
-                f"{self.gen_throughput:.2f}, #queue-req: {self.sched.num_waiting}, ",
-            )
-
-    # -- HTTP ---------------------------------------------------------------------------------------
-    async def handle(self, proto: HttpProtocol, req: Request) -> bool:
-        if "hang" in self.cfg.faults:
-            await proto.closed_fut
-            return False
-        path, personality = req.path, self.cfg.personality
-        if path in ("/v1/completions", "/v1/chat/completions"):
-            if req.method != "POST":
-                raise HttpError(405, "Method Not Allowed")
-            return await self.generate(proto, req, chat=path == "/v1/chat/completions")
-        if path == "/health":
-            ok = self.ready and not self.dead
-            proto.send(
-                200 if ok else 503, b"" if ok else b'{"detail":"not ready"}', keep_alive=req.keep_alive
-            )
-            return True
-        if path == "/servelab/gpus":
-            proto.send(200, orjson.dumps(self.gpus()), keep_alive=req.keep_alive)
-            return True
-        if path == "/servelab/state":
-            proto.send(200, orjson.dumps(self.state()), keep_alive=req.keep_alive)
-            return True
-        if path == "/metrics":
-            body = render_metrics(personality, self.served, self.metric_values())
-            proto.send(
-                200, body, keep_alive=req.keep_alive, content_type=b"text/plain; version=0.0.4; charset=utf-8"
-            )
-            return True
-        if path == "/v1/models":
-            proto.send(
-                200,
-                orjson.dumps(
-                    {
-                        "object": "list",
-                        "data": [
-                            {
-                                "id": self.served,
-                                "object": "model",
-                                "created": self.created,
-                                "owned_by": "vllm" if personality == "vllm" else "sglang",
-                                "root": self.cfg.engine.model,
-                                "parent": None,
-                                "max_model_len": self.eff["max_model_len"],
-                            }
-                        ],
-                    }
-                ),
-                keep_alive=req.keep_alive,
-            )
-            return True
-        if path == "/version" and personality == "vllm":
-            proto.send(
-                200, orjson.dumps({"version": templates()["vllm"]["version"]}), keep_alive=req.keep_alive
-            )
-            return True
-        if path in ("/get_server_info", "/server_info") and personality == "sglang":
-            proto.send(200, orjson.dumps(self.server_info()), keep_alive=req.keep_alive)
-            return True
-        if path == "/get_model_info" and personality == "sglang":
-            proto.send(
-                200,
-                orjson.dumps(
-                    {
-                        "model_path": self.cfg.engine.model,
-                        "tokenizer_path": self.cfg.engine.model,
-                        "is_generation": True,
-                    }
-                ),
-                keep_alive=req.keep_alive,
-            )
-            return True
-        raise HttpError(404, "Not Found")
-
-    def server_info(self) -> dict[str, Any]:
-        a = self.cfg.engine
-        info = {k: v for k, v in a.raw.items()}
-        info.update(
-            {
-                "model_path": a.model,
-                "served_model_name": a.served_model_name,
-                "host": self.cfg.host,
-                "port": self.cfg.port,
-                "tp_size": a.tp,
-                "pp_size": a.pp,
-                "dp_size": a.dp,
-                "ep_size": a.ep,
-                "moe_runner_backend": a.moe_runner_backend,
-                "disable_radix_cache": not a.prefix_caching,
-                "mem_fraction_static": self.eff["mem_fraction"],
-                "chunked_prefill_size": self.eff["max_batched_tokens"],
-                "max_running_requests": self.eff["max_running"],
-                "enable_flashinfer_allreduce_fusion": a.allreduce_fusion,
-                "max_total_num_tokens": self.kv_tokens,
-                "version": templates()["sglang"]["version"],
-                "internal_states": [
-                    {"last_gen_throughput": self.gen_throughput, "avg_spec_accept_length": None}
-                ],
-            }
+        who, _, text = self.persona.periodic
+        sched = self.sched
+        self.log.emit(
+            who,
+            text.format(
+                gen_throughput=self.gen_throughput,
+                running=sched.num_running,
+                waiting=sched.num_waiting,
+                kv_usage=sched.kv_usage,
+                kv_usage_pct=sched.kv_usage * 100,
+                kv_tokens_used=sched.kv_tokens_used,
+            ),
         )
-        return info
 
+    # -- HTTP (routes in sim/routes.py) ---------------------------------------------------------------
     def metric_values(self) -> dict[str, float]:
         s, c = self.sched, self.sched.counters
         return {
@@ -709,76 +440,6 @@ class SimServer:
             "success_length": c.success["length"],
             "success_abort": c.success["abort"],
         }
-
-    def state(self) -> dict[str, Any]:
-        c = self.sched.counters
-        return {
-            "ready": self.ready,
-            "dead": self.dead,
-            "personality": self.cfg.personality,
-            "model_time_s": self.model_now(),
-            "speed": self.cfg.speed,
-            "steps": c.steps,
-            "busy_s": c.busy_s,
-            "preemptions": c.preemptions,
-            "requests": c.requests,
-            "running": self.sched.num_running,
-            "waiting": self.sched.num_waiting,
-            "kv_cache_tokens": self.kv_tokens,
-            "kv_usage": self.sched.kv_usage,
-            "allreduce_collapse": self.collapse,
-            "effective": {
-                **self.eff,
-                "tp": self.cfg.setup.layout.tp,
-                "pp": self.cfg.setup.layout.pp,
-                "dp": self.cfg.setup.layout.dp,
-                "ep": self.cfg.setup.layout.ep,
-                "moe_runner_backend": self.cfg.engine.moe_runner_backend,
-            },
-        }
-
-    def utilization(self) -> float:
-        now = self.model_now()
-        busy = self.sched.counters.busy_s
-        self.util_samples.append((now, busy))
-        for t, b in self.util_samples:
-            if now - t <= 10.0 and now - t >= 0.5:
-                return max(0.0, min(1.0, (busy - b) / (now - t)))
-        return 0.0
-
-    def gpus(self) -> dict[str, Any]:
-        """nvidia-smi-like telemetry of the simulated GPUs."""
-        s = self.cfg.setup
-        table = power_table()
-        pw = {**table["default"], **table.get(s.host.gpu.name, {})}
-        util = self.utilization() if self.ready else 0.0
-        used = s.layout.tp * s.layout.pp * s.layout.dp
-        active = pw["collapse"] if self.collapse else pw["active"]
-        pid = os.getpid()
-        out = []
-        for i, mib in enumerate(self.gpu_mem_mib):
-            busy = util if i < used else 0.0
-            if self.cfg.personality == "vllm":
-                proc_name = f"VLLM::Worker_TP{i}" if s.layout.tp > 1 else "VLLM::EngineCore"
-            else:
-                proc_name = f"sglang::scheduler_TP{i}"
-            out.append(
-                {
-                    "index": i,
-                    "name": s.host.gpu.description.split(",")[0],
-                    "uuid": f"GPU-sim-{i:02d}",
-                    "memory_used_mib": round(mib),
-                    "memory_total_mib": round(s.host.gpu.memory_gb * GB / MIB),
-                    "power_w": round(pw["idle"] + (active - pw["idle"]) * busy, 1),
-                    "power_limit_w": pw["limit"],
-                    "utilization_pct": round(busy * 100),
-                    "temperature_c": round(35 + 40 * busy),
-                    "processes": [{"pid": pid, "name": proc_name, "used_memory_mib": round(mib)}]
-                    if mib > 0
-                    else [],
-                }
-            )
-        return {"simulated": True, "driver_version": "580.95.05", "cuda_version": "13.0", "gpus": out}
 
     def _prompt_tokens(self, payload: dict[str, Any], chat: bool) -> int:
         if chat:
@@ -809,21 +470,15 @@ class SimServer:
         if self.dead:
             return
         self.dead = True
-        sig = fault_signatures()["engine_dead"]
-        if self.cfg.personality == "vllm":
-            prefix = f"(EngineCore_DP0 pid={self.log.engine_pid}) "
-            self.log.raw([prefix + ln.format(date=Logger.vdate()) for ln in sig["lines"]], stream=sys.stderr)
-        else:
-            self.log.raw([ln.format(sdate=Logger.sdate()) for ln in sig["sglang_lines"]])
+        self.log.raw(engine_dead_lines(self), stream=sys.stderr)
         for req in list(self.sched.running.values()) + list(self.sched.waiting):
             self.sched.abort(req)
             fail = getattr(req.sink, "fail", None)
             if fail is not None:
-                fail(ENGINE_DEAD_MSG)
-        if self.cfg.personality == "sglang":
-            self.exit_code = 1
-            if self.stop_fut is not None and not self.stop_fut.done():
-                self.loop.call_later(0.05, lambda: self.stop_fut.done() or self.stop_fut.set_result(None))  # type: ignore[union-attr]
+                fail(self.persona.dead_message)
+        if self.persona.engine_dead.exit_code:
+            self.exit_code = self.persona.engine_dead.exit_code
+            self.loop.call_later(0.05, self.stop)
 
     async def generate(self, proto: HttpProtocol, req: Request, chat: bool) -> bool:
         if not self.ready:
@@ -833,9 +488,8 @@ class SimServer:
         if die is not None and self.request_count > die.n:
             self.die()
         if self.dead:
-            raise HttpError(
-                500, ENGINE_DEAD_MSG, body=error_body(500, ENGINE_DEAD_MSG, "InternalServerError")
-            )
+            msg = self.persona.dead_message
+            raise HttpError(500, msg, body=error_body(500, msg, "InternalServerError"))
         try:
             payload = orjson.loads(req.body) if req.body else {}
         except orjson.JSONDecodeError:
@@ -896,7 +550,7 @@ class SimServer:
         self.t0 = self.loop.time()
         self.stop_fut = self.loop.create_future()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, lambda: self.stop_fut.done() or self.stop_fut.set_result(None))  # type: ignore[union-attr]
+            self.loop.add_signal_handler(sig, self.stop)
         start = self.loop.create_task(self.startup())
         done, _ = await asyncio.wait((start, self.stop_fut), return_when=asyncio.FIRST_COMPLETED)
         if start not in done:
@@ -913,11 +567,16 @@ class SimServer:
         clock = self.loop.create_task(self.clock())
         await self.stop_fut
         clock.cancel()
-        if self.cfg.personality == "vllm" and not self.dead:
-            self.log.emit("raw", "INFO:     Shutting down")
-            self.log.emit("raw", "INFO:     Application shutdown complete.")
+        if not self.dead:
+            for line in self.persona.shutdown:
+                self.log.emit("raw", line)
         self.close()
         return self.exit_code
+
+    def stop(self) -> None:
+        """Stop serving (SIGTERM / SIGINT, or the engine exiting)."""
+        if self.stop_fut is not None and not self.stop_fut.done():
+            self.stop_fut.set_result(None)
 
     def close(self) -> None:
         if self.server is not None:
@@ -928,27 +587,12 @@ class SimServer:
             conn.abort()
 
 
-def _arch_class(model_type: str) -> str:
-    known = {
-        "qwen3": "Qwen3ForCausalLM",
-        "qwen3_moe": "Qwen3MoeForCausalLM",
-        "llama": "LlamaForCausalLM",
-        "deepseek_v3": "DeepseekV3ForCausalLM",
-        "glm_moe_dsa": "GlmMoeDsaForCausalLM",
-        "mixtral": "MixtralForCausalLM",
-        "kimi_k2": "DeepseekV3ForCausalLM",
-        "gpt_oss": "GptOssForCausalLM",
-        "minimax_m2": "MiniMaxM2ForCausalLM",
-        "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-    }
-    return known.get(model_type, "".join(p.capitalize() for p in model_type.split("_")) + "ForCausalLM")
-
-
 def run(cfg: SimConfig, cpu: int | None = None) -> int:
     """Blocking entry point of `servelab sim`: serve until SIGTERM/SIGINT; returns the exit code."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     raise_fd_limit()
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop
 
