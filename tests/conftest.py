@@ -19,43 +19,43 @@ def servelab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def sim_bench_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBenchRuns]:
-    """Two real `servelab bench` runs against one live `servelab sim --speed 20` (Llama-3.1-8B on one
-    simulated H100), written once per session: the readers' tests copy this store (`copy_store`)."""
+    """Two real `servelab bench` runs against one live `servelab sim --speed 20` (GLM-5 NVFP4, TP8 on eight
+    simulated RTX PRO 6000), written once per session: the readers' tests copy this store (`copy_store`)."""
     root = tmp_path_factory.mktemp("sim-bench")
     home = root / "home"
-    sim = simruns.start_sim(root / "logs", *simruns.LLAMA8, "--personality", "vllm")
+    sim = simruns.start_sim(root / "logs", *simruns.SIM_ARGS)
     try:
         plain = simruns.bench(
             home,
             sim.url,
-            "Llama-3.1-8B",
+            simruns.MODEL,
             "--concurrency",
             "1,4,16",
-            "--num-requests",
-            "32",
+            "--requests-per-stream",
+            "6",
             "--input-len",
-            "512",
+            str(simruns.ISL),
             "--output-len",
-            "64",
+            str(simruns.OSL),
         )
         slo = simruns.bench(
             home,
             sim.url,
-            "Llama-3.1-8B",
+            simruns.MODEL,
             "--concurrency",
             "1,4",
             "--num-requests",
             "16",
             "--input-len",
-            "512",
+            str(simruns.ISL),
             "--output-len",
-            "64",
+            str(simruns.OSL),
             "--slo",
             "ttft_ms<=2000,tpot_ms<=50",
         )
     finally:
         sim.stop()
-    yield SimBenchRuns(home=home, runs=[plain["run"], slo["run"]], sim_args=simruns.LLAMA8)
+    yield SimBenchRuns(home=home, runs=[plain["run"], slo["run"]], sim_args=simruns.SIM_ARGS)
 
 
 @dataclass(frozen=True)

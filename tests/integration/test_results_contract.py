@@ -34,22 +34,13 @@ def _predict(home: Path, concurrency: int) -> dict:
     return _json(
         home,
         "predict",
-        "-m",
-        "Llama-3.1-8B",
-        "--gpu",
-        "h100-sxm",
-        "-n",
-        "1",
-        "--tp",
-        "1",
+        *simruns.PREDICT_ARGS,
         "--isl",
-        "512",
+        str(simruns.ISL),
         "--osl",
-        "64",
+        str(simruns.OSL),
         "--concurrency",
         str(concurrency),
-        "--engine",
-        "vllm",
     )
 
 
@@ -59,12 +50,12 @@ def test_bench_records_host_layout_and_clock_from_the_simulator(
     run = _json(home, "runs", "show", sim_bench_home.runs[0])
     ctx = run["context"]
     assert ctx["host"] == {
-        "gpu": "h100-sxm",
-        "num_gpus": 1,
+        "gpu": "rtx-pro-6000",
+        "num_gpus": 8,
         "interconnect": ctx["host"]["interconnect"],
         "source": "server",
     }
-    assert ctx["layout"]["tp"] == 1 and ctx["clock"]["speed"] == simruns.SPEED
+    assert ctx["layout"]["tp"] == 8 and ctx["clock"]["speed"] == simruns.SPEED
     assert run["time_base"] == "simulated GPU time"
     for lv in run["levels"]:
         shown, wall = lv["summary"], lv["wall_clock_summary"]
@@ -92,16 +83,19 @@ def test_runs_show_ui_and_predict_agree_in_gpu_time(home: Path, sim_bench_home: 
         assert u["tpot_ms_p50"] == pytest.approx(s["tpot_ms"]["p50"])
         assert u["output_throughput"] == pytest.approx(s["output_throughput"])
         pred = _predict(home, int(s["value"]))
-        # the simulator is timed by the same model: shown numbers match the prediction (the sim's 5 %)
+        # the simulator is timed by the same model: shown numbers match the prediction (the sim's 5 %).
+        # TTFT gets 10 %: the client's and the simulator's own ~1 ms of wall time per request count
+        # 20× on this clock, and more when the two share a loaded 2-core machine.
         assert s["tpot_ms"]["p50"] == pytest.approx(pred["tpot_ms"], rel=0.05)
-        assert s["ttft_ms"]["p50"] == pytest.approx(pred["ttft_ms"], rel=0.25)
+        assert s["ttft_ms"]["p50"] == pytest.approx(pred["ttft_ms"], rel=0.10)
+        assert s["output_throughput"] == pytest.approx(pred["output_throughput"], rel=0.05)
 
 
 def test_explain_needs_no_flags_for_a_run_that_recorded_its_host(
     home: Path, sim_bench_home: SimBenchRuns
 ) -> None:
     d = _json(home, "explain", "last")
-    assert d["run"] == sim_bench_home.runs[-1] and d["gpu"] and d["layout"]["tp"] == 1
+    assert d["run"] == sim_bench_home.runs[-1] and d["gpu"] and d["layout"]["tp"] == 8
     assert d["time_base"] == "simulated GPU time"
     d = _json(home, "explain", sim_bench_home.runs[0])
     assert [lv["concurrency"] for lv in d["levels"]] == [1, 4, 16]
@@ -119,41 +113,38 @@ def test_calibrate_fit_learns_from_bench_runs_without_flags(home: Path, sim_benc
     assert d["report"]["observations"] >= 5 if "observations" in d["report"] else True
     with open_store(home / "servelab.db") as store:
         run = BenchRepo(store).load(sim_bench_home.runs[0])
-    assert run.context.host.gpu == "h100-sxm"
+    assert run.context.host.gpu == "rtx-pro-6000"
 
 
-def test_a_run_without_a_host_says_what_to_give(
-    sim_bench_home: SimBenchRuns, servelab_home: Path, tmp_path: Path
-) -> None:
-    sim = simruns.start_sim(tmp_path / "logs", *simruns.LLAMA8)
+def test_bench_flags_override_what_the_server_reports(servelab_home: Path, tmp_path: Path) -> None:
+    sim = simruns.start_sim(tmp_path / "logs", *simruns.SIM_ARGS)
     try:
-        # an external OpenAI server that does not describe itself: point bench at the sim's model list
-        # but claim nothing; explain then asks for the host, and --gpu on bench fixes it
-        plain = simruns.bench(
+        run = simruns.bench(
             servelab_home,
             sim.url,
-            "Llama-3.1-8B",
+            simruns.MODEL,
             "--concurrency",
             "1",
             "--num-requests",
             "4",
             "--gpu",
-            "h100-sxm",
-            "--num-gpus",
-            "1",
+            "h200-sxm",
             "--tp",
-            "1",
+            "4",
         )
     finally:
         sim.stop()
-    assert plain["context"]["host"]["source"] == "flags"
+    host, layout = run["context"]["host"], run["context"]["layout"]
+    assert host["source"] == "flags" and host["gpu"] == "h200-sxm" and layout["tp"] == 4
+    assert host["num_gpus"] == 8  # not given: what the server said stays
+    assert run["context"]["clock"]["speed"] == simruns.SPEED
 
 
 def test_explain_flags_override_what_the_run_recorded(home: Path, sim_bench_home: SimBenchRuns) -> None:
     uid = sim_bench_home.runs[0]
     shown = _json(home, "runs", "show", uid)
-    d = _json(home, "explain", uid, "--gpu", "h100-sxm", "-n", "4", "--tp", "4", "--quant", "fp8")
-    assert d["layout"]["tp"] == 4 and d["num_gpus"] == 4
+    d = _json(home, "explain", uid, "--tp", "4", "--pp", "2")
+    assert d["layout"]["tp"] == 4 and d["layout"]["pp"] == 2 and d["num_gpus"] == 8
     assert len(d["levels"]) == 3
     assert d["levels"][1]["measured"]["tpot_ms"] == pytest.approx(
         shown["levels"][1]["summary"]["tpot_ms"]["p50"]
@@ -180,9 +171,19 @@ def test_calibration_from_runs_applies_to_predict(home: Path, sim_bench_home: Si
 
         cal = get(store, "mine")
     assert cal.kind == "fit" and "bw_eff" in cal.factors
-    d = _json(home, "predict", "-m", "Llama-3.1-8B", "--gpu", "h100-sxm", "-n", "1", "--calibration", "mine")
+    d = _json(
+        home,
+        "predict",
+        *simruns.PREDICT_ARGS,
+        "--calibration",
+        "mine",
+    )
     assert d["tpot_ms"] > 0
     res = simruns.servelab(
-        home, "predict", "-m", "Llama-3.1-8B", "--gpu", "h100-sxm", "-n", "1", "--calibration", "nope"
+        home,
+        "predict",
+        *simruns.PREDICT_ARGS,
+        "--calibration",
+        "nope",
     )
     assert res.returncode == 2 and "no calibration" in res.stderr + res.stdout

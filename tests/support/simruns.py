@@ -17,8 +17,25 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-# A small catalog model on one simulated H100: quick to simulate, and the model knows it.
-LLAMA8 = ["--model", "Llama-3.1-8B", "--gpu", "h100-sxm", "--num-gpus", "1", "--tp", "1"]
+# The seed story's box (GLM-5 NVFP4, TP8 on eight PCIe RTX PRO 6000, SGLang): its prefill per token is
+# heavy enough that the client's and the simulator's own wall time per request, which the clock's ×20
+# adds to every simulated latency, stays inside the simulator's 5 %.
+MODEL = "GLM-5-NVFP4"
+SIM_ARGS = [
+    "--model",
+    MODEL,
+    "--gpu",
+    "rtx-pro-6000",
+    "--num-gpus",
+    "8",
+    "--tp",
+    "8",
+    "--personality",
+    "sglang",
+    "--disable-radix-cache",
+]
+PREDICT_ARGS = ["-m", MODEL, "--gpu", "rtx-pro-6000", "-n", "8", "--tp", "8", "--engine", "sglang"]
+ISL, OSL = 2048, 64
 SPEED = 20.0
 
 

@@ -160,11 +160,11 @@ async def learn_context(client: Client, caps: Capabilities) -> RunContext:
                 return RunContext(
                     engine=info.get("engine") or caps.engine,
                     personality=info.get("personality"),
-                    model_config=info.get("model_config"),
+                    model_config=info.get("model_config") or info.get("model"),
                     host=Host(**host, source="server") if host else Host(),
                     layout=Layout(**layout),
-                    quant=info.get("quant"),
-                    kv_dtype=info.get("kv_dtype"),
+                    quant=info.get("quant") or (info.get("effective") or {}).get("quantization"),
+                    kv_dtype=info.get("kv_dtype") or (info.get("effective") or {}).get("kv_cache_dtype"),
                     clock=Clock(speed=float(clock.get("speed") or 1.0), source="server"),
                 )
             except (TypeError, ValueError):

@@ -217,6 +217,10 @@ class Scheduler:
         self.counters.requests += 1
         self.waiting.append(req)
 
+    def earliest_arrival(self) -> float | None:
+        """Model time the oldest waiting request arrived (None: nothing waits)."""
+        return min((r.arrival for r in self.waiting), default=None)
+
     def abort(self, req: SimRequest) -> None:
         """The client went away: free everything the request holds."""
         if req.state == DONE:

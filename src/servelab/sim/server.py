@@ -392,8 +392,13 @@ class SimServer:
                     woke = await asyncio.wait_for(
                         self.wake.wait(), None if timeout is None else timeout - EARLY
                     )
-                # A timer that fires late must not shift the model timeline.
-                now_m = max(self.model_now(), now_m) if woke or nxt is None else max(nxt, now_m)
+                # A timer that fires late must not shift the model timeline; nor does the time the
+                # simulator spent parsing a request that woke it (it arrived when its bytes did).
+                if woke or nxt is None:
+                    first = sched.earliest_arrival()
+                    now_m = max(now_m, self.model_now() if first is None else min(self.model_now(), first))
+                else:
+                    now_m = max(nxt, now_m)
                 continue
             t_end = step.start + step.dt
             delay = self.t0 + t_end / speed - loop.time() - EARLY
