@@ -192,7 +192,8 @@ def summarize(
 
 
 def _ms(summary: dict[str, Any], metric: str, stat: str) -> float | None:
-    return summary[metric][stat]
+    value: float | None = summary[metric][stat]  # a stats_ms() entry
+    return value
 
 
 def vllm_compatible(summary: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
