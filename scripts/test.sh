@@ -25,6 +25,8 @@ if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && comma
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
 .venv/bin/ruff check src tests benchmarks examples
+.venv/bin/ruff format --check src tests benchmarks examples scripts
+.venv/bin/mypy --strict src
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

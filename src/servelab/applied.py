@@ -28,7 +28,7 @@ class Mismatch:
         return f"requested {self.key}={self.requested!r} but the engine runs {self.key}={self.effective!r}"
 
 
-def _norm(v: Any) -> Any:
+def _norm(v: Any) -> bool | float | str | None:
     if isinstance(v, bool) or v is None:
         return v
     if isinstance(v, int | float):

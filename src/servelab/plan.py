@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from servelab.applied import compare
 from servelab.engines.base import NORMALIZED_KEYS
@@ -538,7 +538,8 @@ def fill(
     have = {
         (i.binding or {}).get("candidate") for i in plan.items if (i.binding or {}).get("study") == study_uid
     }
-    out, added = plan, []
+    out = plan
+    added: list[str] = []
     events: list[Event] = []
     for label, predicted, requested in candidates:
         if label in have:
@@ -603,7 +604,8 @@ def on_trial(
         raise ConfigError(f"unknown trial status {status!r}", hint=f"use one of {', '.join(TRIAL_STATUSES)}.")
     it = item_for(plan, study_uid, label)
     if status == "running":
-        out, events = plan, []
+        out = plan
+        events: list[Event] = []
         for other in plan.items:
             if other.id != it.id and other.status == "in_progress" and other.worker == actor:
                 o = transition(
@@ -735,20 +737,30 @@ def _md(text: str) -> str:
     return text.replace("\n", " ")
 
 
-def parse_todowrite(data: Any) -> list[dict[str, Any]]:
+class TodoEntry(TypedDict):
+    """One validated todowrite entry; `extra` keeps the keys servelab does not use, verbatim."""
+
+    content: str
+    status: str
+    priority: str
+    id: str | None
+    extra: dict[str, Any]
+
+
+def parse_todowrite(data: Any) -> list[TodoEntry]:
     """Validate a todowrite document (a list, or {"todos": [...]}) into clean entries."""
     if isinstance(data, dict) and isinstance(data.get("todos"), list):
         data = data["todos"]
     if not isinstance(data, list):
         raise ConfigError("a todowrite file holds a JSON list of todo objects", hint=TODO_HINT)
-    out = []
+    out: list[TodoEntry] = []
     for n, raw in enumerate(data):
         where = f"todo #{n + 1}"
         if not isinstance(raw, dict):
             raise ConfigError(f"{where} is not an object", hint=TODO_HINT)
         if "content" not in raw or "status" not in raw:
             raise ConfigError(f"{where} needs content and status", hint=TODO_HINT)
-        entry = {
+        entry: TodoEntry = {
             "content": _content(raw["content"], where),
             "status": check_status(raw["status"], where),
             "priority": check_priority(raw.get("priority", "medium"), where),
@@ -810,7 +822,8 @@ def import_todowrite(
             seen.add(key)
             continue
         seen.add(it.id)
-        fields = {k: e[k] for k in ("content", "priority", "extra") if getattr(it, k) != e[k]}
+        wanted = (("content", e["content"]), ("priority", e["priority"]), ("extra", e["extra"]))
+        fields: dict[str, Any] = {k: v for k, v in wanted if getattr(it, k) != v}
         fields.update(status_change(it, e["status"]))
         if not fields:
             info["unchanged"].append(it.id)

@@ -457,9 +457,10 @@ def findings(obs: dict[str, Any], run: dict[str, Any] | None) -> list[dict[str, 
     for s in obs["servers"]:
         if not s["up"]:
             diag = (obs["log"] or {}).get("diagnosis") or {}
+            advice = diag.get("advice") if diag.get("class") not in (None, "unknown") else None
             nxt = (
-                diag.get("advice")
-                if diag.get("class") not in (None, "unknown")
+                str(advice)
+                if advice
                 else (
                     f"start it again, or read its log: servelab logs diagnose {obs['log']['path']}"
                     if obs.get("log")

@@ -243,3 +243,22 @@ def test_whole_command_through_an_nvidia_smi_on_path(monkeypatch: pytest.MonkeyP
     assert "GPU4 holds 244 MiB with no live process" in whats
     assert any(w.startswith("P2P unavailable between 1 GPU pair") for w in whats)
     assert "8 GPU(s), 6 in use" in obs["verdict"]
+
+
+def _down_obs(diagnosis: dict[str, object]) -> dict[str, object]:
+    return {
+        "gpus": {"available": True, "gpus": [], "note": ""},
+        "topology": {},
+        "servers": [{"url": "http://127.0.0.1:9", "up": False, "error": "connection refused"}],
+        "services": [],
+        "leftovers": {"shm": [], "compile_caches": [], "marked_processes": []},
+        "log": {"path": "/tmp/server.log", "diagnosis": diagnosis},
+    }
+
+
+def test_down_server_finding_always_says_what_to_do_next() -> None:
+    """A diagnosed class without advice falls back to reading the log (it used to give next=None)."""
+    (down,) = status.findings(_down_obs({"class": "oom"}), None)
+    assert down["next"] == "start it again, or read its log: servelab logs diagnose /tmp/server.log"
+    (down,) = status.findings(_down_obs({"class": "oom", "advice": "lower --gpu-memory-utilization"}), None)
+    assert down["next"] == "lower --gpu-memory-utilization"

@@ -13,7 +13,7 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -105,6 +105,23 @@ class _Conn(asyncio.Protocol):
         "transport",
     )
 
+    # Per-response parser state, reset by start() for each request on this connection.
+    _buf: bytearray
+    _events: bytes
+    _chunk_left: int
+    _headers_done: bool
+    _chunked: bool
+    _body_left: int | None
+    _keep_alive: bool
+    _done: bool
+    _done_event: bool
+    _got_bytes: bool
+    _mode: str
+    keep_text: bool
+    _stream: bool
+    _body_parts: list[bytes]
+    _last_t: float
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -114,7 +131,8 @@ class _Conn(asyncio.Protocol):
 
     # asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # create_connection() hands a stream protocol a Transport (BaseTransport is its declared type)
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -313,6 +331,7 @@ class _Conn(asyncio.Protocol):
             self._other_event(obj, payload)
             return
         res = self._res
+        assert res is not None
         # Like `vllm bench serve`, a chunk with a choice is a token event even when its text is empty
         # (a special token, or text the detokenizer holds back); only a closing chunk that carries
         # nothing but a finish_reason is not.
@@ -341,6 +360,7 @@ class _Conn(asyncio.Protocol):
 
     def _usage(self, usage: dict[str, Any]) -> None:
         res = self._res
+        assert res is not None
         res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
         res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
 
@@ -438,7 +458,7 @@ class _Conn(asyncio.Protocol):
         self._mode = mode
         self.keep_text = keep_text
         self._stream = mode == "stream"
-        self._body_parts: list[bytes] = []
+        self._body_parts = []
         self._last_t = 0.0
         if timeout_s:
             self._timer = loop.call_later(timeout_s, self._on_timeout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import orjson
@@ -21,6 +21,8 @@ from servelab.errors import ConfigError, Interrupted
 from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
+
+WorkloadKind = Literal["synthetic", "sharegpt", "shared-prefix"]  # BenchConfig.workload
 
 
 def parse_levels(text: str | None, name: str) -> list[float] | None:
@@ -291,14 +293,20 @@ def bench(**opts: Any) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and goodput at one or more load levels."""
     conc = parse_levels(opts.pop("concurrency"), "--concurrency")
     rate = parse_levels(opts.pop("rate"), "--rate")
-    if (conc is None) == (rate is None):
+    mode: Literal["concurrency", "rate"]
+    if conc is not None and rate is None:
+        mode, levels = "concurrency", conc
+    elif rate is not None and conc is None:
+        mode, levels = "rate", rate
+    else:
         raise ConfigError(
             "give exactly one of --concurrency or --rate", hint="e.g. --concurrency 1,8,64 or --rate 2,4,8"
         )
     export = opts.pop("export_vllm")
     as_json = opts.pop("as_json")
     context = context_from_flags(opts)
-    workload = opts.pop("workload") or ("sharegpt" if opts.get("dataset") else "synthetic")
+    chosen: WorkloadKind | None = opts.pop("workload")  # click.Choice allows only these
+    workload: WorkloadKind = chosen or ("sharegpt" if opts.get("dataset") else "synthetic")
     if opts.get("dataset") and not Path(opts["dataset"]).is_file():
         raise ConfigError(
             f"--dataset {opts['dataset']} does not exist",
@@ -309,8 +317,8 @@ def bench(**opts: Any) -> None:
             url=opts["url"],
             model=opts["model"],
             api=opts["api"],
-            mode="concurrency" if conc else "rate",
-            levels=conc or rate,
+            mode=mode,
+            levels=levels,
             max_concurrency=opts["max_concurrency"],
             num_requests=opts["num_requests"],
             duration_s=opts["duration"],

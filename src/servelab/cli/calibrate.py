@@ -203,8 +203,8 @@ def list_cmd(as_json: bool) -> None:
 
     def render(rows: list[dict[str, Any]]) -> None:
         t = Table(title="calibrations")
-        for c in ("name", "kind", "gpu", "source", "created"):
-            t.add_column(c)
+        for col in ("name", "kind", "gpu", "source", "created"):
+            t.add_column(col)
         for c in rows:
             t.add_row(c["name"], c["kind"], c["gpu"] or "", c["source"], c["created_at"])
         stdout.print(t)

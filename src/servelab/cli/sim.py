@@ -66,7 +66,7 @@ from servelab.errors import ConfigError
 @click.option("--cpu", type=int, default=None, help="Pin the simulator to this CPU core.")
 @click.option("--list-faults", is_flag=True, help="List the faults and exit.")
 @click.pass_context
-def sim(ctx: click.Context, **opts: Any) -> None:
+def sim(ctx: click.Context, /, **opts: Any) -> None:
     """Serve an OpenAI-compatible API that behaves like vLLM or SGLang on simulated GPUs.
 
     Extra arguments are engine flags, spelled as the engine spells them

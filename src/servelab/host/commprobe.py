@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any, Protocol
 
 SIZES = [2 * 1024, 8 * 1024, 32 * 1024, 128 * 1024, 1024 * 1024, 8 * 1024 * 1024, 32 * 1024 * 1024]
 
@@ -27,7 +28,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, backend: str, iters: int, port: int, queue: object) -> None:
+class _Queue(Protocol):
+    """What the workers need of torch.multiprocessing's Queue."""
+
+    def put(self, obj: Any) -> None: ...
+
+
+def _worker(rank: int, world: int, backend: str, iters: int, port: int, queue: _Queue) -> None:
     import torch
     import torch.distributed as dist
 
@@ -66,7 +73,7 @@ def _worker(rank: int, world: int, backend: str, iters: int, port: int, queue: o
             b.copy_(a)
         sync()
         membw = 2 * n * 5 / (time.perf_counter() - t) / 1e9
-        queue.put({"allreduce": results, "mem_bw_gbs": membw})  # type: ignore[attr-defined]
+        queue.put({"allreduce": results, "mem_bw_gbs": membw})
     dist.barrier()
     dist.destroy_process_group()
 

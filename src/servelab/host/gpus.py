@@ -198,9 +198,10 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] | None = None) -> list[Gp
     out: list[Gpu] = []
     for pos, row in enumerate(rows):
         v = dict(zip(fields, row, strict=False))
+        index = _int(v.get("index"))  # None when missing or unreadable ("[N/A]"): the row's position
         out.append(
             Gpu(
-                index=_int(v.get("index")) if v.get("index") else pos,
+                index=pos if index is None else index,
                 name=v.get("name", v.get("gpu_name", "")),
                 uuid=v.get("uuid", v.get("gpu_uuid")),
                 bus_id=v.get("pci.bus_id"),
@@ -257,7 +258,7 @@ def attach_processes(gpus: list[Gpu], procs: list[GpuProcess]) -> None:
     """Put each process under the GPU whose UUID it names."""
     by_uuid = {g.uuid: g for g in gpus if g.uuid}
     for p in procs:
-        g = by_uuid.get(p.gpu_uuid)
+        g = by_uuid.get(p.gpu_uuid) if p.gpu_uuid else None
         if g is not None:
             g.processes.append(p)
 
@@ -453,7 +454,7 @@ def read_nvidia_smi(run: Runner = run_nvidia_smi) -> GpuReport | None:
 def read_nvml() -> GpuReport | None:
     """GPUs through NVML (None: nvidia-ml-py is not installed or NVML does not initialise)."""
     try:
-        import pynvml  # type: ignore[import-not-found]  # the optional extra servelab[gpu]
+        import pynvml  # the optional extra servelab[gpu] (untyped: see [tool.mypy] in pyproject.toml)
     except ImportError:
         return None
     try:

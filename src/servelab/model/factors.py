@@ -94,7 +94,10 @@ class Factors:
 @cache
 def _factors_file() -> dict[str, Any]:
     text = resources.files("servelab.data").joinpath("model_factors.json").read_text()
-    return json.loads(text)
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise TypeError("servelab/data/model_factors.json must hold a JSON object")
+    return data
 
 
 def default_factors(engine: str | None = None) -> Factors:

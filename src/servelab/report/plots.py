@@ -158,21 +158,21 @@ def line_chart(
         f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" stroke="#999"/>'
     ]
     for t in xt:
-        x = _num(fx(t))
+        px = _num(fx(t))
         body.append(
-            f'<line x1="{x}" y1="{MT}" x2="{x}" y2="{H - MB}" stroke="#eee"/>'
-            f'<text x="{x}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>'
+            f'<line x1="{px}" y1="{MT}" x2="{px}" y2="{H - MB}" stroke="#eee"/>'
+            f'<text x="{px}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>'
         )
     for t in yt:
-        y = _num(fy(t))
+        py = _num(fy(t))
         body.append(
-            f'<line x1="{ML}" y1="{y}" x2="{W - MR}" y2="{y}" stroke="#eee"/>'
-            f'<text x="{ML - 6}" y="{y}" text-anchor="end" dominant-baseline="middle">{tick_label(t)}</text>'
+            f'<line x1="{ML}" y1="{py}" x2="{W - MR}" y2="{py}" stroke="#eee"/>'
+            f'<text x="{ML - 6}" y="{py}" text-anchor="end" dominant-baseline="middle">{tick_label(t)}</text>'
         )
     for v, label in hlines:
-        y = _num(fy(v))
+        py = _num(fy(v))
         body.append(
-            f'<g class="limit"><line x1="{ML}" y1="{y}" x2="{W - MR}" y2="{y}" stroke="{ANOMALY}" '
+            f'<g class="limit"><line x1="{ML}" y1="{py}" x2="{W - MR}" y2="{py}" stroke="{ANOMALY}" '
             f'stroke-dasharray="6 4"/><text x="{W - MR - 4}" y="{_num(fy(v) - 4)}" text-anchor="end" '
             f'fill="{ANOMALY}">{h(label)}</text></g>'
         )
@@ -228,10 +228,10 @@ def stacked_bars(
     fx = _Axis(0.0, xt[-1], ML + 40, W - MR, False)
     body = []
     for t in xt:
-        x = _num(fx(t))
+        px = _num(fx(t))
         body.append(
-            f'<line x1="{x}" y1="{MT}" x2="{x}" y2="{H - MB}" stroke="#eee"/>'
-            f'<text x="{x}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>'
+            f'<line x1="{px}" y1="{MT}" x2="{px}" y2="{H - MB}" stroke="#eee"/>'
+            f'<text x="{px}" y="{H - MB + 14}" text-anchor="middle">{tick_label(t)}</text>'
         )
     band = (H - MT - MB) / max(len(bars), 1)
     for i, (label, parts) in enumerate(bars):

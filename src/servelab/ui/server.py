@@ -88,10 +88,14 @@ class UIServer(ThreadingHTTPServer):
     daemon_threads = True
 
 
+class _UIServer6(UIServer):
+    address_family = socket.AF_INET6
+
+
 def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | None = None) -> UIServer:
     """A bound, not yet serving, server (port 0: a free port; `server.server_address` says which)."""
     handler = type("Handler", (_Handler,), {"store_path": store_path})
-    cls = type("UIServer6", (UIServer,), {"address_family": socket.AF_INET6}) if ":" in host else UIServer
+    cls = _UIServer6 if ":" in host else UIServer
     try:
         return cls((host, port), handler)
     except OSError as exc:
@@ -111,5 +115,8 @@ def serve_in_thread(server: UIServer) -> threading.Thread:
 
 def url_of(server: UIServer) -> str:
     host, port = server.server_address[:2]
-    shown = f"[{host}]" if ":" in str(host) else str(host)
+    # A bound TCP server's address holds the host as text; the socket types also allow bytes, which
+    # must print as the name, never as "b'127.0.0.1'".
+    name = host if isinstance(host, str) else bytes(host).decode()
+    shown = f"[{name}]" if ":" in name else name
     return f"http://{shown}:{port}/"

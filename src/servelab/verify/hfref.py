@@ -73,6 +73,8 @@ async def run_reference(
         data = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
         data = {"ok": False, "error": err.decode(errors="replace")[-1500:] or f"exit code {proc.returncode}"}
+    if not isinstance(data, dict):
+        data = {"ok": False, "error": f"its last output line is not a JSON object: {str(data)[:200]}"}
     if not data.get("ok"):
         raise EngineError(
             f"the transformers reference failed: {data.get('error')}",

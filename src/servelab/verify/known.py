@@ -7,10 +7,10 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from servelab.errors import ConfigError
-from servelab.verify.calls import Completion
+from servelab.verify.calls import Completion, Prompt
 from servelab.verify.result import Check
 
 DEFAULT_SET = "default"
@@ -39,6 +39,17 @@ class AnswerSet:
         """The items usable with this API and the text to send."""
         key = "chat" if api == "chat" else "prompt"
         return [(it, getattr(it, key)) for it in self.items if getattr(it, key)]
+
+
+class ItemOutcome(TypedDict):
+    """One known-answer item as the check's evidence records it."""
+
+    id: str
+    prompt: Prompt
+    ok: bool
+    answer: str
+    expected_any: list[str]
+    error: NotRequired[str]
 
 
 def parse(data: dict[str, Any], name: str) -> AnswerSet:
@@ -79,19 +90,19 @@ def matches(answer: str, expect_any: tuple[str, ...]) -> str | None:
 
 
 def judge(answer_set: AnswerSet, answers: list[tuple[Item, Completion]]) -> Check:
-    per = []
+    per: list[ItemOutcome] = []
     for item, c in answers:
         hit = matches(c.text, item.expect_any) if c.ok else None
-        per.append(
-            {
-                "id": item.id,
-                "prompt": c.prompt,
-                "ok": hit is not None,
-                "answer": c.text[:200],
-                "expected_any": list(item.expect_any),
-                **({"error": c.error} if c.error else {}),
-            }
-        )
+        outcome: ItemOutcome = {
+            "id": item.id,
+            "prompt": c.prompt,
+            "ok": hit is not None,
+            "answer": c.text[:200],
+            "expected_any": list(item.expect_any),
+        }
+        if c.error:
+            outcome["error"] = c.error
+        per.append(outcome)
     passed = sum(p["ok"] for p in per)
     need = answer_set.min_pass
     ev = {"set": answer_set.name, "passed": passed, "total": len(per), "min_pass": need, "items": per}

@@ -179,13 +179,13 @@ def _garbage_check(
     ev: dict[str, Any] = {"answers": len(answers), "findings": findings[:12], "count": len(findings)}
     errors = [f for f in findings if f["severity"] == "error"]
     if errors:
-        f = errors[0]
+        first = errors[0]
         return Check(
             "garbage",
             False,
             "error",
-            f"{bad_answers} of {len(answers)} answers look like garbage: {f['message']} in the answer to {f['prompt']!r} "
-            f"({f['answer'][:60]!r}). {f['advice']}",
+            f"{bad_answers} of {len(answers)} answers look like garbage: {first['message']} in the answer to "
+            f"{first['prompt']!r} ({first['answer'][:60]!r}). {first['advice']}",
             ev,
         )
     if findings:

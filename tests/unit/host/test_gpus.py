@@ -223,3 +223,14 @@ def test_nvml_mapping_with_a_stand_in_binding() -> None:
     assert g.bus_id == "00000000:18:00.0" and g.persistence is True and g.ecc is True
     assert g.pcie_width == 16 and g.pcie_width_max is None
     assert [(p.pid, p.used_mib) for p in g.processes] == [(77, 512)]
+
+
+def test_unreadable_index_falls_back_to_the_row_position() -> None:
+    gs = gpus.parse_query_gpu("index, name, uuid\n[N/A], NVIDIA H100, GPU-a\n3, NVIDIA H100, GPU-b\n")
+    assert [g.index for g in gs] == [0, 3]
+
+
+def test_a_process_without_a_gpu_uuid_is_attached_nowhere() -> None:
+    gs = gpus.parse_query_gpu("index, name, uuid\n0, NVIDIA H100, GPU-a\n")
+    gpus.attach_processes(gs, [gpus.GpuProcess(pid=7, name="python", used_mib=1, gpu_uuid=None)])
+    assert gs[0].processes == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -110,3 +111,16 @@ def test_running_study_page_polls_its_progress(served: tuple[str, list[str]], tm
 def test_loopback_detection() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5")
+
+
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [
+        (("127.0.0.1", 8080), "http://127.0.0.1:8080/"),
+        (("::1", 8080, 0, 0), "http://[::1]:8080/"),
+        ((b"127.0.0.1", 8080), "http://127.0.0.1:8080/"),  # the socket types allow bytes: print the name
+        ((bytearray(b"::1"), 8080, 0, 0), "http://[::1]:8080/"),
+    ],
+)
+def test_url_of_prints_the_host_as_text(address: tuple[object, ...], url: str) -> None:
+    assert url_of(types.SimpleNamespace(server_address=address)) == url
