@@ -1,7 +1,8 @@
 """Pure analysis of a study's measurements: SLO checks, confidence intervals, anomalies, the ranking.
 
-Inputs are plain dicts (a level *digest*: the few numbers of a `servelab bench` level summary that a
-study compares, plus GPU telemetry when there is any), so this module is testable without servers.
+Inputs are level *digests*: `results.LevelSummary.digest()` (the flat numbers a study compares, in the
+time base shown to users) plus GPU telemetry when there is any, so this module is testable without
+servers.
 """
 
 from __future__ import annotations
@@ -50,46 +51,6 @@ _T95 = [
 
 def t95(dof: int) -> float:
     return _T95[dof - 1] if 1 <= dof <= len(_T95) else 1.96
-
-
-def level_digest(summary: dict[str, Any], value: float) -> dict[str, Any]:
-    """The numbers a study keeps per level from a `servelab bench` level summary."""
-    d: dict[str, Any] = {
-        "level": value,
-        "completed": summary.get("completed", 0),
-        "failed": summary.get("failed", 0),
-        "failure_rate": summary.get("failure_rate", 0.0),
-        "errors": summary.get("errors", {}),
-        "output_throughput": summary.get("output_throughput", 0.0),
-        "total_token_throughput": summary.get("total_token_throughput", 0.0),
-        "request_throughput": summary.get("request_throughput", 0.0),
-        "goodput": summary.get("goodput_output_tokens"),
-    }
-    for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        stats = summary.get(metric) or {}
-        for stat in ("mean", "p50", "p90", "p95", "p99"):
-            d[f"{metric}_{stat}"] = stats.get(stat)
-    return d
-
-
-_RATES = ("output_throughput", "total_token_throughput", "request_throughput", "goodput")
-
-
-def rescale(d: dict[str, Any], speed: float) -> dict[str, Any]:
-    """A digest measured on a clock running `speed` times faster (the simulator's --speed), in real time:
-    latencies × speed, throughputs ÷ speed. Identity at speed 1."""
-    if speed == 1:
-        return d
-    out = dict(d)
-    for k, v in d.items():
-        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
-            continue
-        if k.startswith(("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")):
-            out[k] = v * speed
-        elif k in _RATES:
-            out[k] = v / speed
-    out["time_scale"] = speed
-    return out
 
 
 @dataclass

@@ -365,8 +365,9 @@ def _explain(
         tp, pp, dp = int(s.get("tp") or 1), int(s.get("pp") or 1), int(s.get("dp") or 1)
         eng = spec.get("engine") or {}
         personality = (eng.get("options") or {}).get("personality") or eng.get("name")
+        model_spec = spec.get("model") or {}
         setup = make_setup(
-            (spec.get("model") or {}).get("config") or (spec.get("model") or {}).get("path"),
+            str(model_spec.get("config") or model_spec.get("path") or ""),
             host["gpu"],
             min(int(host.get("num_gpus") or tp), tp * pp * dp),
             tp=tp,

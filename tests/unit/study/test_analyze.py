@@ -90,11 +90,6 @@ def test_rank_with_lower_is_better_and_nothing_valid() -> None:
     assert analyze.rank([analyze.score("x", "failed", [], slo, "tpot_ms_p50")], "tpot_ms_p50").winner is None
 
 
-def test_rescale_to_real_time() -> None:
-    d = analyze.rescale({"tpot_ms_p50": 1.0, "output_throughput": 2000.0, "completed": 5}, 20)
-    assert d["tpot_ms_p50"] == 20 and d["output_throughput"] == 100 and d["completed"] == 5
-
-
 def test_lower_power_at_the_same_throughput_is_not_an_anomaly() -> None:
     base = [_lv(8, 460, gpu_power_w=390.0, gpu_util=0.66)]
     same = [_lv(8, 455, gpu_power_w=250.0, gpu_util=0.38)]
