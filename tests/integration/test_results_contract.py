@@ -187,3 +187,92 @@ def test_calibration_from_runs_applies_to_predict(home: Path, sim_bench_home: Si
         "nope",
     )
     assert res.returncode == 2 and "no calibration" in res.stderr + res.stdout
+
+
+STUDY = """\
+repeats = 1
+verify_output = false
+
+[study]
+name = "contract"
+
+[model]
+path = "GLM-5-NVFP4"
+
+[host]
+gpu = "rtx-pro-6000"
+num_gpus = 8
+
+[engine]
+name = "sim"
+args = ["--disable-radix-cache"]
+startup_timeout_s = 60
+[engine.options]
+personality = "sglang"
+speed = 20
+fast_start = true
+
+[[candidates]]
+name = "tp8"
+tp = 8
+baseline = true
+
+[workload]
+input_len = 2048
+output_len = 64
+requests_per_stream = 6
+
+[load]
+concurrency = [1, 4]
+"""
+
+
+def test_a_study_run_is_shown_alike_everywhere_in_gpu_time(servelab_home: Path, tmp_path: Path) -> None:
+    """tune (speed 20) → its bench runs: `runs show`, `runs study`, the report, the UI, `explain` with no
+    flags and `predict` for the same configuration all show one set of numbers."""
+    study = tmp_path / "study.toml"
+    study.write_text(STUDY)
+    res = simruns.servelab(servelab_home, "tune", str(study), "--json", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    trial = _json(servelab_home, "runs", "study", "last")["candidates"][0]["trials"][0]
+    report = _json(servelab_home, "report", "last", "--no-host-checks")
+    rep_levels = {float(lv["level"]): lv for lv in report["candidates"][0]["levels"]}
+    server = make_server("127.0.0.1", 0, servelab_home / "servelab.db")
+    serve_in_thread(server)
+    try:
+        for digest in trial["levels"]:
+            uid = digest["bench_run"]
+            shown = _json(servelab_home, "runs", "show", uid)
+            assert (
+                shown["time_base"] == "simulated GPU time" and shown["context"]["host"]["source"] == "study"
+            )
+            s = shown["levels"][0]["summary"]
+            with urllib.request.urlopen(url_of(server) + f"/api/run/{uid}", timeout=10) as r:
+                ui = json.loads(r.read())["levels"][0]
+            rep = rep_levels[float(s["value"])]
+            for key, ours in (
+                ("tpot_ms_p50", s["tpot_ms"]["p50"]),
+                ("ttft_ms_p50", s["ttft_ms"]["p50"]),
+                ("output_throughput", s["output_throughput"]),
+            ):
+                assert digest[key] == pytest.approx(ours) and ui[key] == pytest.approx(ours)
+                assert rep[key] == pytest.approx(ours)
+            pred = _json(
+                servelab_home,
+                "predict",
+                *simruns.PREDICT_ARGS,
+                "--isl",
+                "2048",
+                "--osl",
+                "64",
+                "--concurrency",
+                str(int(s["value"])),
+            )
+            assert s["tpot_ms"]["p50"] == pytest.approx(pred["tpot_ms"], rel=0.05)
+            assert s["output_throughput"] == pytest.approx(pred["output_throughput"], rel=0.05)
+            ex = _json(servelab_home, "explain", uid)  # the study recorded host and layout: no flags
+            assert ex["gpu"] and ex["layout"]["tp"] == 8
+            assert ex["levels"][0]["measured"]["tpot_ms"] == pytest.approx(s["tpot_ms"]["p50"])
+    finally:
+        server.shutdown()
+        server.server_close()
