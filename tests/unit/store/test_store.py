@@ -73,8 +73,9 @@ def test_requests_are_visible_to_another_connection_immediately() -> None:
         with open_store() as other:  # a second process would see exactly this
             got = BenchRepo(other).requests(level)
             assert len(got) == 1 and got[0].itl_s == [0.1, 0.1]
-            run = BenchRepo(other).resolve(uid)
-            assert run["config"]["api_key"] == "***"  # secrets never reach the store
-            assert BenchRepo(other).resolve("last")["uid"] == uid
+            run = BenchRepo(other).load(uid)
+            assert run.config["api_key"] == "***"  # secrets never reach the store
+            assert BenchRepo(other).load("last").uid == uid
+            assert BenchRepo(other).load(uid[:6]).uid == uid  # a unique prefix
     with open_store() as store, pytest.raises(NotFoundError):
-        BenchRepo(store).resolve("b-nope")
+        BenchRepo(store).load("b-nope")
