@@ -29,7 +29,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
-from servelab.errors import ConfigError, LaunchFailed, NotReady
+from servelab.errors import ConfigError, EngineError, LaunchFailed, NotReady
 from servelab.host import processes
 from servelab.host.gpu_memory import GpuMemoryReport, GpuReader, nvidia_smi_reader, wait_for_baseline
 from servelab.host.ports import WILDCARDS, Listener, listeners, port_is_free
@@ -808,12 +808,40 @@ async def serving(
     api_key: str | None = None,
     cpus: set[int] | None = None,
     grace_s: float = 15.0,
+    on_launch: Callable[[Server], None] | None = None,
+    on_not_ready: Callable[[Server, EngineError], None] | None = None,
 ) -> AsyncIterator[tuple[Server, ReadyReport]]:
     """launch + wait_ready, then always teardown (in a thread: it sleeps); the report lands on
-    `server.teardown_report`."""
+    `server.teardown_report`.
+
+    `on_launch(server)` runs right after the process started (a study stores its pid); `on_not_ready(server,
+    exc)` runs when it cannot become ready, before the teardown (while its log and processes are still
+    there), and the error is raised after the teardown. A second cancellation during the teardown does not
+    cut it short: the processes are always gone when this returns."""
     server = launch(spec, log_path, run_marker, cpus=cpus)
     try:
-        ready = await wait_ready(server, readiness, timeout_s, engine, api_key)
+        if on_launch is not None:
+            on_launch(server)
+        try:
+            ready = await wait_ready(server, readiness, timeout_s, engine, api_key)
+        except EngineError as exc:
+            if on_not_ready is not None:
+                on_not_ready(server, exc)
+            raise
         yield server, ready
     finally:
-        await asyncio.to_thread(teardown, server, grace_s)
+        await _finish_in_thread(teardown, server, grace_s)
+
+
+async def _finish_in_thread(fn: Callable[..., Any], *args: Any) -> None:
+    """Run `fn` in a thread and wait for it to end even when cancelled meanwhile (re-raising that after)."""
+    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while not job.done():
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            cancelled = True
+    job.result()
+    if cancelled:
+        raise asyncio.CancelledError

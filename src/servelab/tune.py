@@ -9,34 +9,39 @@ found by their SERVELAB_RUN marker and ended first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from servelab import analyze
-from servelab.applied import compare
-from servelab.bench.client import Client
-from servelab.bench.config import BenchConfig
-from servelab.bench.runner import run_bench
+from servelab import analyze, lifecycle
 from servelab.config import CandidateSpec, Study
 from servelab.engines import registry
-from servelab.engines.base import Engine, Settings
-from servelab.errors import ConfigError, EngineError, Interrupted, ServelabError, ServerError
-from servelab.host.ports import free_port
+from servelab.engines.base import Engine, LaunchSpec
+from servelab.errors import ConfigError, Interrupted, ServelabError
 from servelab.paths import data_home
-from servelab.results import Clock, Host, Layout, RunContext
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
+from servelab.trial import (
+    AppliedCheck,
+    Finding,
+    LevelResult,
+    Trial,
+    TrialObserver,
+    TrialOutcome,
+    settings_for,
+)
+
+if TYPE_CHECKING:
+    from servelab.verify import VerifyResult
+
+__all__ = ["StudyOutcome", "TuneOptions", "Tuner", "order_candidates", "settings_for", "spec_hash", "tune"]
 
 Observer = Callable[[str, dict[str, Any]], None]
 MARKER_PREFIX = "servelab-study"
-DEATH_CLASSES = ("engine_died_after_ready", "oom_runtime")
 # Requested keys that describe where a server runs, not what is being tried: not part of a plan item.
 _NOT_PLANNED = ("port", "host", "model", "served_model_name")
 
@@ -71,37 +76,6 @@ def spec_hash(study: Study) -> str:
     return hashlib.sha256(
         orjson.dumps(study.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
     ).hexdigest()[:16]
-
-
-def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
-    """The candidate's settings: the engine's common args/env/options first, the candidate's on top."""
-    options = {**study.engine.options, **cand.options}
-    if study.engine.python:
-        options.setdefault("python", study.engine.python)
-    if study.host.gpu:
-        options.setdefault("gpu", study.host.gpu)
-        options.setdefault("num_gpus", study.host.num_gpus)
-    model = study.model.path
-    if Path(model).exists():  # a local checkout: engines log the absolute path, so ask for that
-        model = str(Path(model).resolve())
-    return Settings(
-        model=model,
-        served_model_name=study.model.served_name,
-        host=study.engine.host,
-        port=port or study.engine.port or 0,
-        tp=cand.tp,
-        pp=cand.pp,
-        ep=cand.ep,
-        dp=cand.dp,
-        quantization=cand.quantization,
-        kv_cache_dtype=cand.kv_cache_dtype,
-        max_concurrency=cand.max_concurrency,
-        mem_fraction=cand.mem_fraction,
-        max_model_len=cand.max_model_len,
-        extra_args=(*study.engine.args, *cand.args),
-        env={**study.engine.env, **cand.env},
-        options=options,
-    )
 
 
 def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | None:
@@ -168,115 +142,6 @@ def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] |
     return sorted(ordered, key=lambda pair: pair[0].label() != base)
 
 
-def run_context(study: Study, cand: CandidateSpec) -> RunContext:
-    """What a candidate's bench runs are of, as the study declares it: engine, model config, host,
-    layout, formats, and the simulator's clock speed (so its runs are shown in simulated GPU time)."""
-    options = {**study.engine.options, **cand.options}
-    speed = float(options.get("speed", 1.0) or 1.0) if study.engine.name == "sim" else 1.0
-    return RunContext(
-        engine=study.engine.name,
-        personality=options.get("personality"),
-        model_config=study.model.config or study.model.path,
-        host=Host(gpu=study.host.gpu, num_gpus=study.host.num_gpus, source="study"),
-        layout=Layout(tp=cand.tp, pp=cand.pp, ep=cand.ep, dp=cand.dp),
-        quant=cand.quantization,
-        kv_dtype=cand.kv_cache_dtype,
-        clock=Clock(speed=speed, source="study") if study.engine.name == "sim" else Clock(),
-    )
-
-
-def bench_config(
-    study: Study, url: str, model: str, api_key: str | None = None, context: RunContext | None = None
-) -> BenchConfig:
-    w, ld = study.workload, study.load
-    try:
-        return BenchConfig(
-            url=url,
-            model=model,
-            api=w.api,
-            mode=ld.mode,
-            levels=ld.levels,
-            max_concurrency=ld.max_concurrency if ld.mode == "rate" else None,
-            num_requests=w.num_requests,
-            requests_per_stream=w.requests_per_stream,
-            duration_s=w.duration_s,
-            workload=w.kind,
-            input_len=w.input_len,
-            output_len=w.output_len,
-            range_ratio=w.range_ratio,
-            dataset=w.dataset,
-            num_prefixes=w.num_prefixes,
-            prefix_len=w.prefix_len,
-            tokenizer=w.tokenizer,
-            seed=w.seed,
-            slo=study.slo.bench_slo(),
-            warmup=w.warmup,
-            timeout_s=w.timeout_s,
-            temperature=w.temperature,
-            api_key=api_key,
-            context=context or RunContext(),
-        )
-    except ValueError as exc:
-        raise ConfigError(f"the study's workload/load cannot be benchmarked: {exc}") from exc
-
-
-class _Telemetry:
-    """Samples GPU power/utilization while a level runs (the simulator's endpoint, or nvidia-smi)."""
-
-    def __init__(self, read: Callable[[], Any] | None) -> None:
-        self.read = read
-        self.samples: list[tuple[float, float]] = []
-        self.task: asyncio.Task[None] | None = None
-
-    async def _loop(self) -> None:
-        assert self.read is not None
-        while True:
-            with contextlib.suppress(Exception):
-                got = await self.read()
-                if got:
-                    self.samples.append(got)
-            await asyncio.sleep(0.1)
-
-    def start(self) -> None:
-        self.samples = []
-        if self.read is not None:
-            self.task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> dict[str, float]:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-            self.task = None
-        if not self.samples:
-            return {}
-        # the busiest half of the level (ramp-up and drain excluded)
-        top = sorted(self.samples, reverse=True)[: max(1, len(self.samples) // 2)]
-        return {
-            "gpu_power_w": sum(p for p, _ in top) / len(top),
-            "gpu_util": sum(u for _, u in top) / len(top),
-        }
-
-
-def _http_telemetry(url: str, path: str) -> Callable[[], Any]:
-    """Reads GPU telemetry an engine serves over HTTP (the simulator's /servelab/gpus)."""
-    client = Client(url, timeout_s=5)
-
-    async def read() -> tuple[float, float] | None:
-        res = await client.get(path, timeout_s=2.0)
-        if not res.ok:
-            return None
-        gpus = [g for g in orjson.loads(res.body).get("gpus", []) if g.get("processes")]
-        if not gpus:
-            return None
-        return (
-            sum(g["power_w"] for g in gpus) / len(gpus),
-            sum(g["utilization_pct"] for g in gpus) / len(gpus) / 100,
-        )
-
-    return read
-
-
 class Tuner:
     def __init__(self, study: Study, store: Store, source: str | None, opts: TuneOptions) -> None:
         self.study = study
@@ -286,11 +151,12 @@ class Tuner:
         self.opts = opts
         self.engine: Engine = registry.get(study.engine.name)
         self.notify: Observer = opts.observe or (lambda _e, _d: None)
+        self.swept: list[dict[str, Any]] = []  # the interrupted run's processes a resume ended
+        self._current: tuple[str, str, int] = ("", "", 0)  # (study uid, label, trial id) of the running trial
+        self._sid = 0
 
     # -- study bookkeeping ------------------------------------------------------------------------
     def _open(self) -> tuple[int, str, list[dict[str, Any]]]:
-        from servelab import lifecycle
-
         h = spec_hash(self.study)
         if self.opts.resume:
             prev = self.repo.latest_unfinished(self.study.study.name)
@@ -305,7 +171,7 @@ class Tuner:
                     hint="resume with the same file, or run without --resume to start a new study.",
                 )
             swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:")
-            self.swept = [s.to_dict() if hasattr(s, "to_dict") else s for s in swept]
+            self.swept = [s.to_dict() for s in swept]
             if swept:  # what the killed servers left in /dev/shm, once nothing holds it
                 from servelab.host import shm
 
@@ -330,9 +196,8 @@ class Tuner:
         return sid, uid, cands
 
     async def run(self) -> StudyOutcome:
-        self.swept: list[dict[str, Any]] = []
-        self._effective: dict[str, Any] | None = None
-        self._current: tuple[str, str, int] = ("", "", 0)
+        self.swept = []
+        self._current = ("", "", 0)
         sid, uid, cands = self._open()
         self._sid = sid
         specs = {c.label(): c for c in self.study.candidates}
@@ -414,152 +279,23 @@ class Tuner:
     async def _trial(
         self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int
     ) -> tuple[str, dict[str, Any]]:
-        from servelab import lifecycle
-        from servelab.engines import signatures
-
         label = cand["label"]
         marker = f"{MARKER_PREFIX}:{uid}:{label}:{repeat}"
         tid = self.repo.start_trial(cand["id"], repeat, marker)
         self.notify("trial_started", {"label": label, "repeat": repeat})
         self._current = (uid, label, tid)
-        self._effective = None
         self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
-        settings = settings_for(self.study, spec)
-        external = not self.engine.capabilities.launches
-        server = None
-        try:
-            if not external:
-                port = settings.port or free_port(settings.host)
-                settings = settings_for(self.study, spec, port)
-            try:
-                launch = self.engine.command(settings)
-            except ConfigError as exc:
-                return self._fail(
-                    tid, "failed", {"class": "invalid_candidate", "evidence": exc.message, "advice": exc.hint}
-                )
-            log_path = data_home() / "logs" / uid / f"{_safe(label)}-r{repeat}.log"
-            self.repo.update_trial(
-                tid, argv=launch.argv, env=launch.env, url=launch.url, log_path=str(log_path)
-            )
-            t0 = time.monotonic()
-            if not external:
-                cpus = settings.options.get("cpus")
-                timeout = (
-                    self.opts.startup_timeout_s
-                    or self.study.engine.startup_timeout_s
-                    or self.engine.startup_timeout_s
-                )
-                try:
-                    server = lifecycle.launch(launch, log_path, marker, cpus=set(cpus) if cpus else None)
-                    self.repo.update_trial(tid, pid=server.pid)
-                    await lifecycle.wait_ready(
-                        server, self.engine.readiness, timeout, engine=self.engine.name
-                    )
-                except EngineError as exc:
-                    diag = getattr(exc, "diagnosis", None)
-                    if diag is None:
-                        diag = signatures.diagnose(_read(log_path), self.engine.name)
-                    d = diag.to_dict() if hasattr(diag, "to_dict") else dict(diag)
-                    d.setdefault("message", exc.message)
-                    return self._fail(tid, "failed", {"diagnosis": d}, diagnosis=d)
-            self.repo.update_trial(tid, ready_s=time.monotonic() - t0, status="verifying")
-            self.notify("trial_ready", {"label": label, "url": launch.url, "ready_s": time.monotonic() - t0})
-            # What runs, against what was asked for.
-            info = await _fetch_info(launch.url, self.engine.info_paths())
-            eff = self.engine.effective_config(_read(log_path), info)
-            req = self.engine.requested(settings)
-            mism, unconfirmed = compare(req, eff.effective, eff.evidence)
-            self.repo.update_trial(
-                tid,
-                requested=req,
-                effective=eff.to_dict(),
-                engine_version=eff.effective.get("version"),
-                not_applied=[m.to_dict() for m in mism],
-            )
-            self._effective = eff.to_dict()
-            if mism:
-                self.notify("not_applied", {"label": label, "mismatches": [m.sentence() for m in mism]})
-                return self._fail(
-                    tid,
-                    "not_applied",
-                    {"not_applied": [m.to_dict() for m in mism], "unconfirmed": unconfirmed},
-                )
-            try:
-                return await self._verify_and_bench(tid, launch, server, label, log_path)
-            except (ServerError, EngineError) as exc:
-                # The server stopped answering (hung, died, refused): a finding about this candidate,
-                # not a reason to stop the study.
-                diag = signatures.diagnose(_read(log_path), self.engine.name).to_dict()
-                if diag["class"] == "unknown":
-                    diag = {
-                        "class": "server_unresponsive",
-                        "evidence": exc.message,
-                        "advice": "the server became ready but then stopped answering; see its log",
-                        "tail": diag.get("tail", []),
-                    }
-                diag.setdefault("message", exc.message)
-                return self._fail(tid, "failed", {"diagnosis": diag}, diagnosis=diag)
-        finally:
-            if server is not None:
-                report = lifecycle.teardown(server)
-                self.repo.update_trial(
-                    tid, teardown=report.to_dict() if hasattr(report, "to_dict") else report
-                )
-                self.notify(
-                    "trial_teardown",
-                    {"label": label, "teardown": self.repo.trials(cand["id"])[-1]["teardown"]},
-                )
-
-    async def _verify_and_bench(
-        self, tid: int, launch: Any, server: Any, label: str, log_path: Path
-    ) -> tuple[str, dict[str, Any]]:
-        from servelab.engines import signatures
-
-        if self.study.verify_output:
-            from servelab.verify import verify_output
-
-            vres = await verify_output(
-                launch.url,
-                launch.served_model,
-                api=self.study.workload.api,
-                **_verify_kwargs(self.study, self.engine),
-            )
-            self.repo.update_trial(tid, verify=vres.to_dict())
-            if not vres.ok:
-                failed = [
-                    c
-                    for c in vres.to_dict().get("checks", [])
-                    if not c.get("ok") and c.get("severity", "error") == "error"
-                ]
-                d = {
-                    "class": "wrong_output",
-                    "evidence": orjson.dumps(failed[:3]).decode()[:2000],
-                    "advice": "the server answers, but not correctly: check the weights, the quantization "
-                    "kernels and the tokenizer (`servelab verify-output` shows each check)",
-                }
-                return self._fail(tid, "failed", {"diagnosis": d}, diagnosis=d)
-        self.repo.update_trial(tid, status="benchmarking")
-        levels, died = await self._bench(tid, launch.url, launch.served_model, server, label, log_path)
-        if died:
-            diag = signatures.diagnose(_read(log_path), self.engine.name).to_dict()
-            self.repo.update_trial(tid, levels=levels, diagnosis=diag)
-            self.notify("server_died", {"label": label, "diagnosis": diag})
-            return self._fail(
-                tid, "failed", {"diagnosis": diag, "died_during_benchmark": True}, diagnosis=diag
-            )
-        self.repo.update_trial(tid, levels=levels, status="measured")
-        self._plan_current("measured", {"effective": self._effective})
-        return "measured", {}
-
-    def _fail(
-        self, tid: int, status: str, outcome: dict[str, Any], diagnosis: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        if diagnosis is not None:
-            self.repo.update_trial(tid, diagnosis=diagnosis)
-        self.repo.update_trial(tid, status=status)
-        self.notify("trial_finished", {"status": status, **outcome})
-        self._plan_current(status, {"effective": self._effective, **outcome})
-        return status, outcome
+        log_path = data_home() / "logs" / uid / f"{_safe(label)}-r{repeat}.log"
+        timeout = (
+            self.opts.startup_timeout_s
+            or self.study.engine.startup_timeout_s
+            or self.engine.startup_timeout_s
+        )
+        recorder = _TrialRecorder(self, tid, label, cand["id"])
+        outcome = await Trial(self.study, self.engine, self.store, recorder).run(
+            settings_for(self.study, spec), marker, log_path, timeout, baseline=self._baseline_levels(label)
+        )
+        return outcome.status, outcome.record()
 
     # -- the plan: one item per candidate, moved as trials run ------------------------------------
     def _fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
@@ -590,64 +326,6 @@ class Tuner:
         except ServelabError as exc:
             self.notify("plan_warning", {"message": exc.message})
 
-    async def _bench(
-        self, tid: int, url: str, model: str, server: Any, label: str, log_path: Path
-    ) -> tuple[list[dict[str, Any]], bool]:
-        """Every load level in turn (one stored bench run each); stops early when the server dies or the
-        throughput has collapsed against the baseline at `anomalies.stop_after_collapses` levels."""
-        from servelab.engines import signatures
-
-        spec_ = next(c for c in self.study.candidates if c.label() == label)
-        base_cfg = bench_config(self.study, url, model, context=run_context(self.study, spec_))
-        path = self.engine.capabilities.telemetry_path
-        tele = _Telemetry(_http_telemetry(url, path) if path else None)
-        baseline = self._baseline_levels(label)
-        spec = self.study.anomalies
-        digests: list[dict[str, Any]] = []
-        collapses = 0
-
-        def observe(event: str, data: dict[str, Any]) -> None:
-            self.notify(f"bench_{event}", {"label": label, **data})
-
-        for value in self.study.load.levels:
-            cfg = base_cfg.model_copy(update={"levels": [value]})
-            tele.start()
-            try:
-                res = await run_bench(cfg, self.store, observe)
-            finally:
-                power = await tele.stop()
-            if not digests:
-                self.repo.update_trial(tid, bench_run_id=_run_id(self.store, res.uid))
-            # The run records its clock: its summary is already in the (simulated) GPU's time.
-            d = res.levels[0].summary.digest() | power | {"bench_run": res.uid}
-            if res.context.clock.simulated:
-                d["time_scale"] = res.context.clock.speed
-            died = server is not None and server.exit_code() is not None
-            if not died and d["failed"]:
-                died = signatures.diagnose(_read(log_path), self.engine.name).klass in DEATH_CLASSES
-            if died:
-                d["died"] = True
-            digests.append(d)
-            self.repo.update_trial(tid, levels=digests)
-            self.notify("level_done", {"label": label, "digest": d})
-            if died:
-                return digests, True
-            if baseline and any(
-                a.kind == "throughput_collapse" for a in analyze.anomalies([d], baseline, spec)
-            ):
-                collapses += 1
-                if spec.stop_after_collapses and collapses >= spec.stop_after_collapses:
-                    self.notify(
-                        "stopped_early",
-                        {
-                            "label": label,
-                            "reason": f"throughput collapsed at {collapses} "
-                            "levels against the baseline; the remaining levels are skipped",
-                        },
-                    )
-                    break
-        return digests, False
-
     def _baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
         """The baseline candidate's measured levels (None for the baseline itself or before it ran)."""
         base = self.study.baseline_label()
@@ -664,49 +342,85 @@ class Tuner:
         return None
 
 
+class _TrialRecorder(TrialObserver):
+    """Stores each step of one trial in its row (and moves the plan) before the trial's next step starts."""
+
+    def __init__(self, tuner: Tuner, tid: int, label: str, cand_id: int) -> None:
+        self.tuner, self.repo, self.notify = tuner, tuner.repo, tuner.notify
+        self.tid, self.label, self.cand_id = tid, label, cand_id
+        self.effective: dict[str, Any] | None = None
+
+    def launching(self, launch: LaunchSpec, log_path: Path) -> None:
+        self.repo.update_trial(
+            self.tid, argv=launch.argv, env=launch.env, url=launch.url, log_path=str(log_path)
+        )
+
+    def launched(self, server: lifecycle.Server) -> None:
+        self.repo.update_trial(self.tid, pid=server.pid)
+
+    def ready(self, url: str, ready_s: float) -> None:
+        self.repo.update_trial(self.tid, ready_s=ready_s, status="verifying")
+        self.notify("trial_ready", {"label": self.label, "url": url, "ready_s": ready_s})
+
+    def applied(self, check: AppliedCheck) -> None:
+        self.effective = check.effective.to_dict()
+        self.repo.update_trial(
+            self.tid,
+            requested=check.requested,
+            effective=self.effective,
+            engine_version=check.effective.effective.get("version"),
+            not_applied=[m.to_dict() for m in check.mismatches],
+        )
+        if check.mismatches:
+            self.notify(
+                "not_applied", {"label": self.label, "mismatches": [m.sentence() for m in check.mismatches]}
+            )
+
+    def verified(self, result: VerifyResult) -> None:
+        self.repo.update_trial(self.tid, verify=result.to_dict())
+
+    def benchmarking(self) -> None:
+        self.repo.update_trial(self.tid, status="benchmarking")
+
+    def bench_event(self, event: str, data: dict[str, Any]) -> None:
+        self.notify(f"bench_{event}", {"label": self.label, **data})
+
+    def level_done(self, level: LevelResult, levels: list[LevelResult]) -> None:
+        if len(levels) == 1:
+            self.repo.update_trial(self.tid, bench_run_id=level.bench_run_id)
+        self.repo.update_trial(self.tid, levels=[lv.stored() for lv in levels])
+        self.notify("level_done", {"label": self.label, "digest": level.stored()})
+
+    def stopped_early(self, reason: str) -> None:
+        self.notify("stopped_early", {"label": self.label, "reason": reason})
+
+    def server_died(self, levels: list[LevelResult], diagnosis: Finding) -> None:
+        diag = diagnosis.to_dict()
+        self.repo.update_trial(self.tid, levels=[lv.stored() for lv in levels], diagnosis=diag)
+        self.notify("server_died", {"label": self.label, "diagnosis": diag})
+
+    def finished(self, outcome: TrialOutcome) -> None:
+        if outcome.status == "measured":
+            self.repo.update_trial(self.tid, levels=[lv.stored() for lv in outcome.levels], status="measured")
+            self.tuner._plan_current("measured", {"effective": self.effective})
+            return
+        record = outcome.record()
+        if outcome.diagnosis is not None and outcome.stage != "command":
+            self.repo.update_trial(self.tid, diagnosis=outcome.diagnosis.to_dict())
+        self.repo.update_trial(self.tid, status=outcome.status)
+        self.notify("trial_finished", {"status": outcome.status, **record})
+        self.tuner._plan_current(outcome.status, {"effective": self.effective, **record})
+
+    def torn_down(self, report: lifecycle.TeardownReport) -> None:
+        self.repo.update_trial(self.tid, teardown=report.to_dict())
+        self.notify(
+            "trial_teardown",
+            {"label": self.label, "teardown": self.repo.trials(self.cand_id)[-1]["teardown"]},
+        )
+
+
 def _safe(label: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in label)[:120]
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _run_id(store: Store, uid: str) -> int | None:
-    row = store.conn.execute("SELECT id FROM bench_runs WHERE uid = ?", (uid,)).fetchone()
-    return int(row[0]) if row else None
-
-
-async def _fetch_info(url: str, paths: tuple[str, ...]) -> dict[str, Any] | None:
-    if not paths:
-        return None
-    client = Client(url, timeout_s=10)
-    try:
-        merged: dict[str, Any] = {}
-        for p in paths:
-            with contextlib.suppress(Exception):
-                res = await client.get(p, timeout_s=5.0)
-                if res.ok and res.body:
-                    obj = orjson.loads(res.body)
-                    if isinstance(obj, dict):
-                        merged.update(obj)
-        return merged or None
-    finally:
-        client.close()
-
-
-def _verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
-    """verify_output's arguments: the engine's default reference, then the study's engine.options.verify."""
-    kw: dict[str, Any] = {}
-    if engine.capabilities.verify_reference:
-        kw["reference"] = engine.capabilities.verify_reference
-    opts = study.engine.options.get("verify", {})
-    if not isinstance(opts, dict):
-        raise ConfigError("engine.options.verify must be a table, e.g. { reference = 'hf:PATH' }")
-    return kw | opts
 
 
 async def tune(study: Study, store: Store, source: str | None, opts: TuneOptions) -> StudyOutcome:

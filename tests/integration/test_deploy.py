@@ -301,6 +301,20 @@ class FakeSystemd:
         )
         return subprocess.CompletedProcess(list(args), post.returncode, "", post.stderr)
 
+    @classmethod
+    def installed(cls, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeSystemd, Path]:
+        """One in place of `systemctl` for `deploy.install`, with its unit directory."""
+        from servelab.deploy import install
+
+        unit_dir, runtime = tmp_path / "units", tmp_path / "run-systemd"
+        unit_dir.mkdir()
+        runtime.mkdir()
+        fake = cls(unit_dir)
+        monkeypatch.setattr(install, "UNIT_DIR", unit_dir)
+        monkeypatch.setattr(install, "SYSTEMD_RUNTIME", runtime)
+        monkeypatch.setattr(install, "_systemctl", fake)
+        return fake, unit_dir
+
 
 @pytest.mark.parametrize("tuned_tps,ok", [(1.0, True), (1e9, False)])
 def test_install_checks_the_deployment_against_the_tuned_result(
@@ -312,17 +326,10 @@ def test_install_checks_the_deployment_against_the_tuned_result(
     from tests.unit.deploy.stored import DIGEST, store_study
 
     from servelab.cli.deploy import deploy_cmd
-    from servelab.deploy import install
     from servelab.deploy.records import DeploymentRepo
     from servelab.store import open_store
 
-    unit_dir, runtime = tmp_path / "units", tmp_path / "run-systemd"
-    unit_dir.mkdir()
-    runtime.mkdir()
-    fake = FakeSystemd(unit_dir)
-    monkeypatch.setattr(install, "UNIT_DIR", unit_dir)
-    monkeypatch.setattr(install, "SYSTEMD_RUNTIME", runtime)
-    monkeypatch.setattr(install, "_systemctl", fake)
+    fake, unit_dir = FakeSystemd.installed(tmp_path, monkeypatch)
     digest = {**DIGEST, "output_throughput": tuned_tps, "tpot_ms_p50": None, "ttft_ms_p50": None}
     with open_store() as store:
         ids = store_study(store, "sim", port=free_port(), digest=digest)
@@ -357,3 +364,58 @@ def test_install_checks_the_deployment_against_the_tuned_result(
 
     (shown,) = deployments()
     assert shown["name"] == "llm" and shown["check"]["ok"] is ok
+
+
+def test_install_checks_with_the_trial_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy --install's check is the trial pipeline's verify + bench, attached to the unit systemd started:
+    its stored digest is `trial.level_digest` of its own bench run, and that bench run was configured exactly
+    as `Trial.bench` configures one against the same server."""
+    import json
+
+    from click.testing import CliRunner
+    from tests.unit.deploy.stored import DIGEST, store_study, study_data
+
+    from servelab import trial
+    from servelab.cli.deploy import deploy_cmd
+    from servelab.config import parse_study
+    from servelab.deploy.records import DeploymentRepo
+    from servelab.store import open_store
+    from servelab.store.bench import BenchRepo
+
+    fake, _units = FakeSystemd.installed(tmp_path, monkeypatch)
+    with open_store() as store:
+        # a tuned result any run of the simulator is within: the check passes, what it ran is what we look at
+        tuned = {**DIGEST, "output_throughput": 1.0, "tpot_ms_p50": None, "ttft_ms_p50": None}
+        ids = store_study(store, "sim", port=free_port(), digest=tuned)
+    try:
+        res = CliRunner().invoke(
+            deploy_cmd,
+            [f"{ids['uid']}:tp1", "--name", "llm", "--install", "--json", "--out", str(tmp_path / "out")],
+        )
+        d = json.loads(res.output)
+        with open_store() as store:
+            (rec,) = DeploymentRepo(store).list(installed_only=True)
+            check = rec["check"]
+            study = parse_study(study_data("sim"))  # the study store_study stored
+            bench = BenchRepo(store)
+            deployed = bench.load(str(check["bench_run_id"]))
+            assert deployed.uid == d["install"]["bench_run"]
+            (level,) = deployed.levels
+            assert check["measured"] == trial.level_digest(level, deployed.clock)
+            assert deployed.context.host.source == "study" and deployed.clock.speed == trial.sim_speed(study)
+            # the same pipeline step, run here against the unit's server: the same bench configuration
+            url, model = deployed.url, deployed.model
+            ours = asyncio.run(
+                trial.Trial(study, registry.get("sim"), store).bench(trial.Target(url, model), [4.0])
+            )
+            (lv,) = ours.levels
+            again = bench.load(lv.bench_uid)
+            assert again.config == deployed.config and again.config["levels"] == [4.0]
+            assert set(lv.digest) == set(check["measured"])
+    finally:
+        for p in fake.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait(10)
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert check["ok"] is True and check["verify"]["ok"] is True

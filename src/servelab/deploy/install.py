@@ -12,15 +12,25 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab import lifecycle
+from servelab.config import parse_study
+from servelab.deploy.records import DeploymentRepo
 from servelab.deploy.spec import DeploySpec
+from servelab.deploy.unit_state import SYSTEMD_RUNTIME, unit_status
+from servelab.deploy.unit_state import systemctl as _systemctl
+from servelab.engines import registry
+from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError, HostError, ServelabError
+from servelab.store.db import Store
+from servelab.trial import Target, Trial, TrialObserver, run_context, settings_for
 
+Observer = Callable[[str, dict[str, Any]], None]
 UNIT_DIR = Path("/etc/systemd/system")
-SYSTEMD_RUNTIME = Path("/run/systemd/system")
 DEFAULT_TOLERANCE = 0.10
 # metric: +1 higher is better, -1 lower is better
 CHECKED: dict[str, int] = {"output_throughput": 1, "tpot_ms_p50": -1, "ttft_ms_p50": -1}
@@ -111,11 +121,6 @@ def compare(
     return CheckResult(not failed and not bad, verdict, tolerance, level, comps)
 
 
-def _systemctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("systemctl") or "systemctl"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
 def journal_tail(name: str, lines: int = 40) -> str:
     exe = shutil.which("journalctl")
     if exe is None:
@@ -132,52 +137,26 @@ def journal_tail(name: str, lines: int = 40) -> str:
         return ""
 
 
-def unit_status(name: str) -> dict[str, Any]:
-    """What systemd says of the unit now (for `servelab status`)."""
-    if not SYSTEMD_RUNTIME.is_dir() or shutil.which("systemctl") is None:
-        return {"unit": f"{name}.service", "state": "unknown (no systemd)"}
-    out = _systemctl(
-        "show",
-        f"{name}.service",
-        "--property=ActiveState,SubState,MainPID,NRestarts,ExecMainStartTimestamp",
-        timeout=20,
-    )
-    props = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    return {
-        "unit": f"{name}.service",
-        "state": props.get("ActiveState"),
-        "sub": props.get("SubState"),
-        "main_pid": props.get("MainPID"),
-        "restarts": props.get("NRestarts"),
-        "since": props.get("ExecMainStartTimestamp"),
-    }
-
-
 async def install(
     spec: DeploySpec,
     unit_text: str,
-    store: Any,
+    store: Store,
     dep_id: int,
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     unit_dir: Path | None = None,
-    observe: Any = None,
+    observe: Observer | None = None,
     private: bool = False,
 ) -> dict[str, Any]:
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
-    `private`: the unit holds secrets given on the command line, so it is written mode 0600."""
-    from servelab import lifecycle, tune
-    from servelab.bench.runner import run_bench
-    from servelab.config import parse_study
-    from servelab.deploy.records import DeploymentRepo
-    from servelab.engines import registry
-    from servelab.engines.base import LaunchSpec
-    from servelab.verify import verify_output
-
+    The verify and benchmark steps are the trial pipeline's (`servelab.trial.Trial`), attached to the server
+    systemd started: the same verify-output arguments, workload, telemetry and level digest the study
+    measured the tuned result with. `private`: the unit holds secrets given on the command line, so it is
+    written mode 0600."""
     require_systemd(unit_dir)
     unit_dir = unit_dir or UNIT_DIR
-    notify = observe or (lambda _e, _d: None)
+    notify: Observer = observe or (lambda _e, _d: None)
     repo = DeploymentRepo(store)
     steps: list[dict[str, Any]] = []
     path = unit_dir / f"{spec.name}.service"
@@ -214,23 +193,15 @@ async def install(
         raise ConfigError(
             f"the stored study of {spec.record.ref} no longer validates: {exc.message}"
         ) from exc
-    url = spec.local_url
-    vres = await verify_output(
-        url,
-        spec.served_model,
-        api=study.workload.api,
-        api_key=spec.api_key,
-        **tune._verify_kwargs(study, engine),
-    )
+    target = Target(spec.local_url, spec.served_model, api_key=spec.api_key)
+    trial = Trial(study, engine, store, _Forward(notify))
+    vres = await trial.verify(target)
     steps.append({"step": "verify-output", "ok": vres.ok})
     level = spec.record.main_level
     cand = next((c for c in study.candidates if c.label() == spec.record.candidate), None)
-    context = tune.run_context(study, cand) if cand is not None else None
-    cfg = tune.bench_config(study, url, spec.served_model, spec.api_key, context).model_copy(
-        update={"levels": [level]}
-    )
-    res = await run_bench(cfg, store, lambda e, d: notify(f"bench_{e}", d))
-    measured = res.levels[0].summary.digest()
+    context = run_context(study, settings_for(study, cand)) if cand is not None else None
+    (main,) = (await trial.bench(target, [level or 0.0], context=context)).levels
+    measured = main.digest
     check = compare(spec.record.main_digest(), measured, tolerance, level)
     if not vres.ok:
         check.ok = False
@@ -240,7 +211,6 @@ async def install(
             + "); "
             + check.verdict
         )
-    run_id = tune._run_id(store, res.uid)
     repo.add_check(
         dep_id,
         check.ok,
@@ -249,7 +219,7 @@ async def install(
         spec.record.main_digest(),
         measured,
         vres.to_dict(),
-        run_id,
+        main.bench_run_id,
         check.verdict,
     )
     repo.set_status(dep_id, "ready" if check.ok else "degraded", installed=True)
@@ -257,6 +227,16 @@ async def install(
         "unit": str(path),
         "steps": steps,
         "check": check.to_dict(),
-        "bench_run": res.uid,
-        "status": unit_status(spec.name),
+        "bench_run": main.bench_uid,
+        "status": unit_status(spec.name, runtime=SYSTEMD_RUNTIME, run=_systemctl),
     }
+
+
+class _Forward(TrialObserver):
+    """The trial's benchmark progress, as `install`'s observer hears it (`bench_*` events)."""
+
+    def __init__(self, notify: Observer) -> None:
+        self.notify = notify
+
+    def bench_event(self, event: str, data: dict[str, Any]) -> None:
+        self.notify(f"bench_{event}", data)

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from servelab.deploy.unit_state import unit_status
 from servelab.redact import redact
 from servelab.store.db import Store, utcnow
 
@@ -120,8 +121,6 @@ def installed_units(store: Store) -> list[dict[str, Any]]:
     """Each installed deployment (latest per name) with what systemd says of it now and its latest check:
     what `servelab status` shows. Keys: name, source, target, status, check, unit ({unit, state, sub,
     main_pid, restarts, since})."""
-    from servelab.deploy.install import unit_status
-
     seen: set[str] = set()
     out = []
     for d in DeploymentRepo(store).list(installed_only=True):
