@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +116,18 @@ def test_sglang_slow_start_reports_loading(sims: list[subprocess.Popen[bytes]]) 
     p = start_sim(sims, port, "--fault", "slow_start:250", fast=False, personality="sglang")
     ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=p.pid)
     rule = registry.get("sglang").readiness  # SGLang's /health answers 503 while it loads
+    # Once it listens (on a loaded machine that can take longer than the short wait below), it loads.
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+            break
+        except OSError:
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a 250 s slow start answered /health with 200")
     with pytest.raises(NotReady, match=r"loading \(/health answers HTTP 503\)"):
         asyncio.run(lifecycle.wait_url_ready(ep, rule, 2.5, "sglang"))
     assert asyncio.run(lifecycle.wait_url_ready(ep, rule, 90, "sglang")).models == [MODEL]
