@@ -270,6 +270,8 @@ def test_a_study_run_is_shown_alike_everywhere_in_gpu_time(servelab_home: Path, 
             )
             assert s["tpot_ms"]["p50"] == pytest.approx(pred["tpot_ms"], rel=0.05)
             assert s["output_throughput"] == pytest.approx(pred["output_throughput"], rel=0.05)
+            fit = _json(servelab_home, "calibrate", "fit", "--name", f"from-{uid}", "--run", uid)
+            assert fit["report"]["rows"] == 1  # the study's run recorded what it ran on: usable as is
             ex = _json(servelab_home, "explain", uid)  # the study recorded host and layout: no flags
             assert ex["gpu"] and ex["layout"]["tp"] == 8
             assert ex["levels"][0]["measured"]["tpot_ms"] == pytest.approx(s["tpot_ms"]["p50"])
