@@ -124,11 +124,27 @@ def _render_prediction(d: dict[str, Any]) -> None:
     t.add_column("ms", justify="right")
     t.add_column("share", justify="right")
     for k, v in d["decode_breakdown_ms"].items():
-        t.add_row(k, f"{v:.3f}", f"{v / d['decode_step_ms']:.0%}" if d["decode_step_ms"] else "")
+        # `compute` is what the GEMMs and attention add beyond the reads they overlap (the roofline)
+        t.add_row(
+            "compute beyond reads" if k == "compute" else k,
+            f"{v:.3f}",
+            f"{v / d['decode_step_ms']:.0%}" if d["decode_step_ms"] else "",
+        )
     stdout.print(t)
-    if d["allreduces_per_step"]:
+    parts = d["decode_breakdown_ms"]
+    work = d.get("decode_compute_work_ms") or 0.0
+    if work > parts["compute"] + 5e-4:
         stdout.print(
-            f"{d['allreduces_per_step']} allreduces per step at {d['allreduce_us_each']:.0f} µs each: "
+            f"compute: {work:.2f} ms of GEMM and attention work, of which {work - parts['compute']:.2f} ms "
+            f"overlaps the {parts['weights'] + parts['kv_cache']:.2f} ms of weight and KV reads "
+            f"(roofline); it adds {parts['compute']:.3f} ms"
+        )
+    if d["allreduces_per_step"]:
+        n, each = d["allreduces_per_step"], d["allreduce_us_each"]
+        lat = d["allreduce_latency_us_each"]
+        stdout.print(
+            f"{n} allreduces per step at {each:.1f} µs each ({lat:.1f} µs latency + {each - lat:.1f} µs "
+            f"moving {_size(d['allreduce_bytes_each'])}): {n * each / 1e3:.2f} ms, "
             f"{d['allreduce_share']:.0%} of the step"
         )
     stdout.print(
@@ -138,6 +154,13 @@ def _render_prediction(d: dict[str, Any]) -> None:
     )
     for warning in d.get("warnings") or []:
         stdout.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 def _parse_levels(text: str | None) -> list[int]:

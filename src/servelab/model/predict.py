@@ -32,8 +32,10 @@ from servelab.model.step import (
     ModelPerf,
     StepBreakdown,
     StepRaw,
+    allreduce_parts,
     build_perf,
     combine,
+    compute_work,
     raw_step,
     step_time,
 )
@@ -233,7 +235,10 @@ class Prediction:
     prefill_stall_ms_per_token: float | None = None
     allreduce_share: float | None = None
     allreduces_per_step: int = 0
-    allreduce_us_each: float | None = None
+    allreduce_us_each: float | None = None  # one decode allreduce at this batch: latency + bandwidth
+    allreduce_latency_us_each: float | None = None
+    allreduce_bytes_each: float | None = None  # the message one decode allreduce reduces, bytes
+    decode_compute_work_ms: float | None = None  # GEMM + attention time before the roofline overlap
     bottleneck: str | None = None
     memory_gb_per_gpu: dict[str, float] = field(default_factory=dict)
     kv_cache_tokens: int = 0
@@ -305,7 +310,6 @@ def evaluate(
         kv_cache_tokens=mem.kv_cache_tokens,
         max_concurrency=mem.max_concurrency(kv_context(wl, setup.factors)),
         allreduces_per_step=perf.allreduces,
-        allreduce_us_each=perf.ar_latency_s * setup.factors.lat_scale * 1e6 if perf.allreduces else None,
     )
     out.replicas = replicas(setup.layout, setup.host.num_gpus)
     reason = _infeasible_reason(mem, wl, setup.mem_fraction)
@@ -341,6 +345,13 @@ def evaluate(
     out.prefill_breakdown_ms = {k: round(v, 4) for k, v in pre.as_ms().items()}
     out.prefill_stall_ms_per_token = max(tpot - dec_s * float(terms.spec), 0.0) * 1e3
     out.allreduce_share = dec.allreduce / dec.total if dec.total > 0 else 0.0
+    if perf.allreduces:
+        # per allreduce at this batch: the printed count × this is the `allreduce` part exactly
+        ar_lat, _ar_bw = (float(x) for x in allreduce_parts(terms.dec, f))
+        out.allreduce_us_each = dec.allreduce / perf.allreduces * 1e6
+        out.allreduce_latency_us_each = ar_lat / perf.allreduces * 1e6
+        out.allreduce_bytes_each = float(terms.dec.ar_msg_bytes)
+    out.decode_compute_work_ms = sum(float(x) for x in compute_work(terms.dec, f)) * 1e3
     out.bottleneck = max(parts, key=lambda k: parts[k])
     out.running_concurrency = running
     out.single_stream_ceiling_tok_s = 1.0 / ceiling if ceiling > 0 else None
