@@ -390,6 +390,7 @@ class LayoutResult:
     rank: int | None
     prediction: Prediction
     verdict: str  # why it wins or loses
+    same_as: list[str] = field(default_factory=list)  # layouts folded into this row: identical predictions
 
 
 def _why_loses(p: Prediction, best: Prediction) -> str:
@@ -414,19 +415,54 @@ def _label(layout: Layout, p: Prediction) -> str:
     return f"{layout.label} ×{p.replicas}" if p.replicas > 1 else layout.label
 
 
+EP_SAME = (
+    "the model prices an EP split like the TP split of the experts it replaces (each GPU reads the same "
+    "expert bytes, the collectives are the same), so EP does not change the prediction"
+)
+
+
+def _signature(p: Prediction) -> tuple[Any, ...]:
+    """What a layout's row shows and ranks on, rounded past float noise: equal signatures are one row."""
+
+    def r(v: float | None) -> float | None:
+        return None if v is None else float(f"{v:.9g}")
+
+    return (
+        p.feasible,
+        p.reason,
+        p.replicas,
+        r(p.output_throughput),
+        r(p.tpot_ms),
+        r(p.ttft_ms),
+        r(p.prefill_ms),
+        p.running_concurrency,
+        tuple(sorted((k, r(v)) for k, v in p.memory_gb_per_gpu.items())),
+        tuple(sorted((k, r(v)) for k, v in p.decode_breakdown_ms.items())),
+    )
+
+
 def compare_layouts(
     setup: Setup,
     wl: Workload,
     tpot_limit_ms: float | None = None,
     ttft_limit_ms: float | None = None,
 ) -> list[LayoutResult]:
-    """Rank every valid layout on this host by output throughput under optional latency limits."""
+    """Rank every valid layout on this host by output throughput under optional latency limits.
+
+    Layouts that differ only in EP and predict exactly the same are one row (the lowest EP), the others
+    named in `same_as`: the model has no term that EP changes (see `EP_SAME`)."""
     results: list[tuple[Layout, Prediction, str | None]] = []
+    seen: dict[tuple[Any, ...], list[str]] = {}
     for layout in candidate_layouts(setup.arch, setup.host.num_gpus, with_replicas=True):
         s = Setup(setup.arch, setup.quant, setup.host, layout, setup.factors, setup.mem_fraction)
         p = evaluate(s, wl)
         if p.replicas > 1 and not p.feasible:
             continue  # a smaller layout that does not fit is listed once, as the full-host one
+        key = (layout.tp, layout.pp, layout.dp, _signature(p))
+        if key in seen:
+            seen[key].append(_label(layout, p))
+            continue
+        seen[key] = []
         limit = None
         if p.feasible and tpot_limit_ms and (p.tpot_ms or 0) > tpot_limit_ms:
             limit = f"TPOT {p.tpot_ms:.1f} ms > limit {tpot_limit_ms:g} ms"
@@ -440,12 +476,16 @@ def compare_layouts(
     rest.sort(key=lambda r: (not r[1].feasible, -(r[1].output_throughput or 0)))
     out: list[LayoutResult] = []
     best = ok[0][1] if ok else None
+
+    def same(layout: Layout, p: Prediction) -> list[str]:
+        return seen[(layout.tp, layout.pp, layout.dp, _signature(p))]
+
     for i, (layout, p, _) in enumerate(ok):
         verdict = "best" if i == 0 else _why_loses(p, best)  # type: ignore[arg-type]
-        out.append(LayoutResult(_label(layout, p), p.layout, i + 1, p, verdict))
+        out.append(LayoutResult(_label(layout, p), p.layout, i + 1, p, verdict, same(layout, p)))
     for layout, p, limit in rest:
         verdict = limit or (f"does not fit: {p.reason}" if not p.feasible else "")
-        out.append(LayoutResult(_label(layout, p), p.layout, None, p, verdict))
+        out.append(LayoutResult(_label(layout, p), p.layout, None, p, verdict, same(layout, p)))
     return out
 
 
