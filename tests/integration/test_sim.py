@@ -496,3 +496,23 @@ def test_fidelity_at_speed_one(start_sim, tmp_path):
         )
         assert s["ttft_ms"]["p50"] == pytest.approx(p.ttft_ms, rel=0.05), lv["label"]
         assert s["tpot_ms"]["p50"] == pytest.approx(p.tpot_ms, rel=0.05), lv["label"]
+
+
+@pytest.mark.parametrize(
+    ("personality", "needle"),
+    [("sglang", "port={port},"), ("vllm", "API server 0 on http://127.0.0.1:{port}")],
+)
+def test_port_0_logs_the_bound_port_in_the_engine_log(tmp_path: Path, personality: str, needle: str) -> None:
+    """`--port 0`: the engine's own log (server_args / non-default args) names the port it bound, not the
+    engine's default, and not only the `SIM-PORT N` line on stderr."""
+    from tests.support.simruns import start_sim
+
+    sim = start_sim(
+        tmp_path, "--model", "Qwen3-8B", "--gpu", "h100-sxm", "--num-gpus", "1", "--personality", personality
+    )
+    try:
+        log = (tmp_path / "sim0.out").read_text() + sim.err.read_text()
+    finally:
+        sim.stop()
+    assert needle.format(port=sim.port) in log, log[-3000:]
+    assert "port=30000" not in log and "'port': 8000" not in log

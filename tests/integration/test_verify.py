@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.support import engines
+from tests.support.fault_server import FaultServerHandle
 
 from servelab.verify import verify_output
 
@@ -253,10 +254,36 @@ def test_sim_garbage_fault_fails(tmp_path: Path) -> None:
     assert human.returncode == 1 and "'!' repeated" in human.stdout and "FAIL" in human.stdout
 
 
-def test_sim_without_reference_fails_the_default_known_answers(tmp_path: Path) -> None:
-    # The simulator knows nothing: with no reference, `auto` runs the known-answer set, and it must fail.
+def test_default_reference_against_the_sim_is_the_sims_own(tmp_path: Path) -> None:
+    """Pointed at the simulator with no --reference, verify-output asks GET /servelab/info, finds
+    `"engine": "sim"` and compares with the simulator's own text (not a real model's known answers)."""
     with sim(tmp_path) as url:
-        result = asyncio.run(verify_output(url, SIM_MODEL, concurrency=2))
+        p = cli("--url", url, "--model", SIM_MODEL, "--json")
+        human = cli("--url", url, "--model", SIM_MODEL)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    data = json.loads(p.stdout)
+    assert data["ok"] and data["reference"] == "sim" and data["known_answers"] == "none"
+    assert check(data, "reference")["ok"]
+    assert any("GET /servelab/info says the server is servelab's simulator" in n for n in data["notes"])
+    assert human.returncode == 0 and "output verified" in human.stdout
+
+
+def test_sim_with_no_reference_fails_the_default_known_answers(tmp_path: Path) -> None:
+    # The simulator knows nothing: with --reference none, `auto` runs the known-answer set, and it fails.
+    with sim(tmp_path) as url:
+        result = asyncio.run(verify_output(url, SIM_MODEL, reference="none", concurrency=2))
     assert result.known_answers == "default"
     assert [c.name for c in result.failures] == ["known_answers"]
     assert result.failures[0].evidence["passed"] <= 1
+
+
+def test_default_reference_against_another_server_is_none(
+    fault_server_factory: Callable[..., FaultServerHandle],
+) -> None:
+    """A server that is not the simulator (no /servelab/info) gets no reference: the known answers run."""
+    srv = fault_server_factory()
+    result = asyncio.run(verify_output(srv.url, "m", concurrency=2))
+    assert result.reference == "none" and result.known_answers == "default"
+    assert any(c.name == "known_answers" for c in result.checks)
+    assert not any(c.name == "reference" for c in result.checks)
+    assert any("reference auto: none" in n and "404" in n for n in result.notes), result.notes

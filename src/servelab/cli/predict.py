@@ -8,9 +8,19 @@ import click
 from rich.table import Table
 
 from servelab.cli.output import emit, stdout
+from servelab.config import Study
 from servelab.errors import ConfigError
 from servelab.model.factors import Factors, default_factors
-from servelab.model.predict import Setup, Workload, compare_layouts, evaluate, make_setup, sweep
+from servelab.model.layouts import Layout
+from servelab.model.predict import (
+    EP_SAME,
+    Setup,
+    Workload,
+    compare_layouts,
+    evaluate,
+    make_setup,
+    sweep,
+)
 from servelab.results import Run
 
 
@@ -32,11 +42,15 @@ def setup_options(fn: Any) -> Any:
             "--model",
             "-m",
             "model",
-            required=True,
-            help="Catalog name (GLM-5-NVFP4, ...) or path to config.json.",
+            default=None,
+            help="Catalog name (GLM-5-NVFP4, ...) or path to config.json (required unless --study).",
         ),
-        click.option("--gpu", required=True, help="GPU kind from the catalog (rtx-pro-6000, h200-sxm, ...)."),
-        click.option("--num-gpus", "-n", type=int, required=True, help="GPUs used."),
+        click.option(
+            "--gpu",
+            default=None,
+            help="GPU kind from the catalog (rtx-pro-6000, h200-sxm, ...; required unless --study).",
+        ),
+        click.option("--num-gpus", "-n", type=int, default=None, help="GPUs used (required unless --study)."),
         click.option(
             "--tp", type=int, default=None, help="Tensor parallel size (default: all GPUs / (pp × dp))."
         ),
@@ -81,6 +95,12 @@ def setup_options(fn: Any) -> Any:
 
 
 def build_setup(kw: dict[str, Any]) -> Setup:
+    for key, flag in (("model", "--model"), ("gpu", "--gpu"), ("num_gpus", "--num-gpus")):
+        if kw[key] is None:
+            raise ConfigError(
+                f"{flag} is required",
+                hint="give --model, --gpu and --num-gpus, or --study STUDY.toml to take them from a study",
+            )
     if not 0.1 <= kw["mem_fraction"] <= 1.0:
         raise ConfigError("--mem-fraction must be between 0.1 and 1.0")
     return make_setup(
@@ -124,11 +144,27 @@ def _render_prediction(d: dict[str, Any]) -> None:
     t.add_column("ms", justify="right")
     t.add_column("share", justify="right")
     for k, v in d["decode_breakdown_ms"].items():
-        t.add_row(k, f"{v:.3f}", f"{v / d['decode_step_ms']:.0%}" if d["decode_step_ms"] else "")
+        # `compute` is what the GEMMs and attention add beyond the reads they overlap (the roofline)
+        t.add_row(
+            "compute beyond reads" if k == "compute" else k,
+            f"{v:.3f}",
+            f"{v / d['decode_step_ms']:.0%}" if d["decode_step_ms"] else "",
+        )
     stdout.print(t)
-    if d["allreduces_per_step"]:
+    parts = d["decode_breakdown_ms"]
+    work = d.get("decode_compute_work_ms") or 0.0
+    if work > parts["compute"] + 5e-4:
         stdout.print(
-            f"{d['allreduces_per_step']} allreduces per step at {d['allreduce_us_each']:.0f} µs each: "
+            f"compute: {work:.2f} ms of GEMM and attention work, of which {work - parts['compute']:.2f} ms "
+            f"overlaps the {parts['weights'] + parts['kv_cache']:.2f} ms of weight and KV reads "
+            f"(roofline); it adds {parts['compute']:.3f} ms"
+        )
+    if d["allreduces_per_step"]:
+        n, each = d["allreduces_per_step"], d["allreduce_us_each"]
+        lat = d["allreduce_latency_us_each"]
+        stdout.print(
+            f"{n} allreduces per step at {each:.1f} µs each ({lat:.1f} µs latency + {each - lat:.1f} µs "
+            f"moving {_size(d['allreduce_bytes_each'])}): {n * each / 1e3:.2f} ms, "
             f"{d['allreduce_share']:.0%} of the step"
         )
     stdout.print(
@@ -138,6 +174,13 @@ def _render_prediction(d: dict[str, Any]) -> None:
     )
     for warning in d.get("warnings") or []:
         stdout.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 def _parse_levels(text: str | None) -> list[int]:
@@ -154,9 +197,26 @@ def _parse_levels(text: str | None) -> list[int]:
 
 @click.command()
 @setup_options
-@click.option("--isl", type=int, default=1024, show_default=True, help="Input tokens per request.")
-@click.option("--osl", type=int, default=1024, show_default=True, help="Output tokens per request.")
-@click.option("--concurrency", "-c", type=int, default=1, show_default=True, help="Requests in flight.")
+@click.option(
+    "--isl", type=int, default=None, help="Input tokens per request [default: the study's, else 1024]."
+)
+@click.option(
+    "--osl", type=int, default=None, help="Output tokens per request [default: the study's, else 1024]."
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=int,
+    default=None,
+    help="Requests in flight [default: the study's main level, else 1].",
+)
+@click.option(
+    "--study",
+    "study_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Take the model, host, engine, lengths and load (its main level) from a study TOML; flags override.",
+)
 @click.option(
     "--mtp",
     "mtp_tokens",
@@ -185,10 +245,18 @@ def _parse_levels(text: str | None) -> list[int]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def predict(**kw: Any) -> None:
     """Predict TTFT, TPOT, throughput and memory, and show where the decode step goes."""
+    study = _apply_study(kw)
     setup = build_setup(kw)
     mtp = kw["mtp_tokens"]
     accept = kw["accept_len"] if kw["accept_len"] is not None else 1.0 + 0.7 * mtp
-    wl = Workload(kw["isl"], kw["osl"], kw["concurrency"], mtp, accept)
+    conc_source = "--concurrency"
+    if kw["concurrency"] is None:
+        kw["concurrency"], conc_source = 1, "default"
+    elif study is not None and kw.pop("_conc_from_study", False):
+        conc_source = "study"
+    isl = 1024 if kw["isl"] is None else kw["isl"]
+    osl = 1024 if kw["osl"] is None else kw["osl"]
+    wl = Workload(isl, osl, kw["concurrency"], mtp, accept)
     if kw["compare_layouts"]:
         results = compare_layouts(setup, wl, kw["tpot_limit"], kw["ttft_limit"])
         data = {
@@ -196,12 +264,17 @@ def predict(**kw: Any) -> None:
             "gpu": setup.host.gpu.name,
             "num_gpus": setup.host.num_gpus,
             "workload": {"isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency},
+            "concurrency_source": conc_source,
+            "study": study.study.name if study is not None else None,
+            "ep_note": EP_SAME if any(r.same_as for r in results) else None,
             "layouts": [
                 {
                     "label": r.label,
                     "rank": r.rank,
                     "layout": r.layout,
                     "verdict": r.verdict,
+                    "same_as": r.same_as,
+                    "study_candidates": _study_candidates(study, r.layout, r.same_as),
                     "prediction": r.prediction.to_dict(),
                 }
                 for r in results
@@ -232,21 +305,93 @@ def predict(**kw: Any) -> None:
     emit(evaluate(setup, wl).to_dict(), kw["as_json"], _render_prediction)
 
 
+_CONC_SOURCE = {
+    "--concurrency": "--concurrency",
+    "study": "the study's main level",
+    "default": "the default: one stream",
+}
+
+
+def _apply_study(kw: dict[str, Any]) -> Study | None:
+    """Fill what the flags left out from `--study`: model, GPU, GPU count, engine, lengths, and the
+    concurrency of the study's main level (the level `tune` predicts and deployment checks use)."""
+    if not kw.get("study_path"):
+        return None
+    from servelab.config import load_study
+
+    study = load_study(kw["study_path"])
+    fills = {
+        "model": study.model.config or study.model.path,
+        "gpu": study.host.gpu,
+        "num_gpus": study.host.num_gpus,
+        "engine": study.engine.options.get("personality", study.engine.name),
+        "isl": study.workload.input_len,
+        "osl": study.workload.output_len,
+    }
+    for key, value in fills.items():
+        if kw.get(key) is None:
+            kw[key] = value
+    if kw["gpu"] is None:
+        raise ConfigError(
+            f"study {study.study.name} names no GPU (host.gpu)", hint="pass --gpu and --num-gpus"
+        )
+    if kw["concurrency"] is None:
+        if study.load.mode != "concurrency":
+            raise ConfigError(
+                f"study {study.study.name} loads by request rate; the model predicts a concurrency",
+                hint="pass --concurrency N (the requests in flight at that rate)",
+            )
+        main = study.load.main if study.load.main is not None else max(study.load.levels)
+        kw["concurrency"] = int(main)
+        kw["_conc_from_study"] = True
+    return study
+
+
+def _study_candidates(study: Study | None, layout: dict[str, int], same_as: list[str]) -> list[str]:
+    """Names of the study's candidates that run this row's layout (or one folded into it)."""
+    if study is None:
+        return []
+    labels = {
+        Layout(layout["tp"], layout["pp"], layout["ep"], layout["dp_attention"]).label,
+        *(s.split(" ×")[0] for s in same_as),
+    }
+    return [c.label() for c in study.candidates if Layout(c.tp, c.pp, c.ep or 1, c.dp or 1).label in labels]
+
+
 def _render_compare(d: dict[str, Any]) -> None:
-    t = Table(title=f"{d['model']} on {d['num_gpus']}× {d['gpu']}: layouts by output throughput")
-    for col in ("rank", "layout", "tok/s", "TPOT ms", "TTFT ms", "why"):
+    w = d["workload"]
+    t = Table(
+        title=f"{d['model']} on {d['num_gpus']}× {d['gpu']}: layouts by output throughput at concurrency "
+        f"{w['concurrency']} ({_CONC_SOURCE[d['concurrency_source']]}), isl {w['isl']} osl {w['osl']}"
+    )
+    cols = ["rank", "layout", "tok/s", "TPOT ms", "TTFT ms", "why"]
+    if d.get("study"):
+        cols.insert(2, f"in {d['study']}")
+    for col in cols:
         t.add_column(col)
     for r in d["layouts"]:
         p = r["prediction"]
+        label = r["label"]
+        if r["same_as"]:
+            label += " (= " + ", ".join(r["same_as"]) + ")"
+        row = [str(r["rank"] or "-"), label]
+        if d.get("study"):
+            row.append(", ".join(r["study_candidates"]))
         t.add_row(
-            str(r["rank"] or "-"),
-            r["label"],
+            *row,
             f"{p['output_throughput']:.0f}" if p["feasible"] else "-",
             f"{p['tpot_ms']:.2f}" if p["feasible"] else "-",
             f"{p['ttft_ms']:.0f}" if p["feasible"] else "-",
             r["verdict"],
         )
     stdout.print(t)
+    if d.get("ep_note"):
+        stdout.print(f"(= ...): layouts that predict the same, one row: {d['ep_note']}")
+    if d["concurrency_source"] == "default":
+        stdout.print(
+            "[yellow]ranked at concurrency 1 (one stream);[/yellow] the order changes with load: pass "
+            "--concurrency N or --study STUDY.toml to rank at yours"
+        )
 
 
 def _render_sweep(d: dict[str, Any]) -> None:

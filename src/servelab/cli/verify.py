@@ -29,9 +29,10 @@ _MARK = {"info": "[green]ok[/green]", "warning": "[yellow]warn[/yellow]", "error
 )
 @click.option(
     "--reference",
-    default="none",
+    default="auto",
     show_default=True,
-    help="Compare with: none, sim (the simulator's text), or hf:PATH (transformers on those weights).",
+    help="Compare with: auto (sim when the server is servelab's simulator, else none), none, sim (the "
+    "simulator's text), or hf:PATH (transformers on those weights).",
 )
 @click.option(
     "--reference-python",

@@ -32,8 +32,10 @@ from servelab.model.step import (
     ModelPerf,
     StepBreakdown,
     StepRaw,
+    allreduce_parts,
     build_perf,
     combine,
+    compute_work,
     raw_step,
     step_time,
 )
@@ -233,7 +235,10 @@ class Prediction:
     prefill_stall_ms_per_token: float | None = None
     allreduce_share: float | None = None
     allreduces_per_step: int = 0
-    allreduce_us_each: float | None = None
+    allreduce_us_each: float | None = None  # one decode allreduce at this batch: latency + bandwidth
+    allreduce_latency_us_each: float | None = None
+    allreduce_bytes_each: float | None = None  # the message one decode allreduce reduces, bytes
+    decode_compute_work_ms: float | None = None  # GEMM + attention time before the roofline overlap
     bottleneck: str | None = None
     memory_gb_per_gpu: dict[str, float] = field(default_factory=dict)
     kv_cache_tokens: int = 0
@@ -305,7 +310,6 @@ def evaluate(
         kv_cache_tokens=mem.kv_cache_tokens,
         max_concurrency=mem.max_concurrency(kv_context(wl, setup.factors)),
         allreduces_per_step=perf.allreduces,
-        allreduce_us_each=perf.ar_latency_s * setup.factors.lat_scale * 1e6 if perf.allreduces else None,
     )
     out.replicas = replicas(setup.layout, setup.host.num_gpus)
     reason = _infeasible_reason(mem, wl, setup.mem_fraction)
@@ -341,6 +345,13 @@ def evaluate(
     out.prefill_breakdown_ms = {k: round(v, 4) for k, v in pre.as_ms().items()}
     out.prefill_stall_ms_per_token = max(tpot - dec_s * float(terms.spec), 0.0) * 1e3
     out.allreduce_share = dec.allreduce / dec.total if dec.total > 0 else 0.0
+    if perf.allreduces:
+        # per allreduce at this batch: the printed count × this is the `allreduce` part exactly
+        ar_lat, _ar_bw = (float(x) for x in allreduce_parts(terms.dec, f))
+        out.allreduce_us_each = dec.allreduce / perf.allreduces * 1e6
+        out.allreduce_latency_us_each = ar_lat / perf.allreduces * 1e6
+        out.allreduce_bytes_each = float(terms.dec.ar_msg_bytes)
+    out.decode_compute_work_ms = sum(float(x) for x in compute_work(terms.dec, f)) * 1e3
     out.bottleneck = max(parts, key=lambda k: parts[k])
     out.running_concurrency = running
     out.single_stream_ceiling_tok_s = 1.0 / ceiling if ceiling > 0 else None
@@ -379,6 +390,7 @@ class LayoutResult:
     rank: int | None
     prediction: Prediction
     verdict: str  # why it wins or loses
+    same_as: list[str] = field(default_factory=list)  # layouts folded into this row: identical predictions
 
 
 def _why_loses(p: Prediction, best: Prediction) -> str:
@@ -403,19 +415,54 @@ def _label(layout: Layout, p: Prediction) -> str:
     return f"{layout.label} ×{p.replicas}" if p.replicas > 1 else layout.label
 
 
+EP_SAME = (
+    "the model prices an EP split like the TP split of the experts it replaces (each GPU reads the same "
+    "expert bytes, the collectives are the same), so EP does not change the prediction"
+)
+
+
+def _signature(p: Prediction) -> tuple[Any, ...]:
+    """What a layout's row shows and ranks on, rounded past float noise: equal signatures are one row."""
+
+    def r(v: float | None) -> float | None:
+        return None if v is None else float(f"{v:.9g}")
+
+    return (
+        p.feasible,
+        p.reason,
+        p.replicas,
+        r(p.output_throughput),
+        r(p.tpot_ms),
+        r(p.ttft_ms),
+        r(p.prefill_ms),
+        p.running_concurrency,
+        tuple(sorted((k, r(v)) for k, v in p.memory_gb_per_gpu.items())),
+        tuple(sorted((k, r(v)) for k, v in p.decode_breakdown_ms.items())),
+    )
+
+
 def compare_layouts(
     setup: Setup,
     wl: Workload,
     tpot_limit_ms: float | None = None,
     ttft_limit_ms: float | None = None,
 ) -> list[LayoutResult]:
-    """Rank every valid layout on this host by output throughput under optional latency limits."""
+    """Rank every valid layout on this host by output throughput under optional latency limits.
+
+    Layouts that differ only in EP and predict exactly the same are one row (the lowest EP), the others
+    named in `same_as`: the model has no term that EP changes (see `EP_SAME`)."""
     results: list[tuple[Layout, Prediction, str | None]] = []
+    seen: dict[tuple[Any, ...], list[str]] = {}
     for layout in candidate_layouts(setup.arch, setup.host.num_gpus, with_replicas=True):
         s = Setup(setup.arch, setup.quant, setup.host, layout, setup.factors, setup.mem_fraction)
         p = evaluate(s, wl)
         if p.replicas > 1 and not p.feasible:
             continue  # a smaller layout that does not fit is listed once, as the full-host one
+        key = (layout.tp, layout.pp, layout.dp, _signature(p))
+        if key in seen:
+            seen[key].append(_label(layout, p))
+            continue
+        seen[key] = []
         limit = None
         if p.feasible and tpot_limit_ms and (p.tpot_ms or 0) > tpot_limit_ms:
             limit = f"TPOT {p.tpot_ms:.1f} ms > limit {tpot_limit_ms:g} ms"
@@ -429,12 +476,16 @@ def compare_layouts(
     rest.sort(key=lambda r: (not r[1].feasible, -(r[1].output_throughput or 0)))
     out: list[LayoutResult] = []
     best = ok[0][1] if ok else None
+
+    def same(layout: Layout, p: Prediction) -> list[str]:
+        return seen[(layout.tp, layout.pp, layout.dp, _signature(p))]
+
     for i, (layout, p, _) in enumerate(ok):
         verdict = "best" if i == 0 else _why_loses(p, best)  # type: ignore[arg-type]
-        out.append(LayoutResult(_label(layout, p), p.layout, i + 1, p, verdict))
+        out.append(LayoutResult(_label(layout, p), p.layout, i + 1, p, verdict, same(layout, p)))
     for layout, p, limit in rest:
         verdict = limit or (f"does not fit: {p.reason}" if not p.feasible else "")
-        out.append(LayoutResult(_label(layout, p), p.layout, None, p, verdict))
+        out.append(LayoutResult(_label(layout, p), p.layout, None, p, verdict, same(layout, p)))
     return out
 
 

@@ -93,6 +93,7 @@ class StepRaw:
     n_moe_layers: Any = 0.0  # MoE layers in the pipeline (each adds moe_layer_us: routing, permutation)
     nvlink: Any = 0.0  # 1.0 when the collectives run over NVLink with catalog latencies (nvlink_lat_scale)
     moe_gemm_s: Any = 0.0  # the routed/shared experts' part of gemm_dec_s + gemm_pre_s (runs at expert_eff)
+    ar_msg_bytes: Any = 0.0  # bytes one allreduce of this step reduces (tokens on the group × hidden × 2)
 
     @staticmethod
     def stack(items: Sequence[StepRaw]) -> StepRaw:
@@ -291,6 +292,7 @@ def raw_step(
         expert_pre_s=perf.expert_group_s if prefill_tokens > 0 else 0.0,
         moe_gemm_s=(dec_tokens + prefill_tokens) * perf.moe_s_per_token,
         nvlink=1.0 if _catalog_nvlink(perf) else 0.0,
+        ar_msg_bytes=msg if perf.allreduces else 0.0,
     )
 
 
@@ -305,10 +307,9 @@ def _excess(mem: Any, flops: Any, p: float) -> Any:
     return hi * ((mem / hi) ** p + (flops / hi) ** p) ** (1.0 / p) - mem
 
 
-def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
-    """Apply efficiency factors to raw terms; works on floats and on numpy arrays alike."""
-    weights = raw.weights_s / f.bw_eff
-    kv = raw.kv_s / f.bw_eff
+def compute_work(raw: StepRaw, f: Factors) -> tuple[Any, Any]:
+    """(GEMM, attention) seconds at the fitted efficiencies, before the roofline overlaps them with the
+    weight and KV reads: the work the `compute` part is the uncovered excess of."""
     gen = 1.0 + raw.blackwell * (f.blackwell_compute - 1.0)
     # expert GEMM floor: at least `expert_rows` rows for every expert, in decode and in prefill steps
     floor = f.expert_rows * (raw.expert_dec_s + raw.expert_pre_s)
@@ -316,15 +317,35 @@ def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
     moe_extra = raw.moe_gemm_s * (1.0 / f.expert_eff - 1.0)
     gemm = (raw.gemm_dec_s / f.gemm_eff + (raw.gemm_pre_s + moe_extra) / f.prefill_eff + floor) / gen
     attn = (raw.attn_dec_s / f.attn_eff + raw.attn_pre_s / f.prefill_eff) / gen
-    compute = _excess(weights, gemm, f.roofline_p) + _excess(kv, attn, f.roofline_p)
-    scale = 1.0 if comm else 0.0
+    return gemm, attn
+
+
+def allreduce_parts(raw: StepRaw, f: Factors) -> tuple[Any, Any]:
+    """(latency, bandwidth) seconds of the step's allreduces, all of them together; they sum to the
+    `allreduce` part of `combine()`."""
     lat = f.lat_scale * (1.0 + raw.nvlink * (f.nvlink_lat_scale - 1.0))
+    return raw.ar_n * raw.ar_lat_s * lat, raw.ar_bw_s / _wire_eff(raw, f)
+
+
+def _wire_eff(raw: StepRaw, f: Factors) -> Any:
     # decode-sized messages (tokens × hidden × 2 bytes: KBs to a few MB) move over NVLink at a fraction of
     # the bus bandwidth (NCCL's low-latency protocols); a step carrying a prefill chunk sends MB-size
     # messages at the catalog's bus bandwidth. Catalog NVLink only, like `nvlink_lat_scale`.
     small = raw.nvlink * np.where(np.asarray(raw.gemm_pre_s) > 0, 0.0, 1.0)
-    bw = f.net_eff * (1.0 + small * (f.nvlink_bw_eff - 1.0))
-    allreduce = scale * (raw.ar_n * raw.ar_lat_s * lat + raw.ar_bw_s / bw)
+    return f.net_eff * (1.0 + small * (f.nvlink_bw_eff - 1.0))
+
+
+def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
+    """Apply efficiency factors to raw terms; works on floats and on numpy arrays alike."""
+    weights = raw.weights_s / f.bw_eff
+    kv = raw.kv_s / f.bw_eff
+    gemm, attn = compute_work(raw, f)
+    compute = _excess(weights, gemm, f.roofline_p) + _excess(kv, attn, f.roofline_p)
+    scale = 1.0 if comm else 0.0
+    lat = f.lat_scale * (1.0 + raw.nvlink * (f.nvlink_lat_scale - 1.0))
+    bw = _wire_eff(raw, f)
+    ar_lat, ar_bw = allreduce_parts(raw, f)
+    allreduce = scale * (ar_lat + ar_bw)
     moe_lat = (raw.moe_n * raw.moe_lat_s + (f.a2a_scale - 1.0) * raw.a2a_lat_s) * lat
     moe_comm = scale * (moe_lat + raw.moe_bw_s / bw)
     other = (

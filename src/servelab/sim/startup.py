@@ -242,6 +242,11 @@ async def run_startup(srv: SimServer) -> int:
             except OSError:
                 return crash(srv, "port_in_use")
             ctx["port"] = cfg.port
+            if cfg.engine.port != cfg.port:  # `--port 0`: the logs name the port it bound, as served
+                cfg.engine.port, cfg.engine.host = cfg.port, cfg.host
+                cfg.engine.non_default["port"] = cfg.port
+                ctx["server_args"] = sglang_server_args(cfg.engine, srv.eff)
+                ctx["non_default"] = repr(dict(cfg.engine.non_default))
             continue
         if text == "@listen":
             await srv.listen()

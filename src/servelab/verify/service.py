@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from servelab.bench.client import Client
 from servelab.errors import ConfigError
 from servelab.verify import garbage, hfref, known, simref
@@ -22,14 +24,14 @@ PROBES: tuple[str, ...] = (
     "def fibonacci(n):",
     "The three primary colors are",
 )
-REFERENCE_HINT = "use --reference none, sim, or hf:PATH (a local Hugging Face model directory)"
+REFERENCE_HINT = "use --reference auto, none, sim, or hf:PATH (a local Hugging Face model directory)"
 
 
 @dataclass(frozen=True)
 class Reference:
     """What the server's answers are compared with: nothing, the simulator's text, or transformers."""
 
-    kind: str  # "none" | "sim" | "hf"
+    kind: str  # "auto" (resolved against the server) | "none" | "sim" | "hf"
     path: Path | None = None
 
     def __str__(self) -> str:
@@ -37,7 +39,9 @@ class Reference:
 
 
 def parse_reference(spec: str | None) -> Reference:
-    if spec in (None, "", "none"):
+    if spec in (None, "", "auto"):
+        return Reference("auto")
+    if spec == "none":
         return Reference("none")
     if spec == "sim":
         return Reference("sim")
@@ -56,12 +60,39 @@ def resolve_known(spec: str | None, reference: Reference) -> known.AnswerSet | N
     return known.load(spec)
 
 
+async def pick_reference(client: Client) -> tuple[Reference, str]:
+    """`--reference auto`: the reference that fits the engine behind `client`, and why.
+
+    servelab's simulator says what it is at `GET /servelab/info` (`"engine": "sim"`); its answers are a
+    pure function of (model, prompt), so its own text is the reference (a real model's known answers
+    would fail it 8 of 8). Any other server (vLLM, SGLang, ...) gets no reference, so `--known-answers
+    auto` runs the default set: a real model's knowledge is the yardstick."""
+    res = await client.get("/servelab/info")
+    engine = None
+    if res.status == 200:
+        try:
+            info = orjson.loads(res.body)
+        except orjson.JSONDecodeError:
+            info = None
+        if isinstance(info, dict):
+            engine = info.get("engine")
+    if engine == "sim":
+        return Reference("sim"), (
+            "reference auto: sim, because GET /servelab/info says the server is servelab's simulator"
+        )
+    return Reference("none"), (
+        "reference auto: none (the server is not servelab's simulator; GET /servelab/info answered "
+        f"{res.status or 'nothing'}), so the known answers are the yardstick; pass --reference hf:PATH "
+        "to compare with transformers on the same weights"
+    )
+
+
 async def verify_output(
     url: str,
     model: str,
     *,
     api: str = "completions",
-    reference: str | Reference | None = None,
+    reference: str | Reference | None = "auto",
     known_answers: str | None = "auto",
     api_key: str | None = None,
     reference_python: str | None = None,
@@ -85,17 +116,22 @@ async def verify_output(
         raise ConfigError("--max-tokens and --concurrency must be ≥ 1 and --repeats ≥ 2")
     ref = reference if isinstance(reference, Reference) else parse_reference(reference)
     python = hfref.resolve_python(reference_python) if ref.kind == "hf" else None
-    answer_set = resolve_known(known_answers, ref)
-    probes = list(prompts or PROBES)
-    result = VerifyResult(
-        url, model, api, reference=str(ref), known_answers=answer_set.name if answer_set else "none"
-    )
     try:
         client = Client(url, api_key=api_key, timeout_s=timeout_s)
     except ValueError as exc:
         raise ConfigError(
             str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000"
         ) from exc
+    picked: str | None = None
+    if ref.kind == "auto":
+        ref, picked = await pick_reference(client)
+    answer_set = resolve_known(known_answers, ref)
+    probes = list(prompts or PROBES)
+    result = VerifyResult(
+        url, model, api, reference=str(ref), known_answers=answer_set.name if answer_set else "none"
+    )
+    if picked:
+        result.notes.append(picked)
     caller = Caller(client, model, api, max_tokens)
     try:
         alone = [await caller.complete(p) for p in probes]

@@ -13,7 +13,8 @@ from servelab.verify.service import _garbage_check, parse_reference
 
 
 def test_parse_reference(tmp_path: Path) -> None:
-    assert str(parse_reference(None)) == "none" and str(parse_reference("sim")) == "sim"
+    assert str(parse_reference(None)) == "auto" and str(parse_reference("auto")) == "auto"
+    assert str(parse_reference("none")) == "none" and str(parse_reference("sim")) == "sim"
     (tmp_path / "config.json").write_text("{}")
     ref = parse_reference(f"hf:{tmp_path}")
     assert ref.kind == "hf" and ref.path == tmp_path.resolve() and str(ref) == f"hf:{tmp_path.resolve()}"
