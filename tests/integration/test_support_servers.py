@@ -502,6 +502,56 @@ def test_vllm_serves_tiny_moe_with_usage(vllm_server: engines.ServerHandle) -> N
     assert "vllm:kv_cache_usage_perc" in names and "vllm:num_requests_running" in names
 
 
+_PLATFORM_CHECK = r"""
+import importlib.util, json, sys
+if len(sys.argv) > 1:  # load the shim by path and install its version alias, as its main() does
+    spec = importlib.util.spec_from_file_location("vllm_cli", sys.argv[1])
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    shim._patch_version_lookup()
+from vllm.platforms import resolve_current_platform_cls_qualname, vllm_version_matches_substr
+print(json.dumps({"platform": resolve_current_platform_cls_qualname(), "cpu": vllm_version_matches_substr("cpu")}))
+"""
+
+
+def _platform_of(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in env.items() if k != "VLLM_TARGET_DEVICE"}  # detection, not the override
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, check=False)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.integration
+def test_vllm_picks_its_cpu_platform_through_the_shim_and_for_servelab_launches() -> None:
+    """On an x86 CPU without AVX-512 (AMD EPYC Zen 2/3) vLLM's UnspecifiedPlatform imports the AVX-512
+    `vllm._C` and dies with SIGILL. The shim's answer to `version("vllm")` is what vLLM's platform detection
+    reads: it must say "cpu" even with VLLM_TARGET_DEVICE unset. servelab's own launch
+    (`python -m vllm.entrypoints.openai.api_server`, the adapter's environment) must detect it as well."""
+    from servelab.engines import registry
+    from servelab.engines.base import Settings
+
+    python = str(engines.engines_python())
+    shim = _platform_of([python, "-c", _PLATFORM_CHECK, str(engines.VLLM_CLI_SHIM)], engines._engines_env())
+    assert shim["platform"].endswith("CpuPlatform"), shim
+    assert shim["cpu"] is True, shim
+    spec = registry.get("vllm").command(
+        Settings(model="tiny", port=8000, options={"cpu": True, "python": python})
+    )
+    assert spec.argv[:3] == [python, "-m", "vllm.entrypoints.openai.api_server"]
+    own = _platform_of([spec.argv[0], "-c", _PLATFORM_CHECK], {**engines._engines_env(), **spec.env})
+    assert own["platform"].endswith("CpuPlatform") and own["cpu"] is True, own
+    # The CLI itself, end to end: it used to die with SIGILL (rc -4) while building its parser.
+    proc = subprocess.run(
+        [python, str(engines.VLLM_CLI_SHIM), "bench", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={k: v for k, v in engines._engines_env().items() if k != "VLLM_TARGET_DEVICE"},
+        check=False,
+    )
+    assert proc.returncode == 0 and "usage: vllm bench serve" in proc.stdout, proc.stderr[-3000:]
+
+
 @pytest.mark.integration
 def test_vllm_bench_serve_runs_against_tiny_vllm(vllm_server: engines.ServerHandle, tmp_path: Path) -> None:
     cmd = engines.vllm_bench_serve_cmd(
