@@ -16,6 +16,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -425,6 +426,72 @@ def test_missing_engines_venv_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("SERVELAB_ENGINES_PYTHON", "/nonexistent/python")
     with pytest.raises(engines.EnginesNotInstalled, match=r"install-engines\.sh"):
         engines.engines_python()
+
+
+# A server whose first start fails (as a start does when its port was taken, a worker died or the box was too
+# busy), then serves: python -m http.server on the port it is given.
+_FLAKY_SERVER = r"""
+import http.server, pathlib, sys
+flag, port, message = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if not flag.exists():
+    flag.write_text("failed once")
+    print(message, flush=True)
+    sys.exit(3)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler).serve_forever()
+"""
+
+
+def _flaky(tmp_path: Path, message: str, *, always_fail: bool = False, **kw: Any) -> Any:
+    flag = tmp_path / ("never" if always_fail else "failed-once")
+
+    def cmd(p: int) -> list[str]:
+        if always_fail:
+            flag.unlink(missing_ok=True)  # every start is a first start
+        return [sys.executable, "-c", _FLAKY_SERVER, str(flag), str(p), message]
+
+    def ready(h: engines.ServerHandle) -> bool:
+        return engines._http("127.0.0.1", h.port, "GET", "/", timeout=5)[0] == 200
+
+    return engines._managed_server(
+        kind="flaky",
+        cmd_for_port=cmd,
+        env=dict(os.environ),
+        model="none",
+        model_dir=tmp_path,
+        host="127.0.0.1",
+        port=None,
+        ready=ready,
+        startup_timeout=30,
+        **kw,
+    )
+
+
+def test_a_failed_start_is_retried_whatever_the_cause(tmp_path: Path) -> None:
+    with _flaky(tmp_path, "first start fails on purpose") as h:
+        assert h.extra["attempts"] == 2
+        assert "rc=3" in h.extra["failed_attempts"][0]
+        assert engines._http("127.0.0.1", h.port, "GET", "/")[0] == 200
+    assert h.proc.poll() is not None
+
+
+def test_a_start_that_keeps_failing_gives_up_with_the_log_tail(tmp_path: Path) -> None:
+    tag = f"every start fails {os.getpid()}"
+    t0 = time.monotonic()
+    with pytest.raises(engines.ServerStartError) as info, _flaky(tmp_path, tag, always_fail=True):
+        pytest.fail("a server that always fails must not be yielded")
+    message = str(info.value)
+    assert "3 attempts" in message and message.count("rc=3") == 3, message
+    assert tag in message  # the last log's tail
+    assert time.monotonic() - t0 < 60
+
+
+def test_retries_stop_when_the_start_budget_is_spent(tmp_path: Path) -> None:
+    with (
+        pytest.raises(engines.ServerStartError) as info,
+        _flaky(tmp_path, "no budget", always_fail=True, budget_s=1.0),
+    ):
+        pytest.fail("unreachable")
+    assert "(1 attempts)" in str(info.value) and "not tried" in str(info.value)
 
 
 _TOKENIZER_CHECK = r"""
