@@ -39,10 +39,24 @@ def _has_token(pid: int) -> bool:
     return f"{SESSION_ENV}={TOKEN}".encode() in raw.split(b"\0")
 
 
+# Helpers multiprocessing starts for this very process (a test that used shared_memory or a "spawn"
+# context in-process); they exit when it does, so they are not a test's leftovers.
+_OWN_HELPERS = (
+    "from multiprocessing.resource_tracker import main",
+    "from multiprocessing.forkserver import main",
+)
+
+
 def _protected() -> set[int]:
-    pids = {os.getpid()}
+    me = psutil.Process()
+    pids = {me.pid}
     with contextlib.suppress(psutil.Error):
-        pids |= {p.pid for p in psutil.Process().parents()}
+        pids |= {p.pid for p in me.parents()}
+    with contextlib.suppress(psutil.Error):
+        for child in me.children():
+            with contextlib.suppress(psutil.Error):
+                if any(h in " ".join(child.cmdline()) for h in _OWN_HELPERS):
+                    pids.add(child.pid)
     return pids
 
 

@@ -23,6 +23,14 @@ def test_starts_a_server_and_forgets_it():
 
 CLEAN = """
 import subprocess, sys
+from multiprocessing import shared_memory
+
+
+def test_uses_shared_memory_in_process():  # starts multiprocessing's resource tracker: not a leftover
+    m = shared_memory.SharedMemory(create=True, size=16)
+    m.close()
+    m.unlink()
+
 
 def test_starts_and_stops():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
