@@ -1,4 +1,5 @@
-"""Test-wide fixtures: every test gets its own empty servelab data directory."""
+"""Test-wide fixtures: every test gets its own empty servelab data directory; and the run fails when a process
+it started is still running at its end (tests/support/leftovers.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from tests.support import simruns
+from tests.support.leftovers import pytest_sessionfinish  # noqa: F401  (the hook: pytest finds it here)
 
 
 @pytest.fixture(autouse=True)

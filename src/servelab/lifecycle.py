@@ -42,7 +42,7 @@ from servelab.host import processes
 from servelab.host.gpu_memory import GpuMemoryReport, GpuReader, nvidia_smi_reader, wait_for_baseline
 from servelab.host.ports import WILDCARDS, Listener, listeners, port_is_free
 from servelab.host.processes import MARKER_ENV, KilledProcess, ProcInfo
-from servelab.host.shm import ShmCleanup, remove_orphaned, segments, snapshot
+from servelab.host.shm import ShmCleanup, ShmLedger
 from servelab.redact import redact_text
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
@@ -64,6 +64,7 @@ class Server:
     started_at: float  # wall clock, for the store
     started_mono: float  # monotonic, for durations
     shm_before: frozenset[tuple[str, int]] = frozenset()
+    shm: ShmLedger = field(default_factory=ShmLedger)  # the segments this run's processes created
     gpu_baseline_mib: list[int] | None = None
     gpu_reader: GpuReader = nvidia_smi_reader
     teardown_report: TeardownReport | None = None
@@ -156,7 +157,7 @@ def launch(
         raise exc
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    shm_before = snapshot()
+    shm_ledger = ShmLedger.start()
     baseline = gpu_reader()
     # SPT_NOENV: setproctitle (vLLM, SGLang workers) would otherwise wipe the marker from /proc/PID/environ.
     env = {**os.environ, "SPT_NOENV": "1", **spec.env, MARKER_ENV: run_marker}
@@ -189,7 +190,16 @@ def launch(
         with contextlib.suppress(OSError):  # it may already have died; wait_ready reports that
             os.sched_setaffinity(proc.pid, cpus)
     return Server(
-        spec, proc, log_path, run_marker, started_at, started_mono, shm_before, baseline, gpu_reader
+        spec,
+        proc,
+        log_path,
+        run_marker,
+        started_at,
+        started_mono,
+        shm_before=shm_ledger.before,
+        shm=shm_ledger,
+        gpu_baseline_mib=baseline,
+        gpu_reader=gpu_reader,
     )
 
 
@@ -442,6 +452,14 @@ def run_processes(server: Server, seen: list[ProcInfo] | None = None) -> list[Pr
     return _dedupe(found)
 
 
+def record_shm(server: Server, procs: list[ProcInfo] | None = None) -> None:
+    """Add the /dev/shm segments this run's live processes hold to `server.shm`, the only ones its teardown
+    may remove. Called on every readiness poll and right before teardown signals the tree; a caller that
+    watches a server for long (a benchmark) may call it too."""
+    pids = [p.pid for p in (procs if procs is not None else run_processes(server)) if p.alive()]
+    server.shm.record(pids)
+
+
 def check_port_owner(server: Server) -> tuple[list[Listener], list[Listener]]:
     """(ours, foreign): the sockets listening on the server's port, split by whether a process of this
     run (`run_processes`) holds them. A socket nobody of ours holds is foreign."""
@@ -507,10 +525,12 @@ async def wait_ready(
             diag = watcher.fatal()
             if diag is not None:
                 raise _failed(server, f"{engine or 'the server'} logged a fatal error while starting", diag)
+            record_shm(server)  # while its processes live: what they hold is theirs to clean up later
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             if await probe.step(remaining):
+                record_shm(server)
                 rc = server.exit_code()  # a server that answered and died at once is not ready
                 if rc is not None:
                     raise _exited(server, engine, rc)
@@ -745,11 +765,13 @@ def teardown(
     1. SIGTERM the process group, wait `grace_s`, SIGKILL it.
     2. Find what escaped (descendants seen before the signal, processes carrying the run marker),
        SIGTERM/SIGKILL them and report them as orphans; anything still alive is a survivor.
-    3. Remove the /dev/shm segments created since launch that no process holds any more.
+    3. Remove the /dev/shm segments this run's processes created (`server.shm`: new since launch and
+       seen held by them while they lived) once nothing holds them; never another job's.
     4. Wait until GPU memory is back at its launch baseline ("no GPUs" where there are none).
     Idempotent: calling it again on a stopped server only re-checks."""
     t0 = time.monotonic()
     tree = processes.process_tree(server.pid)  # before the signal: once the parent dies, the tree is gone
+    record_shm(server, run_processes(server, tree))
     stopped_by = stop_process_group(server.proc, grace_s)
     stop_s = time.monotonic() - t0
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -759,8 +781,7 @@ def teardown(
     orphans = [k for k in processes.kill_processes(escaped, orphan_grace_s) if k.signal != "gone"]
     survivors = run_processes(server, tree)
 
-    new_segments = [s for s in segments(with_owners=False) if s.key not in server.shm_before]
-    cleanup = remove_orphaned(new_segments)
+    cleanup = server.shm.cleanup()
 
     gpu = wait_for_baseline(server.gpu_baseline_mib, server.gpu_reader, timeout_s=gpu_timeout_s)
     report = TeardownReport(

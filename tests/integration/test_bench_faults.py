@@ -157,7 +157,12 @@ def test_open_loop_measures_from_schedule_so_queueing_shows() -> None:
     assert s["completed"] == 30
     # each request takes ~20 ms and they arrive every 5 ms: the last waits ~30*15 ms
     assert s["ttft_ms"]["max"] > 300 and s["ttft_ms"]["p50"] > 100
-    assert data["levels"][0]["client"]["send_lateness_ms"]["p99"] < 50
+    # The growth is the server's queue, not a client that fell behind its schedule: the queueing delay
+    # (how much later than the first the last request got its first token) dominates how late the client
+    # sent, both measured in this run (not an absolute bound, which a loaded box breaks: 51.7 ms once).
+    late = data["levels"][0]["client"]["send_lateness_ms"]
+    queueing = s["ttft_ms"]["max"] - s["ttft_ms"]["min"]
+    assert queueing > 3 * late["p99"], (queueing, late)
 
 
 def test_duration_bound_and_rate_cap() -> None:

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from servelab import lifecycle
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import LaunchFailed, NotReady
+from servelab.host import processes
 from servelab.host.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -27,14 +29,25 @@ MODEL = "Qwen3-30B-A3B"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class Sims(list[subprocess.Popen[bytes]]):
+    """The simulators a test started, all marked with `marker` (SERVELAB_RUN, inherited by their children)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marker = f"test-deploy-{uuid.uuid4().hex[:10]}/"
+
+
 @pytest.fixture
 def sims() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
+    procs = Sims()
     yield procs
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, 9)
         p.wait(10)
+    # What left their process groups: the `orphan` fault's child runs in a session of its own.
+    lifecycle.sweep_orphans(procs.marker, grace_s=2.0)
+    assert processes.with_marker(prefix=procs.marker) == []
 
 
 def start_sim(
@@ -63,7 +76,11 @@ def start_sim(
     ]
     if fast:
         argv.append("--fast-start")
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = getattr(procs, "marker", "test-deploy-unmanaged/")
+    env = {**os.environ, "SERVELAB_RUN": f"{marker}{len(procs)}", "SPT_NOENV": "1"}
+    p = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
+    )
     procs.append(p)
     return p
 
@@ -146,6 +163,10 @@ def test_orphan_fault_server_still_becomes_ready(sims: list[subprocess.Popen[byt
     port = free_port()
     p = start_sim(sims, port, "--fault", "orphan")
     assert wait(port, 60, pid=p.pid).models == [MODEL]
+    # The fault's child left the sim's session; the run marker still finds it (and the fixture stops it).
+    marked = processes.with_marker(prefix=getattr(sims, "marker", ""))
+    orphans = [m for m in marked if m.pid != p.pid and m.sid != p.pid]
+    assert orphans and all("EngineCore" in m.cmdline for m in orphans), marked
 
 
 def test_wait_ready_cli(sims: list[subprocess.Popen[bytes]]) -> None:

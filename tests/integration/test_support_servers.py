@@ -16,6 +16,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -427,6 +428,72 @@ def test_missing_engines_venv_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> N
         engines.engines_python()
 
 
+# A server whose first start fails (as a start does when its port was taken, a worker died or the box was too
+# busy), then serves: python -m http.server on the port it is given.
+_FLAKY_SERVER = r"""
+import http.server, pathlib, sys
+flag, port, message = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if not flag.exists():
+    flag.write_text("failed once")
+    print(message, flush=True)
+    sys.exit(3)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler).serve_forever()
+"""
+
+
+def _flaky(tmp_path: Path, message: str, *, always_fail: bool = False, **kw: Any) -> Any:
+    flag = tmp_path / ("never" if always_fail else "failed-once")
+
+    def cmd(p: int) -> list[str]:
+        if always_fail:
+            flag.unlink(missing_ok=True)  # every start is a first start
+        return [sys.executable, "-c", _FLAKY_SERVER, str(flag), str(p), message]
+
+    def ready(h: engines.ServerHandle) -> bool:
+        return engines._http("127.0.0.1", h.port, "GET", "/", timeout=5)[0] == 200
+
+    return engines._managed_server(
+        kind="flaky",
+        cmd_for_port=cmd,
+        env=dict(os.environ),
+        model="none",
+        model_dir=tmp_path,
+        host="127.0.0.1",
+        port=None,
+        ready=ready,
+        startup_timeout=30,
+        **kw,
+    )
+
+
+def test_a_failed_start_is_retried_whatever_the_cause(tmp_path: Path) -> None:
+    with _flaky(tmp_path, "first start fails on purpose") as h:
+        assert h.extra["attempts"] == 2
+        assert "rc=3" in h.extra["failed_attempts"][0]
+        assert engines._http("127.0.0.1", h.port, "GET", "/")[0] == 200
+    assert h.proc.poll() is not None
+
+
+def test_a_start_that_keeps_failing_gives_up_with_the_log_tail(tmp_path: Path) -> None:
+    tag = f"every start fails {os.getpid()}"
+    t0 = time.monotonic()
+    with pytest.raises(engines.ServerStartError) as info, _flaky(tmp_path, tag, always_fail=True):
+        pytest.fail("a server that always fails must not be yielded")
+    message = str(info.value)
+    assert "3 attempts" in message and message.count("rc=3") == 3, message
+    assert tag in message  # the last log's tail
+    assert time.monotonic() - t0 < 60
+
+
+def test_retries_stop_when_the_start_budget_is_spent(tmp_path: Path) -> None:
+    with (
+        pytest.raises(engines.ServerStartError) as info,
+        _flaky(tmp_path, "no budget", always_fail=True, budget_s=1.0),
+    ):
+        pytest.fail("unreachable")
+    assert "(1 attempts)" in str(info.value) and "not tried" in str(info.value)
+
+
 _TOKENIZER_CHECK = r"""
 import json, random, sys
 sys.path.insert(0, sys.argv[2])
@@ -500,6 +567,56 @@ def test_vllm_serves_tiny_moe_with_usage(vllm_server: engines.ServerHandle) -> N
     names = parse_metrics(request(vllm_server.url, "/metrics", method="GET").body.decode())
     assert names["vllm:generation_tokens_total"] >= 32
     assert "vllm:kv_cache_usage_perc" in names and "vllm:num_requests_running" in names
+
+
+_PLATFORM_CHECK = r"""
+import importlib.util, json, sys
+if len(sys.argv) > 1:  # load the shim by path and install its version alias, as its main() does
+    spec = importlib.util.spec_from_file_location("vllm_cli", sys.argv[1])
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    shim._patch_version_lookup()
+from vllm.platforms import resolve_current_platform_cls_qualname, vllm_version_matches_substr
+print(json.dumps({"platform": resolve_current_platform_cls_qualname(), "cpu": vllm_version_matches_substr("cpu")}))
+"""
+
+
+def _platform_of(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in env.items() if k != "VLLM_TARGET_DEVICE"}  # detection, not the override
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, check=False)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.integration
+def test_vllm_picks_its_cpu_platform_through_the_shim_and_for_servelab_launches() -> None:
+    """On an x86 CPU without AVX-512 (AMD EPYC Zen 2/3) vLLM's UnspecifiedPlatform imports the AVX-512
+    `vllm._C` and dies with SIGILL. The shim's answer to `version("vllm")` is what vLLM's platform detection
+    reads: it must say "cpu" even with VLLM_TARGET_DEVICE unset. servelab's own launch
+    (`python -m vllm.entrypoints.openai.api_server`, the adapter's environment) must detect it as well."""
+    from servelab.engines import registry
+    from servelab.engines.base import Settings
+
+    python = str(engines.engines_python())
+    shim = _platform_of([python, "-c", _PLATFORM_CHECK, str(engines.VLLM_CLI_SHIM)], engines._engines_env())
+    assert shim["platform"].endswith("CpuPlatform"), shim
+    assert shim["cpu"] is True, shim
+    spec = registry.get("vllm").command(
+        Settings(model="tiny", port=8000, options={"cpu": True, "python": python})
+    )
+    assert spec.argv[:3] == [python, "-m", "vllm.entrypoints.openai.api_server"]
+    own = _platform_of([spec.argv[0], "-c", _PLATFORM_CHECK], {**engines._engines_env(), **spec.env})
+    assert own["platform"].endswith("CpuPlatform") and own["cpu"] is True, own
+    # The CLI itself, end to end: it used to die with SIGILL (rc -4) while building its parser.
+    proc = subprocess.run(
+        [python, str(engines.VLLM_CLI_SHIM), "bench", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={k: v for k, v in engines._engines_env().items() if k != "VLLM_TARGET_DEVICE"},
+        check=False,
+    )
+    assert proc.returncode == 0 and "usage: vllm bench serve" in proc.stdout, proc.stderr[-3000:]
 
 
 @pytest.mark.integration

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from servelab.cli.main import cli
-
-ENGINES_PY = Path(__file__).resolve().parents[3] / ".venv-engines" / "bin" / "python"
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -91,15 +87,17 @@ def test_compare_layouts_and_sweep() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ENGINES_PY.exists() or shutil.which("true") is None, reason="needs the torch venv")
 def test_calibrate_host_with_gloo_stores_measurements() -> None:
+    # The engines' torch (scripts/install-engines.sh); missing, engines_python() fails loudly.
+    from tests.support.engines import engines_python
+
     code, out = run(
         "calibrate",
         "host",
         "--name",
         "here",
         "--python",
-        str(ENGINES_PY),
+        str(engines_python()),
         "--ranks",
         "2",
         "--iters",

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from servelab.host.shm import PATTERNS, SHM_DIR, holders, remove_orphaned, segments, snapshot
+from servelab.host.shm import (
+    PATTERNS,
+    SHM_DIR,
+    ShmLedger,
+    held_by,
+    holders,
+    remove_orphaned,
+    segments,
+    snapshot,
+)
 
 # Maps the file (then closes the fd) or keeps the fd open without mapping, like NCCL and Python's
 # SharedMemory do at different moments.
@@ -109,9 +118,92 @@ def test_a_recreated_segment_is_not_removed_by_a_stale_view(shm_files: list[Path
     assert out.removed == [] and path.exists()
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to create a file owned by another user")
 def test_other_users_segments_are_never_removed(shm_files: list[Path]) -> None:
+    """A segment whose owner is not the cleaning user is reported as foreign and left alone. The cleaning
+    user is another uid here (no root needed to make the file and the cleaner differ)."""
     path = _make(shm_files, "nccl-")
-    os.chown(path, 65534, 65534)
-    out = remove_orphaned([s for s in segments() if s.name == path.name])
+    other = 65534 if os.getuid() != 65534 else 65533
+    out = remove_orphaned([s for s in segments() if s.name == path.name], uid=other)
     assert out.foreign == [path.name] and out.removed == [] and path.exists()
+    out = remove_orphaned([s for s in segments() if s.name == path.name])  # its owner may remove it
+    assert out.removed == [path.name] and not path.exists()
+
+
+# A named semaphore the way vLLM's API server makes one (multiprocessing, "spawn"), then, on request, a
+# spawned worker that opens it by name, as vLLM's EngineCore does: that open fails once the name is gone.
+SEM_CREATOR = """
+import multiprocessing as mp, sys
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    lock = ctx.Lock()
+    print(lock._semlock.name, flush=True)
+    sys.stdin.readline()
+    worker = ctx.Process(target=repr, args=(lock,))
+    worker.start()
+    worker.join(60)
+    print("worker", worker.exitcode, flush=True)
+"""
+
+
+def test_a_named_semaphore_is_held_by_its_creator_and_survives_a_sweep(tmp_path: Path) -> None:
+    """glibc's sem_open maps the semaphore under a temporary name (`sem.XXXXXX (deleted)` in the
+    creator's maps) before linking it to `sem.mp-...`: matched by path, the creator did not hold it and a
+    sweep removed it under a starting worker. Matched by inode, it is held and stays."""
+    script = tmp_path / "sem_creator.py"
+    script.write_text(SEM_CREATOR)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        name = "sem." + proc.stdout.readline().strip().lstrip("/")
+        assert name.startswith("sem.mp-")
+        seg = next(s for s in segments() if s.name == name)
+        assert seg.owners == (proc.pid,)
+        assert seg.inode in held_by([proc.pid])
+        # A sweep that judges it by holders alone, as preflight does for dead runs' leftovers (limited to
+        # this segment: a test never touches segments it did not create).
+        swept = remove_orphaned([seg])
+        assert name not in swept.removed and (SHM_DIR / name).exists()
+        assert (name, (proc.pid,)) in [(k.name, k.owners) for k in swept.kept]
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "worker 0"  # the worker opened it by name
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_ledger_removes_only_what_the_runs_processes_held(shm_files: list[Path]) -> None:
+    """A run's cleanup removes the segments that its own processes held and that were new at launch:
+    not an older one, not another job's (held by a process outside the run), not a new unheld one.
+    (Names outside PATTERNS: other jobs on this box sweep those, which would race this test.)"""
+    pats = ("slt_servelabtest_*",)
+    older = _make(shm_files, "slt_")
+    holder_old = _holder(older, "map")
+    ledger = ShmLedger.start(pats)
+    assert ledger.before == {(older.name, older.stat().st_ino)}
+    ours_mapped, ours_open = _make(shm_files, "slt_"), _make(shm_files, "slt_")
+    theirs, unheld = _make(shm_files, "slt_"), _make(shm_files, "slt_")
+    mine = [_holder(ours_mapped, "map"), _holder(ours_open, "fd")]
+    other = _holder(theirs, "map")
+    try:
+        added = ledger.record([p.pid for p in mine] + [holder_old.pid])
+        assert {n for n, _ in added} == {ours_mapped.name, ours_open.name}
+        assert ledger.cleanup().removed == []  # still held: nothing removed yet
+        assert ours_mapped.exists() and ours_open.exists()
+        for p in mine:
+            p.kill()
+            p.wait()
+        out = ledger.cleanup()
+        assert sorted(out.removed) == sorted([ours_mapped.name, ours_open.name])
+        assert not ours_mapped.exists() and not ours_open.exists()
+        assert older.exists() and theirs.exists() and unheld.exists()
+        # Re-created under a recorded name by somebody else: another inode, not ours.
+        ours_mapped.write_bytes(b"x")
+        assert ledger.cleanup().removed == [] and ours_mapped.exists()
+    finally:
+        for p in (*mine, other, holder_old):
+            p.kill()
+            p.wait()
