@@ -1,19 +1,33 @@
 """The servelab error hierarchy.
 
-Errors are raised deep inside the tool and mapped once, at the CLI boundary, into a message plus a
-hint (exit code 2 for user errors, 1 for failures of the world around us). Every error carries a
-hint that tells the user what to do next.
+Errors are raised deep inside the tool and mapped once, at the CLI boundary (servelab.cli.main), into a
+message plus a hint. Every error carries a hint that tells the user what to do next, and its exit code:
+
+- 1 (FAILED): what the command checked or measured failed, or something outside the input (a server, an
+  engine, the host, the store) could not be used: the same command can succeed once the world changes;
+- 2 (USAGE): the user must change the input (options, a study file, a name that does not exist, a file
+  that cannot be read): the same command can never succeed; click's own usage errors exit 2 as well;
+- 3 (INTERNAL_ERROR): not a ServelabError at all: a bug;
+- 130 (INTERRUPTED): SIGINT/SIGTERM; what finished is stored.
+
+docs/cli/exit-codes.md is the user's copy of this rule.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+OK = 0
+FAILED = 1
+USAGE = 2
+INTERNAL_ERROR = 3
+INTERRUPTED = 130
+
 
 class ServelabError(Exception):
     """Root of every error servelab raises on purpose."""
 
-    exit_code: int = 1
+    exit_code: int = FAILED
     default_hint: str = ""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
@@ -28,7 +42,7 @@ class ServelabError(Exception):
 class UserError(ServelabError):
     """Bad input from the user: wrong flag, bad file, unknown name. Exit code 2."""
 
-    exit_code = 2
+    exit_code = USAGE
 
 
 class ConfigError(UserError):
@@ -87,4 +101,4 @@ class HostError(ServelabError):
 class Interrupted(ServelabError):
     """The user (SIGINT) or a supervisor (SIGTERM) stopped the command; what finished is stored."""
 
-    exit_code = 130
+    exit_code = INTERRUPTED

@@ -45,10 +45,27 @@ def _render_fit(d: dict[str, Any]) -> None:
         stdout.print(t)
 
 
+# The published measurements (data/README.md says where they come from), shipped as package data.
+PUBLISHED_CSV = "serving_measurements.csv"
+
+
+def _resolve_csv(csv_path: str | None) -> str | None:
+    """A path as given; the bare name PUBLISHED_CSV, when no such file is in the working directory, is the
+    packaged copy."""
+    if csv_path != PUBLISHED_CSV or Path(csv_path).exists():
+        return csv_path
+    return str(resources.files("servelab").joinpath("data", PUBLISHED_CSV))
+
+
 @calibrate.command("fit")
 @click.option("--name", required=True, help="Name to store the calibration under.")
 @click.option(
-    "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="A serving_measurements.csv."
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A CSV of measurements (serving_measurements.csv's columns); the bare name "
+    f"{PUBLISHED_CSV} names the published measurements shipped with servelab unless the file is here.",
 )
 @click.option(
     "--run",
@@ -69,8 +86,9 @@ def fit_cmd(
 
     if not csv_path and not runs:
         raise ConfigError(
-            "give --csv PATH or --run UID", hint="e.g. --csv ../shared/data/serving_measurements.csv"
+            "give --csv PATH or --run UID", hint=f"e.g. --csv {PUBLISHED_CSV} (the published measurements)"
         )
+    csv_path = _resolve_csv(csv_path)
     obs = observations_from_csv(csv_path) if csv_path else []
     if runs:
         loaded = [load_run(r) for r in runs]

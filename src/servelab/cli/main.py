@@ -1,4 +1,8 @@
-"""The `servelab` command group and the one place where errors become messages and exit codes."""
+"""The `servelab` command group and the one place where errors become messages and exit codes.
+
+The rule (docs/cli/exit-codes.md): 0 done; 1 what was checked failed, or a server, engine, host or the
+store could not be used; 2 the input must change (click's usage errors, every UserError); 3 a bug in
+servelab; 130 interrupted. Each ServelabError class carries its code (servelab.errors)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from rich.markup import escape
 
 from servelab import __version__
 from servelab.cli.output import dumps_json, stderr
-from servelab.errors import ServelabError
+from servelab.errors import INTERNAL_ERROR, INTERRUPTED, ServelabError
 from servelab.redact import redact_text
 
 # Command modules register themselves here: (module path, attribute). Adding a command group is one line.
@@ -53,7 +57,16 @@ class ServelabGroup(click.Group):
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted; everything finished so far is in the store.")
-            ctx.exit(130)
+            ctx.exit(INTERRUPTED)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            # Not a ServelabError: servelab itself failed. Exit 3 keeps it apart from 1 ("what you checked failed").
+            stderr.print(f"[red]internal error:[/red] {escape(redact_text(f'{type(exc).__name__}: {exc}'))}")
+            stderr.print("[cyan]hint:[/cyan] this is a bug in servelab; rerun with --debug for the traceback")
+            ctx.exit(INTERNAL_ERROR)
 
 
 def _report(exc: ServelabError, debug: bool, as_json: bool) -> None:
