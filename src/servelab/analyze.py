@@ -327,7 +327,16 @@ def _misses(r: RequestRecord, slo: SLOSpec, speed: float) -> bool:
 
 
 def _canonical(clusters: list[Cluster]) -> list[Cluster]:
-    return sorted(clusters, key=lambda c: (c.value, len(c.num), c.num, c.den))
+    """The same data in one order (requests within a trial, then the trials), whatever order they were
+    read in: the seeded bootstrap then draws the same resamples."""
+    out = []
+    for c in clusters:
+        if c.den:
+            pairs = sorted(zip(c.num, c.den, strict=True))
+            out.append(Cluster(c.value, tuple(n for n, _ in pairs), tuple(d for _, d in pairs)))
+        else:
+            out.append(Cluster(c.value, tuple(sorted(c.num))))
+    return sorted(out, key=lambda c: (c.value, len(c.num), c.num, c.den))
 
 
 def bootstrap(clusters: list[Cluster], b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED) -> np.ndarray | None:

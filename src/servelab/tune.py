@@ -255,7 +255,7 @@ class Tuner:
             self.repo.set_candidate(c["id"], status, outcome)
             scores.append(s)
             out.append({"label": c["label"], "status": status, "predicted": c["predicted"], **outcome})
-        samples = self._samples(cands, scores)
+        samples = self.samples(cands, scores)
         for s, c in zip(scores, out, strict=True):
             hw = analyze.bootstrap_half_width(samples.get(s.label) or [])
             if hw is not None:  # the candidate's ± from its requests too, as its margin is judged
@@ -271,7 +271,7 @@ class Tuner:
         self.repo.set_study_status(sid, "completed", result)
         return StudyOutcome(uid, "completed", out, ranking.to_dict(), self.swept)
 
-    def _samples(
+    def samples(
         self, cands: list[dict[str, Any]], scores: list[analyze.Score]
     ) -> dict[str, list[analyze.Cluster]]:
         """Each scored candidate's measured trials at its scored level, as bootstrap clusters read from the
@@ -388,8 +388,9 @@ class Tuner:
         }
         if last:
             evidence["trial"] = last["id"]
-            if last.get("effective"):
+            if last.get("effective"):  # the mismatches are found again from what runs (not twice)
                 evidence["effective"] = last["effective"]
+                evidence.pop("not_applied")
         self._plan_call(lambda: plans.close_not_applied(self.store, uid, cand["label"], evidence))
 
     def _plan_current(self, status: str, evidence: dict[str, Any]) -> None:
