@@ -3,6 +3,15 @@
 Inputs are level *digests*: `results.LevelSummary.digest()` (the flat numbers a study compares, in the
 time base shown to users) plus GPU telemetry when there is any, so this module is testable without
 servers.
+
+**The noise verdict.** With two trials a Student-t interval over trial means has one degree of freedom
+(t = 12.7) and says little. When the per-request records of each trial are at hand (`Cluster.of`), the
+winner's margin is judged by a *cluster bootstrap*: trials are the clusters, resampled with replacement,
+and within each drawn trial its requests are resampled too (two stages), `BOOTSTRAP_B` times with a fixed
+seed; the margin exceeds the noise when the 95 % percentile interval of the difference excludes zero.
+The data are put in a canonical order first, so the same stored data give the same verdict whatever
+order they were read in. Without per-request data the t-interval over trial means is used, and the
+verdict says so.
 """
 
 from __future__ import annotations
@@ -12,7 +21,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from servelab.config import OBJECTIVES, AnomalySpec, SLOSpec
+from servelab.results import RequestRecord
 
 # Two-sided 95 % Student-t critical values by degrees of freedom (1..30); beyond, the normal 1.96.
 _T95 = [
@@ -213,6 +225,144 @@ def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, o
     )
 
 
+# -- the noise: a cluster bootstrap over trials and their requests -------------------------------------
+
+BOOTSTRAP_B = 2000
+BOOTSTRAP_SEED = 0
+# Objectives that are a rate (a sum over requests per second) and those that are a latency median.
+_RATE_OBJECTIVES = ("output_throughput", "total_token_throughput", "request_throughput", "goodput")
+_LATENCY_OBJECTIVES = {"ttft_ms_p50": "ttft", "tpot_ms_p50": "tpot", "e2e_ms_p50": "e2e"}
+
+
+def bootstrap_method(b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED) -> str:
+    return f"cluster bootstrap over trials and their requests (B={b}, seed {seed})"
+
+
+T_METHOD = "Student t over trial means, without per-request data"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One trial's requests at the level a candidate is scored at: the bootstrap's cluster.
+
+    `value` is the trial's own figure of the objective (its digest). Rate objectives: `num` is each
+    request's share of the numerator (output tokens, input + output tokens, 1 request, or the output
+    tokens of a request meeting every SLO) and `den` its end-to-end seconds; a resample's figure is
+    `value` × (Σnum/Σden of the resample) / (Σnum/Σden of the trial) — throughput moves with tokens per
+    second of request time. Latency objectives (medians): `num` is each request's latency in ms, `den`
+    empty; a resample's figure is the median of the resampled latencies."""
+
+    value: float
+    num: tuple[float, ...]
+    den: tuple[float, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        records: list[RequestRecord],
+        objective: str,
+        value: float,
+        speed: float = 1.0,
+        slo: SLOSpec | None = None,
+    ) -> Cluster | None:
+        """A trial's cluster from its stored requests (`speed`: the simulator's clock, so latencies are in
+        the GPU's time as the digests are); None when the objective has no per-request form."""
+        ok = [r for r in records if r.ok and r.e2e_s is not None]
+        if objective in _RATE_OBJECTIVES:
+            pairs = []
+            for r in ok:
+                out = float(r.output_tokens or 0)
+                if objective == "output_throughput":
+                    n = out
+                elif objective == "total_token_throughput":
+                    n = out + float(r.input_tokens or 0)
+                elif objective == "request_throughput":
+                    n = 1.0
+                else:
+                    n = out if slo is None or not _misses(r, slo, speed) else 0.0
+                pairs.append((n, float(r.e2e_s or 0.0) * speed))
+            pairs.sort()
+            if not pairs or sum(d for _, d in pairs) <= 0 or sum(n for n, _ in pairs) <= 0:
+                return None
+            return cls(float(value), tuple(n for n, _ in pairs), tuple(d for _, d in pairs))
+        kind = _LATENCY_OBJECTIVES.get(objective)
+        if kind is None:
+            return None
+        vals = sorted(v * 1000.0 * speed for r in ok if (v := _latency_s(r, kind)) is not None)
+        return cls(float(value), tuple(vals)) if vals else None
+
+    def resampled(self, rng: np.random.Generator, b: int) -> np.ndarray:
+        """`b` figures of this trial, each from its requests resampled with replacement."""
+        m = len(self.num)
+        idx = rng.integers(0, m, size=(b, m))
+        num = np.asarray(self.num, dtype=float)
+        if self.den:
+            den = np.asarray(self.den, dtype=float)
+            full = num.sum() / den.sum()
+            ratio = num[idx].sum(axis=1) / np.maximum(den[idx].sum(axis=1), 1e-12)
+            return np.asarray(self.value * ratio / full, dtype=float)
+        return np.asarray(np.percentile(num[idx], 50, axis=1), dtype=float)
+
+
+def _latency_s(r: RequestRecord, kind: str) -> float | None:
+    if kind == "ttft":
+        return r.ttft_s
+    if kind == "e2e":
+        return r.e2e_s
+    if r.ttft_s is None or r.e2e_s is None or not r.output_tokens or r.output_tokens < 2:
+        return None
+    return (r.e2e_s - r.ttft_s) / (r.output_tokens - 1)
+
+
+def _misses(r: RequestRecord, slo: SLOSpec, speed: float) -> bool:
+    """Whether one request misses a per-request SLO limit (the goodput objective's numerator)."""
+    for metric, _stat, limit in slo.limits():
+        kind = metric.removesuffix("_ms")
+        if kind not in ("ttft", "tpot", "e2e"):
+            continue
+        v = _latency_s(r, kind)
+        if v is not None and v * 1000.0 * speed > limit:
+            return True
+    return False
+
+
+def _canonical(clusters: list[Cluster]) -> list[Cluster]:
+    """The same data in one order (requests within a trial, then the trials), whatever order they were
+    read in: the seeded bootstrap then draws the same resamples."""
+    out = []
+    for c in clusters:
+        if c.den:
+            pairs = sorted(zip(c.num, c.den, strict=True))
+            out.append(Cluster(c.value, tuple(n for n, _ in pairs), tuple(d for _, d in pairs)))
+        else:
+            out.append(Cluster(c.value, tuple(sorted(c.num))))
+    return sorted(out, key=lambda c: (c.value, len(c.num), c.num, c.den))
+
+
+def bootstrap(clusters: list[Cluster], b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED) -> np.ndarray | None:
+    """`b` bootstrap figures of a candidate (the mean over its trials): trials resampled with
+    replacement, then each drawn trial's requests. None with fewer than two trials (the trial-to-trial
+    noise cannot be seen) or a trial without requests."""
+    cs = _canonical(clusters)
+    if len(cs) < 2 or any(len(c.num) < 2 for c in cs):
+        return None
+    rng = np.random.default_rng(seed)
+    per = np.stack([c.resampled(rng, b) for c in cs])  # (trials, b)
+    picks = rng.integers(0, len(cs), size=(b, len(cs)))
+    return np.asarray(per[picks, np.arange(b)[:, None]].mean(axis=1), dtype=float)
+
+
+def bootstrap_half_width(
+    clusters: list[Cluster], b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED
+) -> float | None:
+    """Half the width of the 95 % percentile interval of a candidate's figure (None: cannot tell)."""
+    draws = bootstrap(clusters, b, seed)
+    if draws is None:
+        return None
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(hi - lo) / 2
+
+
 @dataclass
 class Ranking:
     objective: str
@@ -223,6 +373,7 @@ class Ranking:
     margin_pct: float | None
     significant: bool | None  # the margin exceeds the noise (None: one repeat, unknown)
     verdict: str
+    noise: dict[str, Any] = field(default_factory=dict)  # how the noise was judged: method, interval, …
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -230,8 +381,17 @@ class Ranking:
         return d
 
 
-def rank(scores: list[Score], objective: str) -> Ranking:
-    """Order candidates by the objective; the winner is the best that meets every SLO."""
+def rank(
+    scores: list[Score],
+    objective: str,
+    samples: dict[str, list[Cluster]] | None = None,
+    *,
+    b: int = BOOTSTRAP_B,
+    seed: int = BOOTSTRAP_SEED,
+) -> Ranking:
+    """Order candidates by the objective; the winner is the best that meets every SLO. `samples`: each
+    candidate's trials at its scored level (`Cluster.of`), for the cluster bootstrap of the margin; where
+    the winner or the runner-up has none, the t-interval over trial means judges it."""
     sign = 1.0 if OBJECTIVES[objective] == "max" else -1.0
     valid = sorted([s for s in scores if s.value is not None], key=lambda s: -sign * (s.value or 0.0))
     rest = [s for s in scores if s.value is None]
@@ -262,13 +422,46 @@ def rank(scores: list[Score], objective: str) -> Ranking:
     r = valid[1]
     margin = sign * ((w.value or 0.0) - (r.value or 0.0))
     pct = margin / abs(r.value) * 100 if r.value else None
-    if w.half_width is None or r.half_width is None:
-        significant = None
-        noise = "cannot be judged against the noise with one repeat each (set repeats ≥ 2 for confidence intervals)"
-    else:
-        noise_hw = math.hypot(w.half_width, r.half_width)
-        significant = margin > noise_hw
-        noise = f"{'exceeds' if significant else 'is within'} the noise (95 % CI of the difference ±{noise_hw:.3g})"
+    significant, noise_info, noise = _judge(w, r, sign, margin, samples or {}, b, seed)
     pct_text = f" ({pct:+.1f} %)" if pct is not None else ""
     verdict = f"{w.label} wins on {objective}: {w.value:,.4g} vs {r.label}'s {r.value:,.4g}{pct_text}; the margin {noise}"
-    return Ranking(objective, ranked, w.label, r.label, margin, pct, significant, verdict)
+    return Ranking(objective, ranked, w.label, r.label, margin, pct, significant, verdict, noise_info)
+
+
+def _judge(
+    w: Score, r: Score, sign: float, margin: float, samples: dict[str, list[Cluster]], b: int, seed: int
+) -> tuple[bool | None, dict[str, Any], str]:
+    """Whether the winner's margin exceeds the noise, how that was judged, and the sentence that says it."""
+    dw = bootstrap(samples.get(w.label) or [], b, seed)
+    dr = bootstrap(samples.get(r.label) or [], b, seed + 1)
+    if dw is not None and dr is not None:
+        diff = sign * (dw - dr)
+        lo, hi = (float(x) for x in np.percentile(diff, [2.5, 97.5]))
+        significant = lo > 0
+        info: dict[str, Any] = {
+            "method": bootstrap_method(b, seed),
+            "b": b,
+            "seed": seed,
+            "trials": {w.label: len(samples[w.label]), r.label: len(samples[r.label])},
+            "requests": {
+                w.label: sum(len(c.num) for c in samples[w.label]),
+                r.label: sum(len(c.num) for c in samples[r.label]),
+            },
+            "difference_ci95": [lo, hi],
+            "significant": significant,
+        }
+        word = "exceeds" if significant else "is within"
+        text = f"{word} the noise ({info['method']}: 95 % interval of the difference [{lo:+.3g}, {hi:+.3g}])"
+        return significant, info, text
+    if w.half_width is None or r.half_width is None:
+        info = {"method": None, "significant": None, "reason": "one trial each"}
+        return (
+            None,
+            info,
+            "cannot be judged against the noise with one repeat each (set repeats ≥ 2 for confidence intervals)",
+        )
+    noise_hw = math.hypot(w.half_width, r.half_width)
+    significant = margin > noise_hw
+    info = {"method": T_METHOD, "half_width": noise_hw, "significant": significant}
+    word = "exceeds" if significant else "is within"
+    return significant, info, f"{word} the noise ({T_METHOD}: 95 % CI of the difference ±{noise_hw:.3g})"

@@ -685,6 +685,34 @@ def on_trial(
     )
 
 
+def close_not_applied(
+    plan: Plan,
+    study_uid: str,
+    label: str,
+    evidence: dict[str, Any],
+    *,
+    now: str,
+    actor: str = TUNE_WORKER,
+) -> Outcome:
+    """The study finished and this candidate's configuration never took effect: its item is closed
+    (cancelled) as not applied, with the evidence, so a finished study leaves no item pending. An item
+    already closed (or moved by hand out of pending/in progress) is left as it is."""
+    it = item_for(plan, study_uid, label)
+    if it.status not in ("pending", "in_progress"):
+        return Outcome(plan, (), {"item": it.id, "unchanged": True})
+    rec = assess((it.binding or {}).get("requested"), {**evidence, "status": "not_applied"}, now)
+    texts = rec["mismatches_text"] or ["the requested configuration did not take effect"]
+    return transition(
+        plan,
+        it.id,
+        "cancelled",
+        now=now,
+        actor=actor,
+        evidence=rec,
+        reason=f"not applied (study {study_uid} finished): " + "; ".join(texts),
+    )
+
+
 def _run_suffix(evidence: dict[str, Any]) -> str:
     return f" (run {evidence['run']})" if evidence.get("run") else ""
 

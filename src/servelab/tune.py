@@ -247,16 +247,76 @@ class Tuner:
                     {"run": f"{uid}/{c['label']}", "anomalies": [a.to_dict() for a in flags]},
                 )
             outcome = dict(c["outcome"] or {})
+            if status == "not_applied":
+                self._close_not_applied(uid, c, outcome)
             outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
             s = analyze.score(c["label"], status, levels, self.study.slo, self.study.objective)
             outcome["score"] = s.to_dict()
             self.repo.set_candidate(c["id"], status, outcome)
             scores.append(s)
             out.append({"label": c["label"], "status": status, "predicted": c["predicted"], **outcome})
-        ranking = analyze.rank(scores, self.study.objective)
+        samples = self.samples(cands, scores)
+        for s, c in zip(scores, out, strict=True):
+            hw = analyze.bootstrap_half_width(samples.get(s.label) or [])
+            if hw is not None:  # the candidate's ± from its requests too, as its margin is judged
+                s.half_width = hw
+                c["score"] = s.to_dict()
+                self.repo.set_candidate(
+                    next(x["id"] for x in cands if x["label"] == s.label),
+                    c["status"],
+                    {k: v for k, v in c.items() if k not in ("label", "status", "predicted")},
+                )
+        ranking = analyze.rank(scores, self.study.objective, samples)
         result = {"ranking": ranking.to_dict(), "baseline": base_label}
         self.repo.set_study_status(sid, "completed", result)
         return StudyOutcome(uid, "completed", out, ranking.to_dict(), self.swept)
+
+    def samples(
+        self, cands: list[dict[str, Any]], scores: list[analyze.Score]
+    ) -> dict[str, list[analyze.Cluster]]:
+        """Each scored candidate's measured trials at its scored level, as bootstrap clusters read from the
+        stored per-request records of the bench run that measured the level (a trial without them, e.g. one
+        stored before requests were kept, leaves the candidate to the t-interval)."""
+        from servelab.store.bench import BenchRepo
+
+        bench = BenchRepo(self.store)
+        objective = self.study.objective
+        out: dict[str, list[analyze.Cluster]] = {}
+        for c, s in zip(cands, scores, strict=True):
+            if s.level is None:
+                continue
+            clusters: list[analyze.Cluster] = []
+            for t in self.repo.trials(c["id"]):
+                if t["status"] != "measured":
+                    continue
+                d = next((d for d in t["levels"] or [] if float(d["level"]) == s.level), None)
+                cl = self._cluster(bench, d, objective) if d else None
+                if cl is None:
+                    clusters = []
+                    break
+                clusters.append(cl)
+            if clusters:
+                out[c["label"]] = clusters
+        return out
+
+    def _cluster(self, bench: Any, d: dict[str, Any], objective: str) -> analyze.Cluster | None:
+        uid, value = d.get("bench_run"), d.get(objective)
+        if not uid or value is None:
+            return None
+        try:
+            run = bench.load(uid)
+        except ServelabError:
+            return None
+        if not run.levels:
+            return None
+        row = self.store.conn.execute(
+            "SELECT l.id FROM bench_levels l JOIN bench_runs r ON r.id = l.run_id WHERE r.uid = ? AND l.idx = ?",
+            (uid, run.levels[0].index),
+        ).fetchone()
+        if row is None:
+            return None
+        records = bench.requests(int(row[0]))
+        return analyze.Cluster.of(records, objective, float(value), run.clock.speed, self.study.slo)
 
     # -- one candidate ----------------------------------------------------------------------------
     async def _run_candidate(self, uid: str, cand: dict[str, Any], spec: CandidateSpec) -> None:
@@ -313,6 +373,25 @@ class Tuner:
         from servelab.store import plans
 
         self._plan_call(lambda: plans.on_trial(self.store, uid, label, status, evidence))
+
+    def _close_not_applied(self, uid: str, cand: dict[str, Any], outcome: dict[str, Any]) -> None:
+        """The study is over: a not-applied candidate's item is closed as not applied, with its last
+        trial's evidence (what was requested, what runs, the log line), so no item is left pending."""
+        from servelab.store import plans
+
+        trials = self.repo.trials(cand["id"])
+        last = trials[-1] if trials else {}
+        evidence: dict[str, Any] = {
+            "run": f"{uid}/{cand['label']}" + (f"/t{last['id']}" if last else ""),
+            "not_applied": outcome.get("not_applied") or last.get("not_applied") or [],
+            "unconfirmed": outcome.get("unconfirmed") or [],
+        }
+        if last:
+            evidence["trial"] = last["id"]
+            if last.get("effective"):  # the mismatches are found again from what runs (not twice)
+                evidence["effective"] = last["effective"]
+                evidence.pop("not_applied")
+        self._plan_call(lambda: plans.close_not_applied(self.store, uid, cand["label"], evidence))
 
     def _plan_current(self, status: str, evidence: dict[str, Any]) -> None:
         uid, label, tid = self._current

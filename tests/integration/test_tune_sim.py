@@ -3,8 +3,10 @@ SIGKILL of servelab mid-study then --resume. Real processes, real HTTP, the real
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -189,7 +191,7 @@ def test_glm5_story_not_applied_collapse_and_winner(tmp_path: Path) -> None:
     assert items["tp8-cutlass"]["status"] == "completed"
     assert items["tp8-cutlass"]["evidence"][-1]["applied"] is True
     trt_item = items["tp8-trtllm"]
-    assert trt_item["status"] == "pending"  # reopened: the experiment never ran
+    assert trt_item["status"] == "cancelled"  # closed as not applied when the study finished
     assert trt_item["evidence"][-1]["applied"] is False
     assert trt_item["binding"]["requested"]["moe_runner_backend"] == "flashinfer_trtllm"
 
@@ -400,3 +402,249 @@ def test_ctrl_c_tears_down_records_the_interruption_and_resumes(tmp_path: Path) 
     out = json.loads(servelab("tune", str(study), "--resume", "--json", home=home).stdout)
     assert out["status"] == "completed" and out["orphans_cleaned"] == []
     assert {c["label"]: c["status"] for c in out["candidates"]} == {"a": "measured", "b": "measured"}
+
+
+# -- results people read: the live line, 80 columns, a closed plan, the noise verdict ----------------
+
+GLM5_NAMES = ("tp8-cutlass", "tp8-trtllm", "tp4-pp2-cutlass", "tp8-cutlass-arfusion")
+LIVE_LINE = re.compile(
+    r"(?P<cand>[\w-]+) level (?P<level>\S+): (?P<done>\d+)/(?P<total>\d+) requests · (?P<tok>[\d,]+) tok/s · "
+    r"TTFT p50 (?P<ttft>[\d,.]+) ms · (?P<elapsed>\d+:\d\d) elapsed · ETA (?P<eta>\d+:\d\d)"
+)
+
+
+def _glm5_names_study(tmp_path: Path, repeats: int = 2) -> Path:
+    """examples/glm5-pcie.toml's candidates under its names (long shared prefixes), on the simulator."""
+    return write_study(
+        tmp_path / "glm5-names.toml",
+        "glm5-names",
+        [
+            {
+                "name": "tp8-cutlass",
+                "tp": 8,
+                "args": ["--moe-runner-backend", "flashinfer_cutlass"],
+                "baseline": True,
+            },
+            {"name": "tp8-trtllm", "tp": 8, "args": ["--moe-runner-backend", "flashinfer_trtllm"]},
+            {
+                "name": "tp4-pp2-cutlass",
+                "tp": 4,
+                "pp": 2,
+                "args": ["--moe-runner-backend", "flashinfer_cutlass"],
+            },
+            {
+                "name": "tp8-cutlass-arfusion",
+                "tp": 8,
+                "args": [
+                    "--moe-runner-backend",
+                    "flashinfer_cutlass",
+                    "--enable-flashinfer-allreduce-fusion",
+                ],
+            },
+        ],
+        model="GLM-5-NVFP4",
+        gpu="rtx-pro-6000",
+        num_gpus=8,
+        personality="sglang",
+        levels=[1, 8],
+        speed=20,
+        extra_engine={"args": ["--disable-radix-cache"]},
+        top=f"repeats = {repeats}",
+    )
+
+
+@pytest.fixture(scope="module")
+def glm5_names(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real study, run once for the tests below: `tune --json` with stderr a pipe (not a terminal)."""
+    tmp = tmp_path_factory.mktemp("glm5-names")
+    home = tmp / "home"
+    res = servelab("tune", str(_glm5_names_study(tmp)), "--json", home=home)
+    return {"home": home, "out": json.loads(res.stdout), "stderr": res.stderr, "tmp": tmp}
+
+
+def _lines_80(render: Any, data: Any) -> list[str]:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render(data, Console(width=80, file=buf, highlight=False, color_system=None))
+    return buf.getvalue().splitlines()
+
+
+def test_tables_fit_80_columns_with_every_candidate_name_whole(glm5_names: dict[str, Any]) -> None:
+    from servelab.cli.runs import _render_studies
+    from servelab.cli.tune import render
+
+    out = glm5_names["out"]
+    runs = json.loads(servelab("runs", "--json", home=glm5_names["home"]).stdout)
+    study = json.loads(servelab("runs", "study", out["study"], "--json", home=glm5_names["home"]).stdout)
+    for name, lines in (
+        ("tune", _lines_80(render, out)),
+        ("runs study", _lines_80(render, study)),
+        ("runs", _lines_80(_render_studies, runs["studies"])),
+    ):
+        text = "\n".join(lines)
+        assert max(len(line) for line in lines) <= 80, (name, text)
+        assert "…" not in text, (name, text)
+        # every name whole on one line, in its own cell: never two names looking alike
+        cells = {cell.strip() for line in lines for cell in re.split(r"[│┃|]", line)}
+        for label in GLM5_NAMES:
+            assert label in cells or f"{label} (winner)" in cells, (name, label, text)
+
+
+def test_tables_abbreviate_too_long_names_with_a_legend(glm5_names: dict[str, Any]) -> None:
+    from servelab.cli.tune import render
+
+    out = json.loads(json.dumps(glm5_names["out"]))
+    for c in out["candidates"]:  # the same study, as if its names were longer than any column can hold
+        c["label"] = "glm5-nvfp4-sglang-" + c["label"] + "-with-a-long-suffix"
+    lines = _lines_80(render, out)
+    text = "\n".join(lines)
+    assert max(len(line) for line in lines) <= 80 and "…" not in text
+    legend = [line for line in lines if re.match(r"#\d+  ", line)]
+    assert sorted(line.split("  ", 1)[1] for line in legend) == sorted(c["label"] for c in out["candidates"])
+    assert len({line.split("  ", 1)[0] for line in legend}) == len(GLM5_NAMES)
+
+
+def test_a_finished_study_leaves_no_plan_item_pending(glm5_names: dict[str, Any]) -> None:
+    out, home = glm5_names["out"], glm5_names["home"]
+    assert by_label(out)["tp8-trtllm"]["status"] == "not_applied"
+    plan = json.loads(servelab("plan", "--plan", out["study"], "--json", home=home).stdout)
+    items = {i["binding"]["candidate"]: i for i in plan["items"]}
+    assert set(items) == set(GLM5_NAMES)
+    assert [k for k, i in items.items() if i["status"] == "pending"] == []
+    trt = items["tp8-trtllm"]
+    assert trt["status"] == "cancelled"  # closed as not applied
+    ev = trt["evidence"][-1]
+    assert ev["applied"] is False and ev["status"] == "not_applied"
+    [m] = [m for m in ev["mismatches"] if m["key"] == "moe_runner_backend"]
+    assert (m["requested"], m["effective"]) == ("flashinfer_trtllm", "flashinfer_cutlass")
+    assert "flashinfer_cutlass" in m["evidence"]  # the log line
+    assert ev["run"].startswith(f"{out['study']}/tp8-trtllm/t")
+    hist = json.loads(
+        servelab("plan", "history", trt["id"], "--plan", out["study"], "--json", home=home).stdout
+    )["events"]
+    assert hist[-1]["to_status"] == "cancelled" and "not applied" in hist[-1]["reason"]
+    assert "flashinfer_trtllm" in hist[-1]["reason"]
+
+
+def test_the_noise_verdict_is_a_seeded_cluster_bootstrap_and_says_so(glm5_names: dict[str, Any]) -> None:
+    from servelab import analyze
+    from servelab.config import load_study
+    from servelab.store import open_store
+    from servelab.store.studies import StudyRepo
+    from servelab.tune import TuneOptions, Tuner
+
+    out, home = glm5_names["out"], glm5_names["home"]
+    noise = out["ranking"]["noise"]
+    assert noise["method"] == "cluster bootstrap over trials and their requests (B=2000, seed 0)"
+    assert noise["trials"] == {out["ranking"]["winner"]: 2, out["ranking"]["runner_up"]: 2}
+    assert noise["method"] in out["ranking"]["verdict"]
+    lo, hi = noise["difference_ci95"]
+    assert lo < hi and (lo > 0) is out["ranking"]["significant"]
+    # the report states the method in its verdict sentence
+    md = servelab("report", out["study"], "--no-host-checks", home=home).stdout
+    assert (
+        f"the margin {'exceeds' if out['ranking']['significant'] else 'is within'} the noise (judged by {noise['method']}"
+        in md
+    )
+
+    # the same stored data, read in other orders and bootstrapped with other seeds: the same verdict
+    study = load_study(glm5_names["tmp"] / "glm5-names.toml")
+    with open_store(home / "servelab.db") as store:
+        repo = StudyRepo(store)
+        st = repo.resolve(out["study"])
+        cands = repo.candidates(st["id"])
+        scores = [analyze.Score(**c["outcome"]["score"]) for c in cands]
+        samples = Tuner(study, store, None, TuneOptions()).samples(cands, scores)
+    assert set(samples) >= {out["ranking"]["winner"], out["ranking"]["runner_up"]}
+    again = analyze.rank(scores, study.objective, samples)
+    assert again.verdict == out["ranking"]["verdict"] and again.noise == noise
+    shuffled = {
+        k: [analyze.Cluster(c.value, c.num[::-1], c.den[::-1]) for c in reversed(v)]
+        for k, v in samples.items()
+    }
+    assert analyze.rank(list(reversed(scores)), study.objective, shuffled).noise == noise
+    verdicts = {analyze.rank(scores, study.objective, samples, seed=s).significant for s in range(1, 6)}
+    assert verdicts == {out["ranking"]["significant"]}
+
+
+def test_not_a_terminal_shows_no_live_line(glm5_names: dict[str, Any]) -> None:
+    err = glm5_names["stderr"]
+    assert "launching" in err and "level 8:" in err  # the step lines are there, with --json too
+    assert " requests · " not in err and "ETA" not in err
+
+
+def _tune_on_a_terminal(study: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`servelab tune --json` with stderr a pseudo-terminal (as on a user's screen), stdout a pipe."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    env = {**os.environ, "SERVELAB_HOME": str(home), "COLUMNS": "120", "LINES": "40"}
+    env.pop("NO_COLOR", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "servelab", "tune", str(study), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+    raw = b"".join(chunks).decode(errors="replace")
+    return proc, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw).replace("\r", "\n")
+
+
+def test_live_line_on_a_terminal_and_identical_candidates_are_within_the_noise(tmp_path: Path) -> None:
+    """One real study of two identical candidates, stderr a terminal: the live line shows requests done of
+    the total, tok/s and TTFT p50 so far, elapsed and ETA; the verdict on two identical configurations is
+    that the margin is within the noise."""
+    same = {"max_concurrency": 16}
+    study = write_study(
+        tmp_path / "twins.toml",
+        "twins",
+        [{"name": "twin-a", "baseline": True, **same}, {"name": "twin-b", **same}],
+        levels=[8],
+        speed=20,
+        top="repeats = 2",
+    )
+    proc, screen = _tune_on_a_terminal(study, tmp_path / "home")
+    assert proc.returncode == 0, screen[-3000:]
+    out = json.loads(proc.stdout)  # stdout stays JSON: the progress is on stderr
+
+    lines = [m for m in LIVE_LINE.finditer(screen)]
+    assert lines, screen[-3000:]
+    assert {m["cand"] for m in lines} == {"twin-a", "twin-b"}
+    assert {int(m["total"]) for m in lines} == {16}  # 8 streams × 2 requests each
+    final = [m for m in lines if m["done"] == m["total"]]
+    assert final and all(m["eta"] == "0:00" for m in final)
+    for m in final:
+        assert float(m["tok"].replace(",", "")) > 0 and float(m["ttft"].replace(",", "")) > 0
+    # the live tok/s agrees with what the level measured (same time base: the GPU's), within its ramp
+    measured = [lv["output_throughput"] for c in out["candidates"] for lv in c["levels"]]
+    last_tok = float(final[-1]["tok"].replace(",", ""))
+    assert 0.5 * min(measured) < last_tok < 1.5 * max(measured), (last_tok, measured)
+
+    r = out["ranking"]
+    assert {r["winner"], r["runner_up"]} == {"twin-a", "twin-b"}
+    assert r["noise"]["method"].startswith("cluster bootstrap")
+    assert r["significant"] is False and "is within the noise" in r["verdict"], r

@@ -449,7 +449,18 @@ async def _run_one_level(
     def on_record(rec: RequestRecord) -> None:
         repo.add_request(level_id, rec)
         done.append(rec)
-        notify("request_done", {"index": li, "done": len(done), "ok": rec.ok})
+        notify(
+            "request_done",
+            {
+                "index": li,
+                "done": len(done),
+                "ok": rec.ok,
+                "output_tokens": rec.output_tokens,
+                "ttft_s": rec.ttft_s,
+                "end_s": rec.end_s,
+                "speed": speed,
+            },
+        )
 
     status = "completed"
     t_start = time.perf_counter()

@@ -49,3 +49,24 @@ def warn(message: str) -> None:
 
 def progress_enabled() -> bool:
     return sys.stderr.isatty()
+
+
+def fit_labels(labels: list[str], budget: int) -> tuple[dict[str, str], list[str]]:
+    """Names for a table column at most `budget` characters wide that never cut a name (two candidates
+    named `tp8-cutlass` and `tp8-cutlass-arfusion` must not both show as `tp8-cutl…`): every name as it is
+    when the longest fits, else each too long name replaced by `#N` with a legend line `#N  full name`."""
+    budget = max(budget, 4)
+    if all(len(x) <= budget for x in labels):
+        return {x: x for x in labels}, []
+    shown: dict[str, str] = {}
+    legend: list[str] = []
+    for x in labels:
+        if x in shown:
+            continue
+        if len(x) <= budget:
+            shown[x] = x
+        else:
+            key = f"#{len(legend) + 1}"
+            shown[x] = key
+            legend.append(f"{key}  {x}")
+    return shown, legend

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from servelab.cli.bench import render as render_bench
-from servelab.cli.output import emit, stdout
+from servelab.cli.output import emit, fit_labels, stdout
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 from servelab.store.studies import StudyRepo
@@ -43,27 +45,37 @@ def _study_rows(repo: StudyRepo, studies: list[dict[str, Any]]) -> list[dict[str
     return out
 
 
-def _render_studies(items: list[dict[str, Any]]) -> None:
+def _render_studies(items: list[dict[str, Any]], console: Console | None = None) -> None:
+    """Studies and their candidates: fits an 80-column terminal, candidate names whole (`#N` with a
+    legend when a name is too long); the study's uid, name, status and start share its first cell."""
+    out = console or stdout
     if not items:
-        stdout.print("no studies stored yet; `servelab tune STUDY.toml` runs one (examples/ has studies)")
+        out.print("no studies stored yet; `servelab tune STUDY.toml` runs one (examples/ has studies)")
         return
-    t = Table("study", "name", "created", "status", "candidate", "outcome", "objective", "level")
+    labels = [c["label"] for st in items for c in st["candidates"]]
+    shown, legend = fit_labels(labels, max(24, out.width - 56))
+    t = Table()
+    t.add_column("study", overflow="fold", min_width=12)
+    t.add_column("candidate", no_wrap=True, min_width=min(max(map(len, shown.values()), default=9), 40))
+    t.add_column("outcome", min_width=8)
+    t.add_column("objective", justify="right")
+    t.add_column("level", justify="right")
     for st in items:
-        first = True
-        for c in st["candidates"] or [{"label": "-", "status": "-", "score": None, "level": None}]:
+        cands = st["candidates"] or [{"label": "-", "status": "-", "score": None, "level": None}]
+        head = [st["uid"], st["name"], st["status"], st["created_at"][:16].replace("T", " ")]
+        for i, c in enumerate(cands):
             mark = " (winner)" if c["label"] == st["winner"] else ""
             t.add_row(
-                st["uid"] if first else "",
-                st["name"] if first else "",
-                st["created_at"][:19] if first else "",
-                st["status"] if first else "",
-                c["label"] + mark,
-                c["status"],
+                escape("\n".join(head) if i == 0 else ""),
+                escape(shown.get(c["label"], c["label"])),
+                escape(c["status"] + mark),
                 "-" if c["score"] is None else f"{c['score']:,.1f}",
                 "-" if c["level"] is None else f"{c['level']:g}",
+                end_section=i == len(cands) - 1,
             )
-            first = False
-    stdout.print(t)
+    out.print(t)
+    for line in legend:
+        out.print(escape(line))
 
 
 @click.group(invoke_without_command=True)

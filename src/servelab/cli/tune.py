@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from servelab.cli import aio
-from servelab.cli.output import emit, stderr, stdout
+from servelab.cli.output import emit, fit_labels, progress_enabled, stderr, stdout
 from servelab.config import load_study
 from servelab.store import open_store
 from servelab.tune import StudyOutcome, TuneOptions, order_candidates, tune
@@ -19,15 +25,106 @@ def _fmt(v: Any, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-class _Progress:
-    """One line per step on stderr: launches, readiness, what was not applied, levels, teardown."""
+def _clock(seconds: float) -> str:
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
-    def __init__(self, quiet: bool) -> None:
+
+class LiveLevel:
+    """What the running load level has done so far, from `run_bench`'s events: requests done of the
+    total, output tok/s and TTFT p50 so far (in the GPU's time on the simulator, as every figure is shown),
+    elapsed since the level's first request was due and the time left at this pace (wall clock: what you
+    wait)."""
+
+    def __init__(
+        self, candidate: str, level: str, total: int | None, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.candidate, self.level, self.total = candidate, level, total
+        self.now = now
+        self.t0 = now()
+        self.done = 0
+        self.failed = 0
+        self.tokens = 0
+        self.speed = 1.0
+        self.ttfts: list[float] = []
+
+    def request_done(self, d: dict[str, Any]) -> None:
+        if self.done == 0 and d.get("end_s") is not None:
+            # the level's clock starts when its first request was due, not before its warm-up
+            self.t0 = self.now() - float(d["end_s"])
+        self.done = int(d.get("done") or self.done + 1)
+        self.speed = float(d.get("speed") or self.speed)
+        if not d.get("ok", True):
+            self.failed += 1
+            return
+        self.tokens += int(d.get("output_tokens") or 0)
+        if d.get("ttft_s") is not None:
+            self.ttfts.append(float(d["ttft_s"]))
+
+    def text(self) -> str:
+        elapsed = self.now() - self.t0
+        of = f"/{self.total}" if self.total else ""
+        tok_s = self.tokens / (elapsed * self.speed) if elapsed > 0 else None
+        ttft = statistics.median(self.ttfts) * 1000 * self.speed if self.ttfts else None
+        parts = [
+            f"{self.candidate} level {self.level}: {self.done}{of} requests"
+            + (f" ({self.failed} failed)" if self.failed else ""),
+            f"{_fmt(tok_s, 0)} tok/s",
+            f"TTFT p50 {_fmt(ttft)} ms",
+            f"{_clock(elapsed)} elapsed",
+        ]
+        if self.total and 0 < self.done < self.total:
+            parts.append(f"ETA {_clock(elapsed * (self.total - self.done) / self.done)}")
+        elif self.total and self.done >= self.total:
+            parts.append("ETA 0:00")
+        return " · ".join(parts)
+
+
+class _Progress:
+    """One line per step on stderr (launches, readiness, what was not applied, levels, teardown), and on
+    a terminal a live line while a level runs (`LiveLevel`); `--json` keeps all of it on stderr."""
+
+    def __init__(self, quiet: bool, console: Console | None = None, live: bool | None = None) -> None:
         self.quiet = quiet
+        self.console = console or stderr
+        if live is None:
+            live = progress_enabled() if console is None else self.console.is_terminal
+        self.live_enabled = live and not quiet
+        self.candidate = ""
+        self.level: LiveLevel | None = None
+        self.live: Live | None = None
+        self.shown: list[str] = []  # every live line drawn (the last of each level stays readable here)
+
+    def _live(self, event: str, d: dict[str, Any]) -> None:
+        if event == "bench_level_started":
+            self._stop()
+            self.level = LiveLevel(self.candidate, str(d.get("label")), d.get("num_requests"))
+            self.live = Live(
+                Text(self.level.text()), console=self.console, transient=True, refresh_per_second=4
+            )
+            self.live.start()
+        elif event == "bench_request_done" and self.level is not None and self.live is not None:
+            self.level.request_done(d)
+            line = self.level.text()
+            last = self.level.total is not None and self.level.done >= self.level.total
+            self.live.update(Text(line), refresh=self.level.done == 1 or last)
+            if self.level.done == 1 or last or not self.shown or self.shown[-1] != line:
+                self.shown.append(line)
+        elif event in ("bench_level_finished", "bench_run_finished", "trial_finished", "study_finished"):
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+        self.live, self.level = None, None
 
     def __call__(self, event: str, d: dict[str, Any]) -> None:
         if self.quiet:
             return
+        if event == "trial_started":
+            self.candidate = str(d["label"])
+        if self.live_enabled:
+            self._live(event, d)
         msg = {
             "study_started": lambda: f"study {d['uid']}: {d['candidates']} candidates",
             "study_resumed": lambda: (
@@ -59,44 +156,58 @@ class _Progress:
             ),
         }.get(event)
         if msg is not None:
-            stderr.print(msg())
+            self.console.print(msg())
 
 
-def render(data: dict[str, Any]) -> None:
-    t = Table(
-        "candidate",
-        "status",
-        "predicted tok/s",
-        "best level",
-        "objective",
-        "± 95 %",
-        "notes",
-        title=f"study {data['study']} ({data['ranking']['objective']})",
-    )
+def _notes(c: dict[str, Any]) -> str:
+    s = c.get("score") or {}
+    notes = []
+    for m in c.get("not_applied") or []:
+        notes.append(f"not applied: {m['key']} requested {m['requested']} → runs {m['effective']}")
+    diag = c.get("diagnosis")
+    if diag:
+        notes.append(f"{diag.get('class')}: {str(diag.get('advice') or '')[:80]}")
+    for a in c.get("anomalies") or []:
+        notes.append(f"{a['kind']} at {a['level']:g}")
+    if not notes and s.get("why"):
+        notes.append(s["why"][:100])
+    return "; ".join(notes)
+
+
+def render(data: dict[str, Any], console: Console | None = None) -> None:
+    """The ranking table, fitting an 80-column terminal: candidate names whole (or `#N` with a legend
+    when one is too long for any column), each candidate's notes in lines below the table."""
+    out = console or stdout
+    labels = [c["label"] for c in data["candidates"]]
+    # the figures need ~52 columns; the names get what is left, at least 24
+    shown, legend = fit_labels(labels, max(24, out.width - 52))
+    t = Table(title=f"study {data['study']} ({data['ranking']['objective']})")
+    t.add_column("candidate", no_wrap=True, min_width=min(max(map(len, shown.values()), default=9), 40))
+    t.add_column("status", no_wrap=True)
+    t.add_column("predicted tok/s", justify="right", max_width=9)
+    t.add_column("level", justify="right")
+    t.add_column("objective", justify="right")
+    t.add_column("± 95 %", justify="right", no_wrap=True)
+    notes: list[str] = []
     for c in data["candidates"]:
         s = c.get("score") or {}
-        notes = []
-        for m in c.get("not_applied") or []:
-            notes.append(f"not applied: {m['key']} requested {m['requested']} → runs {m['effective']}")
-        diag = c.get("diagnosis")
-        if diag:
-            notes.append(f"{diag.get('class')}: {str(diag.get('advice') or '')[:80]}")
-        for a in c.get("anomalies") or []:
-            notes.append(f"{a['kind']} at {a['level']:g}")
-        if not notes and s.get("why"):
-            notes.append(s["why"][:100])
         pred = (c.get("predicted") or {}).get("output_throughput")
         t.add_row(
-            escape(c["label"]),
-            c["status"],
+            escape(shown[c["label"]]),
+            escape(c["status"]),
             _fmt(pred, 0),
             _fmt(s.get("level"), 0),
             _fmt(s.get("value")),
             _fmt(s.get("half_width")),
-            escape("; ".join(notes)),
         )
-    stdout.print(t)
-    stdout.print(escape(data["ranking"]["verdict"]))
+        if note := _notes(c):
+            notes.append(f"{shown[c['label']]}: {note}")
+    out.print(t)
+    for line in legend:
+        out.print(escape(line))
+    for line in notes:
+        out.print(escape(line))
+    out.print(escape(data["ranking"]["verdict"]))
 
 
 async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
@@ -159,7 +270,7 @@ def tune_cmd(
     opts = TuneOptions(
         resume=resume,
         retry_failed=retry_failed,
-        observe=_Progress(quiet or as_json),
+        observe=_Progress(quiet),
         startup_timeout_s=startup_timeout,
     )
     outcome = aio.run(_main(study, study_file, opts))

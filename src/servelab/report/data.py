@@ -314,6 +314,13 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict
         False: "is within the noise",
         None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)",
     }[sig]
+    judged = ranking.get("noise") or {}
+    method = judged.get("method")
+    if sig is not None:  # say how: a cluster bootstrap over the trials' requests, or the t-interval
+        method = method or analyze.T_METHOD
+        ci = judged.get("difference_ci95")
+        where = f", 95 % interval of the difference [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else ""
+        noise = f"{noise} (judged by {method}{where})"
     return {
         "label": w,
         "runner_up": ranking.get("runner_up"),
@@ -321,6 +328,7 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict
         "margin_pct": ranking.get("margin_pct"),
         "significant": sig,
         "noise": noise,
+        "noise_method": method,
         "objective": ranking.get("objective"),
         "value": score.get("value"),
         "half_width": score.get("half_width"),

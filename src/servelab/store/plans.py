@@ -196,3 +196,14 @@ def on_trial(store: Store, study_uid: str, label: str, status: str, evidence: di
         study_uid, lambda p: P.on_trial(p, study_uid, label, status, evidence, now=utcnow()), study_uid
     )
     return out.plan.get(P.item_for(out.plan, study_uid, label).id)
+
+
+def close_not_applied(store: Store, study_uid: str, label: str, evidence: dict[str, Any]) -> P.Item:
+    """At the end of a study: close a not-applied candidate's item as not applied (`plan.close_not_applied`),
+    evidence {"run"?, "trial"?, "effective"?, "not_applied", "unconfirmed"?}. Returns the item as stored."""
+    out = PlanRepo(store).apply(
+        study_uid,
+        lambda p: P.close_not_applied(p, study_uid, label, evidence, now=utcnow()),
+        study_uid,
+    )
+    return out.plan.get(P.item_for(out.plan, study_uid, label).id)
