@@ -100,16 +100,23 @@ def start_sim(log_dir: Path, *args: str, speed: float = SPEED, timeout: float = 
         raise
 
 
-def servelab(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess, on the store under `home`."""
+def servelab(
+    home: Path, *args: str, timeout: float = 300, cpus: set[int] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, on the store under `home` (pinned to `cpus` when given)."""
     env = {**os.environ, "SERVELAB_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "servelab", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    cmd = [sys.executable, "-m", "servelab", *args]
+    if cpus:
+        cmd = ["taskset", "--cpu-list", ",".join(map(str, sorted(cpus))), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def bench(home: Path, url: str, model: str, *args: str) -> dict:
-    res = servelab(home, "bench", "--url", url, "--model", model, "--json", *args)
+    """`servelab bench --json` on the cores the simulator is not pinned to."""
+    cores = sorted(os.sched_getaffinity(0))
+    res = servelab(
+        home, "bench", "--url", url, "--model", model, "--json", *args, cpus=set(cores[1:]) or None
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
 
