@@ -184,7 +184,10 @@ def test_error_bars_log_axis_and_whole_legends_are_visible(sim_study: SimStudy, 
             assert bars.count() >= 3, fig
             heights = [(bars.nth(i).bounding_box() or {}).get("height", 0) for i in range(bars.count())]
             assert max(heights) > 2, (fig, heights)  # visible, not a dot
-            assert bars.first.is_visible()
+            # the bar with its caps (a vertical line alone has no width, which Playwright calls hidden)
+            tallest = page.locator(f"svg#fig-{fig} g.errorbar").nth(heights.index(max(heights)))
+            assert tallest.is_visible()
+            assert tallest.locator("line").first.evaluate("e => getComputedStyle(e).stroke") != "none"
         ttft = page.locator('svg#fig-ttft[data-y-scale="log"]')
         assert ttft.is_visible()
         label = page.locator("svg#fig-ttft text", has_text="(log scale)")

@@ -17,7 +17,7 @@ ANOMALY = "#D00000"
 FRONT = "#333333"
 W, H = 640, 360
 ML, MR, MT, MB = 64, 170, 34, 48  # margins: left, right (legend), top (title), bottom
-LEGEND_CHARS = 22  # legend text wraps (never truncates) at this many characters a line
+LEGEND_CHARS = 18  # legend text wraps (never truncates) at this many characters a line
 LOG_SPAN = 30.0  # a latency axis goes logarithmic when its largest value is more than this × its smallest
 
 
