@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from tests.integration.test_tune_sim import ROOT, servelab, write_study
+from tests.support.sim_study import SimStudy
+from tests.support.sim_study import sim_study as sim_study  # the session's shared study (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -166,3 +168,37 @@ def test_html_report_in_chromium(tmp_path: Path) -> None:
         shot = save_screenshot(page, "report.png")
     assert console == [], console
     assert shot.exists()
+
+
+def test_error_bars_log_axis_and_whole_legends_are_visible(sim_study: SimStudy, tmp_path: Path) -> None:
+    """The shared two-repeat study: error bars drawn with a height, the TTFT axis logarithmic and labelled
+    so, and every legend inside its plot (nothing cut at the right edge)."""
+    report = tmp_path / "findings.html"
+    servelab("report", sim_study.uid, "--html", str(report), home=sim_study.home)
+    console: list[str] = []
+    with browser_page(console) as page:
+        page.goto(report.as_uri())
+        page.wait_for_load_state("load")
+        for fig in ("throughput", "latency"):
+            bars = page.locator(f"svg#fig-{fig} g.errorbar line:first-child")
+            assert bars.count() >= 3, fig
+            heights = [(bars.nth(i).bounding_box() or {}).get("height", 0) for i in range(bars.count())]
+            assert max(heights) > 2, (fig, heights)  # visible, not a dot
+            # the bar with its caps (a vertical line alone has no width, which Playwright calls hidden)
+            tallest = page.locator(f"svg#fig-{fig} g.errorbar").nth(heights.index(max(heights)))
+            assert tallest.is_visible()
+            assert tallest.locator("line").first.evaluate("e => getComputedStyle(e).stroke") != "none"
+        ttft = page.locator('svg#fig-ttft[data-y-scale="log"]')
+        assert ttft.is_visible()
+        label = page.locator("svg#fig-ttft text", has_text="(log scale)")
+        assert label.count() == 1 and label.is_visible()
+        for fig in ("throughput", "latency", "ttft", "decode"):
+            svg_box = page.locator(f"svg#fig-{fig}").bounding_box()
+            assert svg_box
+            items = page.locator(f"svg#fig-{fig} g.legend-item text")
+            assert items.count() >= 2, fig
+            for i in range(items.count()):
+                box = items.nth(i).bounding_box()
+                assert box and box["x"] + box["width"] <= svg_box["x"] + svg_box["width"] + 0.5, (fig, i, box)
+        save_screenshot(page, "report-error-bars.png")
+    assert console == [], console

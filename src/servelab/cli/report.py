@@ -43,9 +43,10 @@ def _write(path: Path, text: str) -> None:
 )
 @click.option(
     "--host-checks/--no-host-checks",
-    default=True,
+    default=False,
     show_default=True,
-    help="Run `servelab doctor`'s checks on this machine for the Host section.",
+    help="Add `servelab doctor`'s findings on this machine, apart from the study's host (which may be "
+    "another machine).",
 )
 @click.option("--json", "as_json", is_flag=True, help="The report model as JSON (see docs/cli/report.md).")
 def report(

@@ -7,6 +7,7 @@ mounted at the same path, read-only, so `--model PATH` keeps working unchanged."
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,19 +27,40 @@ class ContainerPlan:
     notes: list[str]
 
 
+def published_image(engine: str, version: str | None) -> tuple[str, str]:
+    """(image, note): the engine's published image (defaults.toml [container.images.ENGINE]) at the version
+    the trial recorded when that version is a published release, else its unpinned tag, with how to pin it."""
+    entry = defaults()["container"]["images"].get(engine)
+    if entry is None:
+        raise ConfigError(
+            f"{engine!r} has no published container image",
+            hint="pass --image IMAGE (for the simulator: an image with servelab installed)"
+            if engine == "sim"
+            else "pass --image IMAGE",
+        )
+    repo = str(entry["repository"])
+    v = (version or "").strip().removeprefix("v")
+    if engine == "llamacpp":  # llama.cpp reports `b6000 (abc123)`: the build number is the tag
+        m = re.match(r"b\d+", v)
+        v = m.group(0) if m else ""
+    if v and re.fullmatch(str(entry["published"]), v):
+        image = f"{repo}:{str(entry['tag']).format(version=v)}"
+        return image, f"image {image}: the {engine} version the study's trial measured ({version})"
+    image = f"{repo}:{entry['unpinned']}"
+    why = (
+        f"the trial recorded {engine} {version}, which is not a published release"
+        if version
+        else f"the trial recorded no {engine} version"
+    )
+    pin = str(entry["tag"]).format(version="X.Y.Z" if engine != "llamacpp" else "bNNNN")
+    return image, f"image {image} is not pinned ({why}): pin it with --image {repo}:{pin}"
+
+
 def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None) -> ContainerPlan:
     rec, notes = spec.record, list(spec.notes)
     if image is None:
-        tmpl = defaults()["container"]["images"].get(rec.engine)
-        if tmpl is None:
-            raise ConfigError(f"no default image for engine {rec.engine!r}", hint="pass --image IMAGE")
-        if "{version}" in tmpl and not rec.engine_version:
-            raise ConfigError(
-                f"the run recorded no {rec.engine} version to pick its image",
-                hint="pass --image IMAGE (the image with the engine version that was measured)",
-            )
-        image = tmpl.format(version=rec.engine_version or "")
-        notes.append(f"image {image}: the engine version the study measured ({rec.engine_version or 'n/a'})")
+        image, note = published_image(rec.engine, rec.engine_version)
+        notes.append(note)
     exe = os.path.basename(spec.argv[0])
     inner = "python3" if exe.startswith("python") else exe
     if inner != spec.argv[0]:

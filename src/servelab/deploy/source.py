@@ -206,6 +206,27 @@ def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) 
     )
 
 
+SERVED_NAME_FLAGS = {"llamacpp": ("--alias", "-a")}  # every other engine: --served-model-name
+
+
+def served_name_flags(engine: str) -> tuple[str, ...]:
+    return SERVED_NAME_FLAGS.get(engine, ("--served-model-name",))
+
+
+def default_port(record: LaunchRecord) -> int:
+    """The port the engine serves on by default (vLLM 8000, SGLang 30000, llama.cpp 8080, ...): a study's
+    trials run on a free port picked for the trial, which means nothing to the people calling the service.
+    The simulator takes the default of the engine it imitates."""
+    from servelab.engines import registry
+
+    engine = record.engine
+    if engine == "sim":
+        personality = ((record.study.get("engine") or {}).get("options") or {}).get("personality")
+        personality = personality or flag_value(record.argv, "--personality") or "vllm"
+        return 8000 if personality == "vllm" else int(registry.get("sglang").default_port)
+    return int(registry.get(engine).default_port)
+
+
 def masked(record: LaunchRecord) -> tuple[list[str], list[str]]:
     """(env names, argv flags) whose stored values are redacted."""
     env = sorted(k for k, v in record.env.items() if MASK in v)
@@ -227,16 +248,30 @@ def apply_overrides(
     port: int | None = None,
     env_file: bool = False,
 ) -> LaunchRecord:
-    """The record with supplied secrets and a new port; refuses while a redacted value is left.
+    """The record with supplied secrets, replaced flags and its serving port; refuses while a redacted value
+    is left. The port is `port`, or the engine's default (`default_port`) — not the trial's.
 
-    With `env_file`, masked env variables are dropped from the unit (the EnvironmentFile supplies them)."""
+    The served name follows the command line: `--arg --served-model-name=X` (llama.cpp: `--alias`) changes
+    what the server lists in /v1/models, so the readiness check asks for X; a served-name flag the run's
+    command line lacks is added. With `env_file`, masked env variables are dropped from the unit (the
+    EnvironmentFile supplies them)."""
     argv, new_env = list(record.argv), dict(record.env)
+    name_flags = served_name_flags(record.engine)
+    served = record.served_model
     for flag, value in (args or {}).items():
+        if flag in name_flags:
+            served = value
+            if all(flag_value(argv, f) is None for f in name_flags):
+                argv += [flag, value]
+                continue
+            for f in name_flags:
+                if flag_value(argv, f) is not None:
+                    argv = set_flag(argv, f, value)
+            continue
         argv = set_flag(argv, flag, value)
-    if port is not None:
-        argv = set_flag(argv, "--port", str(port))
+    argv = set_flag(argv, "--port", str(port if port is not None else default_port(record)))
     new_env.update(env or {})
-    rec = replace(record, argv=argv, env=new_env)
+    rec = replace(record, argv=argv, env=new_env, served_model=served)
     env_left, flags_left = masked(rec)
     if env_file:
         rec = replace(rec, env={k: v for k, v in rec.env.items() if k not in env_left})

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from servelab.deploy.source import LaunchRecord, flag_value
 from servelab.engines import registry
@@ -165,6 +166,12 @@ def build(
         )
     engine = registry.get(record.engine)
     notes: list[str] = []
+    measured = urlsplit(record.url).port if record.url else None
+    if measured is not None and measured != record.port:
+        notes.append(
+            f"serves on port {record.port}, not the trial's {measured} (a free port picked for the study); "
+            "--port changes it"
+        )
     argv = _absolute(record.argv, notes)
     gpu_ids, count = _gpus(record)
     t = defaults()["timeouts"]

@@ -28,12 +28,40 @@ METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool = True) -> dict[str, Any]:
     """Everything the report needs about study `ref` (uid, id, name or `last`).
 
-    `host` is what `report.host.gather()` saw on this machine (None: not gathered); `model=False` skips the
-    performance model (the decode-step breakdown)."""
+    `host` is what `report.host.gather()` saw on *this* machine (None: not gathered), shown apart from the
+    study's host; `model=False` skips the performance model (the decode-step breakdown)."""
     repo = StudyRepo(store)
     st = repo.resolve(ref)
     cands = [c | {"trials": repo.trials(c["id"])} for c in repo.candidates(st["id"])]
-    return build(st, cands, plan=load_plan(store, st["uid"]), host=host, model=model)
+    return build(
+        st,
+        cands,
+        plan=load_plan(store, st["uid"]),
+        host=host,
+        model=model,
+        contexts=load_contexts(store, cands),
+    )
+
+
+def load_contexts(store: Store, cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What each trial's first bench run recorded about what it ran on (`results.RunContext`): one entry per
+    trial that has a stored run, `{"candidate", "repeat", "run", "context"}`."""
+    from servelab.errors import NotFoundError
+    from servelab.store.bench import BenchRepo
+
+    bench = BenchRepo(store)
+    out = []
+    for c in cands:
+        for t in c.get("trials") or []:
+            uid = next((lv["bench_run"] for lv in t.get("levels") or [] if lv.get("bench_run")), None)
+            if not uid:
+                continue
+            try:
+                ctx = bench.load(str(uid)).context
+            except NotFoundError:  # a run removed from the store: the study's own facts still stand
+                continue
+            out.append({"candidate": c["label"], "repeat": t["repeat"], "run": uid, "context": ctx.to_json()})
+    return out
 
 
 def load_plan(store: Store, name: str) -> dict[str, Any]:
@@ -61,21 +89,23 @@ def build(
     plan: dict[str, Any] | None = None,
     host: dict[str, Any] | None = None,
     model: bool = True,
+    contexts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The report model from a study row and its candidates (each with `trials`)."""
+    """The report model from a study row and its candidates (each with `trials`); `contexts` are the
+    bench runs' recorded contexts (`load_contexts`)."""
     spec = st.get("spec") or {}
     result = st.get("result") or {}
     ranking = result.get("ranking") or None
     baseline = result.get("baseline") or _baseline_label(spec)
     slo = _slo(spec)
-    candidates = [_candidate(c, ranking, baseline) for c in cands]
+    candidates = [_readable_score(_candidate(c, ranking, baseline), slo) for c in cands]
     model_view = (
         _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
     )
     return {
         "format": "servelab-report/1",
         "study": _study(st, spec, baseline),
-        "host": _host(spec, candidates, host),
+        "host": _host(spec, candidates, host, contexts or []),
         "candidates": candidates,
         "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
         "pareto": pareto(candidates, slo),
@@ -134,27 +164,68 @@ def _study(st: dict[str, Any], spec: dict[str, Any], baseline: str | None) -> di
 
 
 def _host(
-    spec: dict[str, Any], cands: list[dict[str, Any]], gathered: dict[str, Any] | None
+    spec: dict[str, Any],
+    cands: list[dict[str, Any]],
+    gathered: dict[str, Any] | None,
+    contexts: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    """The host the study ran on, from what the study recorded: its bench runs' contexts first (what each run
+    was of), the study file's [host] where they are silent. `this_machine` is the machine writing the report,
+    which may be another one; the renderers show it apart."""
     h = spec.get("host") or {}
     versions = sorted({t["engine_version"] for c in cands for t in c["trials"] if t.get("engine_version")})
+    recorded = []
+    for item in contexts:
+        ctx = item["context"]
+        hst, lay, clock = ctx.get("host") or {}, ctx.get("layout") or {}, ctx.get("clock") or {}
+        recorded.append(
+            {
+                "candidate": item["candidate"],
+                "repeat": item["repeat"],
+                "run": item["run"],
+                "engine": ctx.get("engine"),
+                "personality": ctx.get("personality"),
+                "gpu": hst.get("gpu"),
+                "num_gpus": hst.get("num_gpus"),
+                "interconnect": hst.get("interconnect"),
+                "source": hst.get("source"),
+                "layout": ", ".join(f"{k}={v}" for k, v in lay.items() if v is not None) or None,
+                "speed": clock.get("speed"),
+                "time_base": "simulated GPU time" if (clock.get("speed") or 1.0) != 1.0 else "wall clock",
+            }
+        )
+    first = next((r for r in recorded if r["gpu"]), None)
+    gpu = first["gpu"] if first else h.get("gpu")
+    num = (first["num_gpus"] if first and first["num_gpus"] else None) or h.get("num_gpus")
+    engine = (spec.get("engine") or {}).get("name")
+    speeds = sorted({float(r["speed"]) for r in recorded if r["speed"]})
     out: dict[str, Any] = {
-        "gpu": h.get("gpu"),
-        "num_gpus": h.get("num_gpus"),
-        "interconnect": None,
+        "gpu": gpu,
+        "num_gpus": num,
+        "interconnect": first["interconnect"] if first else h.get("interconnect"),
+        "gpu_name": None,
         "gpu_memory_gb": None,
+        "source": "the study's bench runs" if first else "the study file" if h.get("gpu") else None,
+        "declared": {
+            "gpu": h.get("gpu"),
+            "num_gpus": h.get("num_gpus"),
+            "interconnect": h.get("interconnect"),
+        },
+        "recorded": recorded,
+        "simulated": engine == "sim" or any(s != 1.0 for s in speeds),
+        "clock_speeds": speeds,
         "engine_versions": versions,
         "this_machine": gathered,
     }
-    if h.get("gpu"):
+    if gpu:
         try:
             from servelab.model.hardware import make_host
 
-            hs = make_host(h["gpu"], int(h.get("num_gpus") or 1), h.get("interconnect"))
+            hs = make_host(str(gpu), int(num or 1), out["interconnect"])
             out["interconnect"] = f"{hs.interconnect.name} ({hs.interconnect.description})"
             out["gpu_name"] = hs.gpu.description
             out["gpu_memory_gb"] = hs.gpu.memory_gb
-        except Exception:  # an unknown GPU kind: the report still shows what was declared
+        except Exception:  # an unknown GPU kind: the report still shows what was recorded
             pass
     return out
 
@@ -206,6 +277,23 @@ def _candidate(c: dict[str, Any], ranking: dict[str, Any] | None, baseline: str 
         "command": _command(trials),
         "trials": [_trial(t) for t in trials],
     }
+
+
+def _readable_score(c: dict[str, Any], slo: Any) -> dict[str, Any]:
+    """The score's reason in words: where no level met the SLOs, which limit each level missed (the stored
+    reason spells it as a Python dict)."""
+    s = c.get("score") or {}
+    if s.get("value") is not None or slo is None or c["status"] not in ("measured", "anomalous"):
+        return c
+    misses = [
+        {"level": lv["level"], "reasons": analyze.slo_failures(lv, slo)}
+        for lv in c["levels"]
+        if lv.get("level") is not None
+    ]
+    if not any(m["reasons"] for m in misses):
+        return c
+    text = "; ".join(f"at level {m['level']:g}, {', '.join(m['reasons'])}" for m in misses if m["reasons"])
+    return c | {"score": s | {"why": f"no level meets the SLOs: {text}", "slo_misses": misses}}
 
 
 def _settings(spec: dict[str, Any]) -> dict[str, Any]:
@@ -395,9 +483,18 @@ def _explain(
         p = evaluate(setup, Workload(isl, osl, int(main_lv["level"])))
     except Exception as exc:  # the model's gaps (unknown model, GPU) must not stop the report
         return {"available": False, "note": f"the performance model cannot describe this setup: {exc}"}
+    simulated = (spec.get("engine") or {}).get("name") == "sim"
     return {
         "available": True,
         "label": pick["label"],
+        "same_model": simulated,
+        "caveat": (
+            "The engine is servelab's simulator, which times every request with this same performance model: "
+            "measured against predicted here checks the simulator against its own model, not the model "
+            "against a GPU."
+            if simulated
+            else None
+        ),
         "largest_gap": ex.largest_gap,
         "levels": [
             {

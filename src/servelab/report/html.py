@@ -148,15 +148,53 @@ def host_section(hst: dict[str, Any]) -> str:
         ["interconnect", h(hst.get("interconnect") or "not known")],
         ["engine versions", h(", ".join(hst.get("engine_versions") or []) or "not reported")],
     ]
-    out = ['<h2 id="host">Host</h2>', table(["", "as the study declared it"], rows, "host")]
+    if hst.get("simulated"):
+        speeds = ", ".join(f"{s:g}×" for s in hst.get("clock_speeds") or [])
+        rows.append(
+            [
+                "clock",
+                h(
+                    "simulated: servelab's simulator standing in for these GPUs"
+                    + (
+                        f" (its clock ran {speeds} faster; every figure is in the simulated GPUs' time)"
+                        if speeds
+                        else ""
+                    )
+                ),
+            ]
+        )
+    out = [
+        '<h2 id="host">Host</h2>',
+        table(["", f"as recorded by {h(hst.get('source') or 'the study')}"], rows, "host"),
+    ]
+    rec = hst.get("recorded") or []
+    if rec:
+        out.append("<p>What each trial's bench run recorded about its server:</p>")
+        out.append(
+            table(
+                ["candidate", "repeat", "run", "engine", "GPUs", "layout", "time base"],
+                [
+                    [
+                        h(r["candidate"]),
+                        str(r["repeat"] + 1),
+                        h(r["run"]),
+                        h(r["engine"] or "-") + (f" ({h(r['personality'])})" if r.get("personality") else ""),
+                        f"{fmt(r['num_gpus'])} × {h(r['gpu'] or '-')}",
+                        h(r["layout"] or "-"),
+                        h(r["time_base"]),
+                    ]
+                    for r in rec
+                ],
+                "host-runs",
+            )
+        )
     here = hst.get("this_machine")
     if not here:
-        out.append(
-            '<p class="note">Doctor findings: not available (this machine was not checked, or the host '
-            "checks are not installed).</p>"
-        )
         return "\n".join(out)
-    out.append(f"<p>This machine when the report was written: {h(here.get('summary') or '')}</p>")
+    out.append(
+        '<h3 id="this-machine">This machine (where the report was written, not the study\'s host)</h3>'
+        f"<p><code>servelab doctor</code> here: {h(here.get('summary') or '')}</p>"
+    )
     if here.get("checks"):
         out.append(
             table(
@@ -315,6 +353,8 @@ def explain_section(ex: dict[str, Any]) -> str:
     out = ["<h3>Decode step: measured against predicted</h3>"]
     if not ex.get("available"):
         return out[0] + f'<p class="note">Not available: {h(ex.get("note"))}</p>'
+    if ex.get("caveat"):
+        out.append(f'<p class="caveat"><strong>Note:</strong> {h(ex["caveat"])}</p>')
     out.append(f"<p>{h(ex['label'])}, level by level (<code>servelab explain</code>):</p>")
     out.append(
         table(

@@ -118,40 +118,69 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
 
 def _host(hst: dict[str, Any]) -> list[str]:
     L = ["## Host", ""]
+    gpus = f"{fmt(hst.get('num_gpus'))} × {md(hst.get('gpu') or '-')}" + (
+        f" ({md(hst['gpu_name'])})" if hst.get("gpu_name") else ""
+    )
     rows = [
-        [
-            "GPUs",
-            f"{fmt(hst.get('num_gpus'))} × {md(hst.get('gpu') or '-')}"
-            + (f" ({md(hst['gpu_name'])})" if hst.get("gpu_name") else ""),
-        ],
+        ["GPUs", gpus],
         ["interconnect", md(hst.get("interconnect") or "not known")],
         ["engine versions", md(", ".join(hst.get("engine_versions") or []) or "not reported")],
     ]
-    L += _table(("", "as the study declared it"), rows)
-    here = hst.get("this_machine")
-    if not here:
-        L += [
-            "Doctor findings: not available (`servelab report` was not asked to check this machine, or the "
-            "host checks are not installed).",
-            "",
-        ]
-        return L
-    L += [f"This machine when the report was written: {md(here.get('summary') or '')}", ""]
-    if here.get("checks"):
+    if hst.get("simulated"):
+        speeds = ", ".join(f"{s:g}×" for s in hst.get("clock_speeds") or [])
+        rows.append(
+            [
+                "clock",
+                "simulated: servelab's simulator standing in for these GPUs"
+                + (
+                    f" (its clock ran {speeds} faster; every figure is in the simulated GPUs' time)"
+                    if speeds
+                    else ""
+                ),
+            ]
+        )
+    L += _table(("", f"as recorded by {md(hst.get('source') or 'the study')}"), rows)
+    rec = hst.get("recorded") or []
+    if rec:
+        L += ["What each trial's bench run recorded about its server:", ""]
         L += _table(
-            ("check", "status", "finding", "fix"),
+            ("candidate", "repeat", "run", "engine", "GPUs", "layout", "time base"),
             [
                 [
-                    md(c.get("name")),
-                    md(c.get("status")),
-                    md(c.get("detail") or c.get("evidence") or ""),
-                    md(c.get("fix") or ""),
+                    md(r["candidate"]),
+                    str(r["repeat"] + 1),
+                    md(r["run"]),
+                    md(r["engine"] or "-") + (f" ({md(r['personality'])})" if r.get("personality") else ""),
+                    f"{fmt(r['num_gpus'])} × {md(r['gpu'] or '-')}",
+                    md(r["layout"] or "-"),
+                    md(r["time_base"]),
                 ]
-                for c in here["checks"]
+                for r in rec
             ],
         )
-    if here.get("note"):
-        L += [md(here["note"]), ""]
+    here = hst.get("this_machine")
+    if here:
+        L += [
+            "### This machine (where the report was written, not the study's host)",
+            "",
+            f"`servelab doctor` here: {md(here.get('summary') or '')}",
+            "",
+        ]
+        if here.get("checks"):
+            L += _table(
+                ("check", "status", "finding", "fix"),
+                [
+                    [
+                        md(c.get("name")),
+                        md(c.get("status")),
+                        md(c.get("detail") or c.get("evidence") or ""),
+                        md(c.get("fix") or ""),
+                    ]
+                    for c in here["checks"]
+                ],
+            )
+        if here.get("note"):
+            L += [md(here["note"]), ""]
     return L
 
 
@@ -258,6 +287,8 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     if not ex.get("available"):
         L += [f"Not available: {md(ex.get('note'))}", ""]
         return L
+    if ex.get("caveat"):
+        L += [f"**Note:** {md(ex['caveat'])}", ""]
     L += [f"{md(ex['label'])}, level by level (`servelab explain`):", ""]
     L += _table(
         (

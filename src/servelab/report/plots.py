@@ -1,5 +1,5 @@
-"""Small SVG charts: line charts with markers, axes, ticks and a legend, anomaly marks, a Pareto front, and
-stacked bars. Pure functions returning SVG text (no plotting dependency; the same SVG goes inline into the
+"""Small SVG charts: line charts with markers, error bars, axes (linear, or logarithmic when the values span
+decades), ticks and a legend, anomaly marks, a Pareto front, and stacked bars. Pure functions returning SVG text (no plotting dependency; the same SVG goes inline into the
 HTML and into the Markdown as a file). Output is deterministic, so golden files stay stable.
 """
 
@@ -17,6 +17,8 @@ ANOMALY = "#D00000"
 FRONT = "#333333"
 W, H = 640, 360
 ML, MR, MT, MB = 64, 170, 34, 48  # margins: left, right (legend), top (title), bottom
+LEGEND_CHARS = 18  # legend text wraps (never truncates) at this many characters a line
+LOG_SPAN = 30.0  # a latency axis goes logarithmic when its largest value is more than this × its smallest
 
 
 @dataclass
@@ -25,6 +27,7 @@ class Series:
     points: list[tuple[float, float]]
     marks: list[tuple[float, float, str]] = field(default_factory=list)  # (x, y, why): anomalies
     dashed: bool = False
+    errors: list[tuple[float, float, float]] = field(default_factory=list)  # (x, y, ± half-width in y)
 
 
 def _num(v: float) -> str:
@@ -71,6 +74,25 @@ def log_ticks(lo: float, hi: float, values: Sequence[float] = ()) -> list[float]
     return [10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
 
 
+def spans_decades(values: Sequence[float], ratio: float = LOG_SPAN) -> bool:
+    """The rule for a logarithmic value axis: every value positive and the largest more than `ratio` times
+    the smallest (TTFT from 0.3 s at one request to 200 s at 64 would squash the low levels flat)."""
+    vs = [v for v in values if math.isfinite(v)]
+    return bool(vs) and min(vs) > 0 and max(vs) / min(vs) > ratio
+
+
+def log_value_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks for a logarithmic value axis covering [lo, hi]: 1, 2, 5 × 10^k over up to three decades,
+    powers of ten beyond; the first tick is at or below lo, the last at or above hi."""
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    steps = (1.0, 2.0, 5.0) if k1 - k0 <= 3 else (1.0,)
+    cands = sorted({round(m * 10.0**k, 12) for k in range(k0, k1 + 1) for m in steps})
+    below = [t for t in cands if t <= lo * (1 + 1e-9)]
+    above = [t for t in cands if t >= hi * (1 - 1e-9)]
+    first, last = (below[-1] if below else cands[0]), (above[0] if above else cands[-1])
+    return [t for t in cands if first <= t <= last]
+
+
 class _Axis:
     def __init__(self, lo: float, hi: float, a: float, b: float, log: bool) -> None:
         self.log = log and lo > 0
@@ -102,19 +124,46 @@ def _frame(
         f'<text x="14" y="{cy}" text-anchor="middle" transform="rotate(-90 14 {cy})">{h(y_label)}</text>'
     )
     lx = W - MR + 12
-    for i, (name, color, dashed) in enumerate(legend):
-        y = MT + 10 + i * 18
+    y = MT + 10
+    for name, color, dashed in legend:
         dash = ' stroke-dasharray="5 3"' if dashed else ""
-        out.append(
-            f'<g class="legend-item"><line x1="{lx}" y1="{y}" x2="{lx + 18}" y2="{y}" stroke="{color}" '
-            f'stroke-width="2"{dash}/><text x="{lx + 24}" y="{y + 4}">{h(_short(name))}</text></g>'
+        lines = wrap(name)
+        spans = "".join(
+            f'<tspan x="{lx + 24}" dy="{0 if j == 0 else 13}">{h(line)}</tspan>'
+            for j, line in enumerate(lines)
         )
+        out.append(
+            f'<g class="legend-item" data-name="{h(name)}"><title>{h(name)}</title><line x1="{lx}" y1="{y}" '
+            f'x2="{lx + 18}" y2="{y}" stroke="{color}" stroke-width="2"{dash}/><text x="{lx + 24}" '
+            f'y="{y + 4}">{spans}</text></g>'
+        )
+        y += 18 + 13 * (len(lines) - 1)
     out.append("</svg>")
     return "\n".join(out)
 
 
-def _short(name: str, n: int = 22) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
+def wrap(name: str, n: int = LEGEND_CHARS) -> list[str]:
+    """`name` in lines of at most `n` characters, broken at spaces (a longer word is cut, never dropped):
+    the whole name is always shown."""
+    lines: list[str] = []
+    cur = ""
+    for word in name.split(" "):
+        while len(word) > n:
+            if cur:
+                lines.append(cur)
+                cur = ""
+            lines.append(word[:n])
+            word = word[n:]
+        if not cur:
+            cur = word
+        elif len(cur) + 1 + len(word) <= n:
+            cur = f"{cur} {word}"
+        else:
+            lines.append(cur)
+            cur = word
+    if cur or not lines:
+        lines.append(cur)
+    return lines
 
 
 def line_chart(
@@ -124,12 +173,16 @@ def line_chart(
     x_label: str,
     y_label: str,
     log_x: bool = False,
+    log_y: bool | None = False,
     hlines: Sequence[tuple[float, str]] = (),
     front: Sequence[tuple[float, float]] = (),
     ident: str = "plot",
 ) -> str:
-    """One line per series with a marker per point; anomalies ringed in red; horizontal limits (SLOs)
-    dashed; `front` drawn as a thick grey step line (the Pareto front)."""
+    """One line per series with a marker per point; error bars where a series has them; anomalies ringed
+    in red; horizontal limits (SLOs) dashed; `front` drawn as a thick grey step line (the Pareto front).
+
+    `log_y=None` decides by the data (`spans_decades`); a logarithmic y axis says so in its label and in
+    the SVG's `data-y-scale`."""
     pts = [p for s in series for p in s.points if math.isfinite(p[0]) and math.isfinite(p[1])]
     if not pts:
         return _frame(
@@ -142,6 +195,11 @@ def line_chart(
         )
     xs = [p[0] for p in pts] + [p[0] for p in front]
     ys = [p[1] for p in pts] + [p[1] for p in front] + [v for v, _ in hlines]
+    bars = [(x, y, e) for s in series for x, y, e in s.errors if e and math.isfinite(e) and e > 0]
+    if log_y is None:
+        log_y = spans_decades(ys)
+    log_y = log_y and min(ys) > 0
+    ys += [y + e for _x, y, e in bars] + ([y - e for _x, y, e in bars if y - e > 0] if log_y else [])
     log_x = log_x and min(xs) > 0
     if log_x:
         xt = log_ticks(min(xs), max(xs), xs)
@@ -151,9 +209,13 @@ def line_chart(
     else:
         xt = nice_ticks(min(0.0, min(xs)), max(xs))
         x_lo, x_hi = xt[0], xt[-1]
-    yt = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
+    if log_y:
+        yt = log_value_ticks(min(ys), max(ys))
+        y_label = f"{y_label} (log scale)"
+    else:
+        yt = nice_ticks(min(0.0, min(ys)), max(ys) * 1.05 if max(ys) > 0 else 1.0)
     fx = _Axis(x_lo, x_hi, ML, W - MR, log_x)
-    fy = _Axis(yt[0], yt[-1], H - MB, MT, False)
+    fy = _Axis(yt[0], yt[-1], H - MB, MT, log_y)
     body = [
         f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" fill="none" stroke="#999"/>'
     ]
@@ -195,6 +257,19 @@ def line_chart(
             f'<g class="series" data-name="{h(s.name)}"><polyline points="{path}" fill="none" '
             f'stroke="{color}" stroke-width="2"{dash}/>'
         )
+        for x, y, e in s.errors:
+            if not (e and math.isfinite(e) and e > 0 and math.isfinite(x) and math.isfinite(y)):
+                continue
+            px, top = _num(fx(x)), _num(fy(y + e))
+            bottom = _num(fy(max(y - e, yt[0])))
+            body.append(
+                f'<g class="errorbar" data-x="{_num(x)}" data-y="{_num(y)}" data-half="{_num(e)}">'
+                f'<line x1="{px}" y1="{top}" x2="{px}" y2="{bottom}" stroke="{color}" stroke-width="1.5"/>'
+                f'<line x1="{_num(fx(x) - 4)}" y1="{top}" x2="{_num(fx(x) + 4)}" y2="{top}" stroke="{color}" '
+                f'stroke-width="1.5"/><line x1="{_num(fx(x) - 4)}" y1="{bottom}" x2="{_num(fx(x) + 4)}" '
+                f'y2="{bottom}" stroke="{color}" stroke-width="1.5"/>'
+                f"<title>{h(s.name)}: {tick_label(y)} ± {tick_label(e)} (95 % CI)</title></g>"
+            )
         for x, y in good:
             body.append(
                 f'<circle cx="{_num(fx(x))}" cy="{_num(fy(y))}" r="3.5" fill="{color}">'
@@ -210,7 +285,8 @@ def line_chart(
         legend.append(("anomaly", ANOMALY, False))
     if front:
         legend.append(("Pareto front", "#aaaaaa", False))
-    return _frame(title, x_label, y_label, legend, body, ident)
+    svg = _frame(title, x_label, y_label, legend, body, ident)
+    return svg.replace(' class="plot" ', f' class="plot" data-y-scale="{"log" if log_y else "linear"}" ', 1)
 
 
 def stacked_bars(

@@ -30,9 +30,13 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
 
 
 def md(value: object) -> str:
-    """Cleaned, one line, with HTML and Markdown syntax neutralised: safe inline and in table cells."""
+    """Cleaned, one line, with HTML and Markdown syntax neutralised: safe inline and in table cells.
+
+    `<` and `&` become entities (no tag, no entity can start); `>` stays itself in prose ("159.3 > 150"
+    reads as written in the raw file too) and is backslash-escaped only where it would open a blockquote."""
     text = " ".join(clean(value).split())
-    return html.escape(_MD_SPECIAL.sub(r"\\\1", text), quote=False)
+    text = _MD_SPECIAL.sub(r"\\\1", text).replace("&", "&amp;").replace("<", "&lt;")
+    return "\\" + text if text.startswith(">") else text
 
 
 def md_code(value: object) -> str:

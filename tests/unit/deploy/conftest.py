@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from tests.support.sim_study import sim_study  # noqa: F401  (a session fixture)
 from tests.unit.deploy.stored import store_study
 
 from servelab.store import open_store

@@ -77,7 +77,9 @@ def test_kubernetes_is_valid_and_carries_the_run(engine: str, store: Store, make
     pod = deployment["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"][c["command"].index("--host") + 1] == "0.0.0.0"
-    assert c["command"][c["command"].index("--port") + 1] == "8123"
+    default = {"vllm": 8000, "sglang": 30000, "sim": 8000}[engine]  # the engine's port, not the trial's 8123
+    assert c["command"][c["command"].index("--port") + 1] == str(default)
+    assert c["ports"][0]["containerPort"] == default
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
     health = dep.readiness.health_path or "/v1/models"
@@ -87,7 +89,7 @@ def test_kubernetes_is_valid_and_carries_the_run(engine: str, store: Store, make
     assert c["envFrom"] == [{"secretRef": {"name": "llm-api-env"}}]
     assert pod["terminationGracePeriodSeconds"] == dep.stop_timeout_s
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    assert service["spec"]["ports"][0]["port"] == 8123 and service["metadata"]["namespace"] == "ml"
+    assert service["spec"]["ports"][0]["port"] == default and service["metadata"]["namespace"] == "ml"
     if engine == "sim":
         assert "resources" not in c
     else:
@@ -101,11 +103,32 @@ def test_kubernetes_schema_rejects_a_wrong_deployment() -> None:
         _k8s("Deployment", {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": "one"}})
 
 
-def test_image_needs_a_version(store: Store, make_study: MakeStudy) -> None:
+def test_image_without_a_published_version_is_unpinned_and_says_how_to_pin(
+    store: Store, make_study: MakeStudy
+) -> None:
     dep = _dep(store, make_study, "vllm")
-    bare = spec.build(source.LaunchRecord(**{**dep.record.__dict__, "engine_version": None}), "x")
-    with pytest.raises(ConfigError, match="no vllm version"):
-        containers.plan(bare)
+    for version, why in (
+        (None, "recorded no vllm version"),
+        ("0.11.1.dev7+g1234abc", "not a published release"),
+    ):
+        bare = spec.build(source.LaunchRecord(**{**dep.record.__dict__, "engine_version": version}), "x")
+        cp = containers.plan(bare)
+        assert cp.image == "vllm/vllm-openai:latest"
+        assert any(why in n and "pin it with --image vllm/vllm-openai:vX.Y.Z" in n for n in cp.notes), (
+            cp.notes
+        )
+    with pytest.raises(ConfigError, match="'sim' has no published container image"):
+        containers.plan(_dep(store, make_study, "sim"))
+
+
+def test_published_images_are_the_engines_own_at_the_measured_version() -> None:
+    assert containers.published_image("vllm", "0.11.0")[0] == "vllm/vllm-openai:v0.11.0"
+    assert containers.published_image("sglang", "0.5.5.post1")[0] == "lmsysorg/sglang:v0.5.5.post1"
+    assert (
+        containers.published_image("llamacpp", "b6123 (abc1234)")[0]
+        == "ghcr.io/ggml-org/llama.cpp:server-cuda-b6123"
+    )
+    assert containers.published_image("sglang", None)[0] == "lmsysorg/sglang:latest"
 
 
 def test_quantity() -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.sim_study import sim_study  # noqa: F401  (a session fixture)
 from tests.unit.report.study_builder import build_study
 
 from servelab.store.db import Store, open_store

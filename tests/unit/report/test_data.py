@@ -99,5 +99,5 @@ def test_doctor_findings_of_this_machine_go_into_the_host_section(golden_store: 
     assert here is not None and here["checks"], here  # the host checks exist in this servelab
     assert {c["status"] for c in here["checks"]} <= {"ok", "warn", "fail", "skip"}
     text = markdown.render(data.load(golden_store, "golden-study", host=here, model=False))
-    assert "This machine when the report was written" in text
+    assert "### This machine (where the report was written, not the study's host)" in text
     assert all(markdown.md(c["name"]) in text for c in here["checks"])
