@@ -565,45 +565,53 @@ def _pick(
     candidates: Sequence[tuple[str, ...]],
     ttft_weight: float,
     tried: list[dict[str, Any]],
-) -> tuple[Factors, list[str]]:
+    exclusive: bool = False,
+) -> tuple[Factors, list[str], list[str]]:
     """Fit `fixed` plus each combination of one lever per candidate pair; keep the best, preferring the
-    earlier (more physical) combination within `FEW_TOLERANCE`."""
-    results: list[tuple[float, list[str], Factors]] = []
+    earlier (more physical) combination within `FEW_TOLERANCE`. `exclusive`: the pair's other lever is
+    switched off (its lower bound) while one is fitted: the rows measure one growth rate, so the model
+    gets one mechanism for it rather than the fitted one plus defaults fitted on other hardware."""
+    results: list[tuple[float, list[str], Factors, list[str]]] = []
     for combo in itertools.product(*candidates):
         names = [*fixed, *combo]
-        f = fit(p, _seeded(start, names), names, ttft_weight, iters=300)
+        off = (
+            {n: FIT_BOUNDS[n][0] for pair in candidates for n in pair if n not in combo} if exclusive else {}
+        )
+        f = fit(p, _seeded(start.merged(off), names), names, ttft_weight, iters=300)
         loss = _loss(p, f, ttft_weight)
-        results.append((loss, names, f))
-        tried.append({"factors": names, "loss": round(loss, 5)})
+        results.append((loss, names, f, sorted(off)))
+        tried.append({"factors": names, "off": sorted(off), "loss": round(loss, 5)})
     best = min(r[0] for r in results)
-    loss, names, f = next(r for r in results if r[0] <= best + FEW_TOLERANCE)
-    return f, names
+    _, names, f, off_names = next(r for r in results if r[0] <= best + FEW_TOLERANCE)
+    return f, names, off_names
 
 
 def fit_few(p: Prepared, start: Factors, ttft_weight: float = 1.0) -> tuple[Factors, dict[str, Any]]:
     """Fit a handful of observations: per measured quantity (TPOT, TTFT) one level lever on the rows
     of the lowest concurrency, then, with two or more concurrency levels, one slope lever over all rows
     (`FEW_LEVERS`): at most as many factors per quantity as there are levels, and never more than two.
-    Every other factor keeps its value in `start` (the engine's defaults). Returns the factors and a
+    A fitted slope lever replaces its alternative, which is switched off (`switched_off`). Every other
+    factor keeps its value in `start` (the engine's defaults). Returns the factors and a
     report naming what was fitted and the candidates' losses."""
     levels = sorted({o.concurrency for o in p.obs})
     tried: list[dict[str, Any]] = []
     level_pairs = [FEW_LEVERS[q][0] for q in ("tpot", "ttft")]
     lowest = p.subset(np.array([o.concurrency == levels[0] for o in p.obs]))
-    f, names = _pick(lowest, start, (), level_pairs, ttft_weight, tried)
+    f, names, off = _pick(lowest, start, (), level_pairs, ttft_weight, tried)
     if len(levels) >= 2:
         slope_pairs = [FEW_LEVERS[q][1] for q in ("tpot", "ttft")]
-        f, names = _pick(
-            p, start.merged({n: getattr(f, n) for n in names}), names, slope_pairs, ttft_weight, tried
+        f, names, off = _pick(
+            p, start.merged({n: getattr(f, n) for n in names}), names, slope_pairs, ttft_weight, tried, True
         )
     report = {
         "mode": "few-observations",
         "fitted": names,
+        "switched_off": off,
         "levels": levels,
         "candidates": tried,
         "loss": round(_loss(p, f, ttft_weight), 5),
-        "note": f"fewer than {FEW_ROWS} observations: only the factors named in `fitted` moved; "
-        "the others keep the engine's defaults",
+        "note": f"fewer than {FEW_ROWS} observations: only the factors named in `fitted` moved "
+        "(and `switched_off` went to zero); the others keep the engine's defaults",
     }
     return f, report
 

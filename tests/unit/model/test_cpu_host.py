@@ -103,9 +103,13 @@ def test_a_few_levels_free_only_the_factors_they_identify(sim_bench_home: SimBen
     assert 2 <= len(fitted) <= 4 and "gemm_eff" not in fitted and "blackwell_compute" not in fitted
     # the physical lever is found (an overhead cannot make a step faster) and lands near the truth
     assert "bw_eff" in fitted and glob.bw_eff == pytest.approx(truth.bw_eff, rel=0.15)
-    # nothing else moved
+    # the slope levers' alternatives went to zero; nothing else moved
+    off = report["switched_off"]
+    assert len(off) == 2 and not set(off) & set(fitted)
+    for name in off:
+        assert getattr(glob, name) == FIT_BOUNDS[name][0]
     for f in fields(Factors):
-        if f.name not in fitted:
+        if f.name not in fitted and f.name not in off:
             assert getattr(glob, f.name) == getattr(start, f.name), f.name
     p = prepare(obs, start)
     before, after = predicted_ms(p, start)[0], predicted_ms(p, glob)[0]
@@ -123,7 +127,7 @@ def test_one_level_fits_one_lever_per_quantity(sim_bench_home: SimBenchRuns) -> 
     assert len(obs) == 2  # c=4 of both runs
     start = default_factors("sglang").merged({"ttft_overhead_ms": 0.0})
     f, report = fit_few(prepare(obs, start), start)
-    assert report["levels"] == [4] and len(report["fitted"]) == 2
+    assert report["levels"] == [4] and len(report["fitted"]) == 2 and report["switched_off"] == []
     tpot_lever, ttft_lever = report["fitted"]
     assert tpot_lever in ("bw_eff", "step_overhead_ms") and ttft_lever in ("prefill_eff", "ttft_overhead_ms")
     assert len(report["candidates"]) == 4  # every pairing was tried and its loss reported
