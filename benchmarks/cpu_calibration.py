@@ -12,7 +12,8 @@ real CLI on a private store:
      TPOT, TTFT and output-throughput error, before and after;
   5. `servelab explain` on both runs, with and without the calibration.
 
-Usage: .venv/bin/python benchmarks/cpu_calibration.py [--quick] [--out benchmarks/results/cpu_calibration.json]
+Usage: .venv/bin/python benchmarks/cpu_calibration.py [--quick] [--home DIR [--analyze-only]]
+           [--out benchmarks/results/cpu_calibration.json]
 Needs the engines venv (scripts/install-engines.sh). Takes ~5 minutes on 2 cores (vLLM starts in ~70 s).
 """
 
@@ -108,66 +109,82 @@ def err_pct(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else (pred - meas) / meas * 100.0
 
 
-def run(quick: bool) -> dict[str, Any]:
+def measure(home: Path, per_stream: int) -> dict[str, Any]:
+    """The host probe and the two bench runs, stored under `home`; their uids go to `home/runs.json`."""
     model_dir = engines.build_tiny_model("qwen3_moe")
-    config = model_dir / "config.json"
-    per_stream = 8 if quick else 12
-    out: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "model": str(config),
-        "isl": ISL,
-        "osl": OSL,
+    probe = servelab(
+        home, "calibrate", "host", "--name", "cpuhost", "--python", str(engines.engines_python())
+    )
+    t0 = time.monotonic()
+    with engines.vllm_server(
+        model_dir, served_model_name=SERVED, cpus=SERVER_CPUS, no_enable_prefix_caching=True
+    ) as server:
+        startup = round(time.monotonic() - t0, 1)
+        cal_run = bench(home, server.url, model_dir, "1,4", per_stream)
+        check_run = bench(home, server.url, model_dir, "16", per_stream)
+    runs = {
+        "model_dir": str(model_dir),
+        "calibration_run": cal_run["run"],
+        "check_run": check_run["run"],
+        "vllm_startup_s": startup,
+        "requests_per_stream": per_stream,
+        "host_calibration": {"factors": probe["factors"], "probe": probe["report"]["probe"]},
     }
-    with tempfile.TemporaryDirectory(prefix="servelab-cpucal-") as tmp:
-        home = Path(tmp) / "home"
-        probe = servelab(
-            home, "calibrate", "host", "--name", "cpuhost", "--python", str(engines.engines_python())
-        )
-        out["host_calibration"] = {"factors": probe["factors"], "probe": probe["report"]["probe"]}
-        t0 = time.monotonic()
-        with engines.vllm_server(
-            model_dir, served_model_name=SERVED, cpus=SERVER_CPUS, no_enable_prefix_caching=True
-        ) as server:
-            out["vllm_startup_s"] = round(time.monotonic() - t0, 1)
-            cal_run = bench(home, server.url, model_dir, "1,4", per_stream)
-            check_run = bench(home, server.url, model_dir, "16", per_stream)
-        fit = servelab(home, "calibrate", "fit", "--name", "cpu", "--run", cal_run["run"])
-        out["fit"] = {"factors": fit["factors"], "report": fit["report"]}
-        meas = check_run["levels"][0]["summary"]
-        measured = {
-            "tpot_ms": meas["tpot_ms"]["p50"],
-            "ttft_ms": meas["ttft_ms"]["p50"],
-            "output_throughput": meas["output_throughput"],
-        }
-        out["measured"] = {
-            "c16": measured,
-            "c1_c4": [
-                {
-                    "concurrency": lv["summary"]["concurrency"],
-                    "tpot_ms": lv["summary"]["tpot_ms"]["p50"],
-                    "ttft_ms": lv["summary"]["ttft_ms"]["p50"],
-                    "output_throughput": lv["summary"]["output_throughput"],
-                }
-                for lv in cal_run["levels"]
-            ],
-        }
-        rows = {}
-        for label, cal in (("default", None), ("calibrated", "cpu"), ("host probe only", "cpuhost")):
-            p = predict(home, config, 16, cal)
-            pred = {k: p[k] for k in measured}
-            rows[label] = {
-                "predicted": pred,
-                "error_pct": {k: err_pct(pred[k], measured[k]) for k in measured},
+    (home / "runs.json").write_text(json.dumps(runs, indent=2))
+    return runs
+
+
+def analyze(home: Path) -> dict[str, Any]:
+    """Fit on the c=1,4 run, predict c=16 before and after, explain both runs: all from the store."""
+    runs = json.loads((home / "runs.json").read_text())
+    config = Path(runs["model_dir"]) / "config.json"
+    out: dict[str, Any] = {"model": str(config), "isl": ISL, "osl": OSL, **runs}
+    cal_run = servelab(home, "runs", "show", runs["calibration_run"])
+    check_run = servelab(home, "runs", "show", runs["check_run"])
+    fit = servelab(home, "calibrate", "fit", "--name", "cpu", "--run", runs["calibration_run"])
+    out["fit"] = {"factors": fit["factors"], "report": fit["report"]}
+    meas = check_run["levels"][0]["summary"]
+    measured = {
+        "tpot_ms": meas["tpot_ms"]["p50"],
+        "ttft_ms": meas["ttft_ms"]["p50"],
+        "output_throughput": meas["output_throughput"],
+    }
+    out["measured"] = {
+        "c16": measured,
+        "c1_c4": [
+            {
+                "concurrency": lv["summary"]["value"],
+                "tpot_ms": lv["summary"]["tpot_ms"]["p50"],
+                "ttft_ms": lv["summary"]["ttft_ms"]["p50"],
+                "output_throughput": lv["summary"]["output_throughput"],
             }
-        out["c16"] = rows
-        out["explain"] = {
-            f"{name}{' +cal' if cal else ''}": servelab(
-                home, "explain", uid, *(["--calibration", cal] if cal else [])
-            )["levels"]
-            for name, uid in (("c1,4", cal_run["run"]), ("c16", check_run["run"]))
-            for cal in (None, "cpu")
-        }
-    out["machine"]["loadavg_end"] = os.getloadavg()
+            for lv in cal_run["levels"]
+        ],
+    }
+    rows = {}
+    for label, cal in (("default", None), ("calibrated", "cpu"), ("host probe only", "cpuhost")):
+        p = predict(home, config, 16, cal)
+        pred = {k: p[k] for k in measured}
+        rows[label] = {"predicted": pred, "error_pct": {k: err_pct(pred[k], measured[k]) for k in measured}}
+    out["c16"] = rows
+    out["explain"] = {
+        f"{name}{' +cal' if cal else ''}": servelab(
+            home, "explain", uid, *(["--calibration", cal] if cal else [])
+        )["levels"]
+        for name, uid in (("c1,4", runs["calibration_run"]), ("c16", runs["check_run"]))
+        for cal in (None, "cpu")
+    }
+    return out
+
+
+def run(quick: bool, home: Path | None, analyze_only: bool) -> dict[str, Any]:
+    start_load = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="servelab-cpucal-") as tmp:
+        home = home or Path(tmp) / "home"
+        if not analyze_only:
+            measure(home, 8 if quick else 12)
+        out = analyze(home)
+    out["machine"] = {"cpus": os.cpu_count(), "loadavg_start": start_load, "loadavg_end": os.getloadavg()}
     return out
 
 
@@ -188,8 +205,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8 requests per stream instead of 12")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_calibration.json")
+    ap.add_argument("--home", type=Path, default=None, help="keep the store here (default: a temporary one)")
+    ap.add_argument("--analyze-only", action="store_true", help="reuse the runs already in --home")
     args = ap.parse_args()
-    d = run(args.quick)
+    if args.analyze_only and not args.home:
+        ap.error("--analyze-only needs --home")
+    d = run(args.quick, args.home, args.analyze_only)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(d, indent=2) + "\n")
     print(report(d))

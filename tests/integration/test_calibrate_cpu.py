@@ -106,7 +106,7 @@ def test_calibration_from_two_levels_predicts_the_third(
     after = _predict(servelab_home, config, 16, "--calibration", "cpu")
 
     def err(p: dict[str, Any], k: str) -> float:
-        return abs(p[k] / measured[k] - 1.0)
+        return abs(float(p[k]) / float(measured[k]) - 1.0)
 
     report = {k: (err(before, k), err(after, k)) for k in measured}
     for k in ("tpot_ms", "output_throughput"):

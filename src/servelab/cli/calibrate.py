@@ -222,8 +222,14 @@ def _render_host(d: dict[str, Any]) -> None:
     stdout.print(t)
     f = d["factors"]
     stdout.print(
-        f"memory bandwidth {f.get('mem_bw_gbs', 0):.1f} GB/s, bus bandwidth {f.get('bus_gbs', 0):.2f} GB/s"
+        f"memory bandwidth {f.get('mem_bw_gbs', 0):.1f} GB/s ({p.get('mem_bw_method', 'device copy')}), "
+        f"bus bandwidth {f.get('bus_gbs', 0):.2f} GB/s"
     )
+    if "matmul_tflops_fp32" in p:
+        stdout.print(
+            f"CPU matmul {p['matmul_tflops_fp32'] * 1e3:.1f} GFLOPS FP32, {p['matmul_tflops_bf16'] * 1e3:.1f} "
+            f"GFLOPS BF16 on {p.get('cpu_threads')} threads ({p.get('cpu_model') or 'cpu'})"
+        )
 
 
 @calibrate.command("list")

@@ -531,7 +531,7 @@ def fit_observations(
 
 # Below this many observations a fit frees only the factors the rows can identify (`fit_few`): a handful
 # of levels of one configuration cannot pin ~25 factors, and a full fit spends them on noise (3 rows moved
-# gemm_eff to 0.43 and blackwell_compute to 0.47 while predicting those 3 rows no better).
+# gemm_eff to 0.43 and blackwell_compute to 0.47, which those rows say nothing about).
 FEW_ROWS = 30
 
 # The levers a few rows identify, per measured quantity: one sets its level (what dominates at the lowest

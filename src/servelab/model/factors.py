@@ -96,7 +96,8 @@ class Factors:
 @cache
 def _factors_file() -> dict[str, Any]:
     text = resources.files("servelab.data").joinpath("model_factors.json").read_text()
-    return json.loads(text)
+    data: dict[str, Any] = json.loads(text)
+    return data
 
 
 def default_factors(engine: str | None = None) -> Factors:

@@ -8,6 +8,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tests.conftest import SimBenchRuns
 from tests.support import engines
@@ -114,7 +115,10 @@ def test_a_few_levels_free_only_the_factors_they_identify(sim_bench_home: SimBen
     p = prepare(obs, start)
     before, after = predicted_ms(p, start)[0], predicted_ms(p, glob)[0]
     meas = [o.tpot_ms for o in p.obs]
-    err = lambda pred: max(abs(a / m - 1) for a, m in zip(pred, meas, strict=True))  # noqa: E731
+
+    def err(pred: np.ndarray) -> float:
+        return max(abs(float(a) / m - 1) for a, m in zip(pred, meas, strict=True))
+
     assert err(after) < 0.10 < err(before)
 
 
