@@ -17,6 +17,8 @@ import pytest
 from tests.integration.conftest import CLIENT_CPUS, VLLM_MODEL_NAME
 from tests.support import engines
 
+from servelab.model.hardware import get_gpu
+
 pytestmark = pytest.mark.integration
 
 ISL, OSL = 256, 64
@@ -109,9 +111,11 @@ def test_calibration_from_two_levels_predicts_the_third(
         return abs(float(p[k]) / float(measured[k]) - 1.0)
 
     report = {k: (err(before, k), err(after, k)) for k in measured}
-    for k in ("tpot_ms", "output_throughput"):
+    for k in measured:  # closer after than before, in TPOT, TTFT and throughput
         assert report[k][1] < report[k][0], report
-    assert report["tpot_ms"][1] < 0.5, report  # the default is off by an order of magnitude
+    # the defaults are off by ~97 % (a 0.5 ms step for a ~20 ms one); two noisy levels on a shared 2-core
+    # box pin the c=16 TPOT to within ~20-50 %
+    assert report["tpot_ms"][0] > 0.8 and report["tpot_ms"][1] < 0.6, report
 
     for uid, levels in ((fit_run["run"], [1, 4]), (check_run["run"], [16])):
         for extra in ((), ("--calibration", "cpu")):
@@ -151,5 +155,5 @@ def test_host_probe_measures_this_cpu_and_predict_applies_it(
     cat = _predict(servelab_home, config, 1)
     cal = _predict(servelab_home, config, 1, "--calibration", "here")
     ratio = cal["decode_breakdown_ms"]["weights"] / cat["decode_breakdown_ms"]["weights"]
-    # weight reads priced at the measured bandwidth instead of the catalog's 10 GB/s
-    assert ratio == pytest.approx(10.0 / bw, rel=0.01)
+    # weight reads priced at the measured bandwidth instead of the catalog's
+    assert ratio == pytest.approx(get_gpu("cpu-host").memory_bw_gbs / bw, rel=0.01)
