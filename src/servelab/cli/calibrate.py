@@ -18,6 +18,7 @@ from rich.table import Table
 from servelab.cli.output import emit, stderr, stdout
 from servelab.errors import ConfigError, HostError
 from servelab.model.calibrate import (
+    MEASURED,
     evaluate_split,
     factors_from_probe,
     fit_observations,
@@ -35,7 +36,13 @@ def calibrate() -> None:
 
 
 def _render_fit(d: dict[str, Any]) -> None:
-    stdout.print(f"calibration [bold]{d['name']}[/bold] saved ({d['report'].get('rows', 0)} measurements)")
+    rep = d["report"]
+    stdout.print(f"calibration [bold]{d['name']}[/bold] saved ({rep.get('rows', 0)} measurements)")
+    if rep.get("mode") == "few-observations":
+        fitted = ", ".join(f"{n} = {d['factors'][n]:.4g}" for n in rep["fitted"])
+        stdout.print(
+            f"few measurements (levels {rep['levels']}): fitted only {fitted}; the rest are defaults"
+        )
     for split, rows in d["report"].get("tables", {}).items():
         t = Table(title=f"{split}: MAPE per GPU and engine")
         for c in ("gpu", "engine", "rows", "TPOT %", "TTFT %"):
@@ -77,11 +84,26 @@ def _resolve_csv(csv_path: str | None) -> str | None:
 @click.option(
     "--holdout", type=float, default=0.3, show_default=True, help="Share of rows held out for the report."
 )
+@click.option(
+    "--host-calibration",
+    default=None,
+    help="Start from a `calibrate host` measurement (memory/bus bandwidth, allreduce latency) of NAME.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def fit_cmd(
-    name: str, csv_path: str | None, runs: tuple[str, ...], engine: str | None, holdout: float, as_json: bool
+    name: str,
+    csv_path: str | None,
+    runs: tuple[str, ...],
+    engine: str | None,
+    holdout: float,
+    host_calibration: str | None,
+    as_json: bool,
 ) -> None:
-    """Fit factors from a CSV of measurements or from bench runs, and save them as NAME."""
+    """Fit factors from a CSV of measurements or from bench runs, and save them as NAME.
+
+    Fewer than 30 measurements (a few levels of a bench run) fit only the factors they identify: per
+    TPOT and TTFT a level lever and, with two or more concurrency levels, a slope lever; the report's
+    `fitted` names them."""
     from servelab.cli.predict import load_run
 
     if not csv_path and not runs:
@@ -109,10 +131,20 @@ def fit_cmd(
         raise ConfigError(
             "no usable measurements", hint="runs need config keys host.gpu and layout to be fitted"
         )
-    start = default_factors(engine)
+    # start from the engine's defaults: the one named, or the one every measurement ran on
+    seen = {o.engine for o in obs if o.engine}
+    start_engine = engine or (next(iter(seen)) if len(seen) == 1 else None)
+    start = default_factors(start_engine)
+    if host_calibration:
+        with open_store() as store:
+            host_cal = repo.get(store, host_calibration)
+        start = start.merged({k: v for k, v in host_cal.factors.items() if k in MEASURED})
     glob, engines, report = fit_observations(obs, start, holdout=holdout if len(obs) >= 20 else 0.0)
     tables = evaluate_split(obs, glob, engines, holdout if len(obs) >= 20 else 0.0)
-    factors = {k: v for k, v in asdict(glob).items() if isinstance(v, float)}
+    report["start"] = {"engine": start_engine, "host_calibration": host_calibration}
+    factors: dict[str, Any] = {k: v for k, v in asdict(glob).items() if isinstance(v, float)}
+    # host measurements the fit started from travel with it (None: the catalog's numbers)
+    factors.update({k: getattr(glob, k) for k in MEASURED if getattr(glob, k)})
     if engine and engine in engines:
         factors.update(engines[engine])
     report["tables"] = {k: [asdict(r) for r in v] for k, v in tables.items()}
@@ -208,8 +240,14 @@ def _render_host(d: dict[str, Any]) -> None:
     stdout.print(t)
     f = d["factors"]
     stdout.print(
-        f"memory bandwidth {f.get('mem_bw_gbs', 0):.1f} GB/s, bus bandwidth {f.get('bus_gbs', 0):.2f} GB/s"
+        f"memory bandwidth {f.get('mem_bw_gbs', 0):.1f} GB/s ({p.get('mem_bw_method', 'device copy')}), "
+        f"bus bandwidth {f.get('bus_gbs', 0):.2f} GB/s"
     )
+    if "matmul_tflops_fp32" in p:
+        stdout.print(
+            f"CPU matmul {p['matmul_tflops_fp32'] * 1e3:.1f} GFLOPS FP32, {p['matmul_tflops_bf16'] * 1e3:.1f} "
+            f"GFLOPS BF16 on {p.get('cpu_threads')} threads ({p.get('cpu_model') or 'cpu'})"
+        )
 
 
 @calibrate.command("list")

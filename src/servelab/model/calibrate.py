@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import itertools
 import math
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -383,7 +384,8 @@ def nelder_mead(fun: Any, x0: np.ndarray, iters: int = 600, step: float = 0.25) 
                 vals = [vals[0]] + [fun(s) for s in simplex[1:]]
         if np.std(vals) < 1e-7:
             break
-    return simplex[int(np.argmin(vals))]
+    best: np.ndarray = simplex[int(np.argmin(vals))]
+    return best
 
 
 def fit(
@@ -476,11 +478,27 @@ def fit_observations(
     holdout: float = 0.3,
     per_engine: bool = True,
 ) -> tuple[Factors, dict[str, dict[str, float]], dict[str, Any]]:
-    """Fit global factors (and per-engine overhead/queue factors) on a split; report on the held-out rows."""
+    """Fit global factors (and per-engine overhead/queue factors) on a split; report on the held-out rows.
+
+    Fewer than `FEW_ROWS` observations (a user's bench run: a handful of levels of one configuration)
+    free only the few factors those rows identify (`fit_few`); the report names them under `fitted`."""
     start = start or Factors()
     prepared = prepare(observations, start)
     test_mask = holdout_mask(prepared.obs, holdout)
     train = prepared.subset(~test_mask) if test_mask.any() else prepared
+    if len(train.obs) < FEW_ROWS:
+        glob, few = fit_few(train, start)
+        return (
+            glob,
+            {},
+            {
+                "rows": len(prepared.obs),
+                "train_rows": len(train.obs),
+                "test_rows": int(test_mask.sum()),
+                "dropped": len(prepared.dropped),
+                **few,
+            },
+        )
     # Collective latency stays at the catalog's physical figure: the published rows are all NVLink, and
     # a scale fitted there would leak into PCIe predictions. `calibrate host` measures it instead.
     glob = fit(train, start, [n for n in FIT_BOUNDS if n != "lat_scale"])
@@ -505,8 +523,97 @@ def fit_observations(
         "train_rows": int((~test_mask).sum()),
         "test_rows": int(test_mask.sum()),
         "dropped": len(prepared.dropped),
+        "mode": "full",
+        "fitted": [n for n in FIT_BOUNDS if n != "lat_scale"],
     }
     return glob, engines, report
+
+
+# Below this many observations a fit frees only the factors the rows can identify (`fit_few`): a handful
+# of levels of one configuration cannot pin ~25 factors, and a full fit spends them on noise (3 rows moved
+# gemm_eff to 0.43 and blackwell_compute to 0.47, which those rows say nothing about).
+FEW_ROWS = 30
+
+# The levers a few rows identify, per measured quantity: one sets its level (what dominates at the lowest
+# concurrency measured), one how it grows with concurrency (needs a second level). Each pair lists the
+# roofline's physical lever first and the overhead lever second:
+#   TPOT level: bw_eff (weights + KV read per step) or step_overhead_ms (fixed work per engine step)
+#   TPOT slope: prefill_interference (other requests' prefills stall decode steps) or seq_overhead_us
+#               (per running sequence per step: scheduling, sampling, detokenizing)
+#   TTFT level: prefill_eff (prefill FLOPs) or ttft_overhead_ms (per request, before the first step)
+#   TTFT slope: prefill_queue (prefills a new request waits behind) or prefill_wait (in-flight steps)
+FEW_LEVERS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
+    "tpot": (("bw_eff", "step_overhead_ms"), ("prefill_interference", "seq_overhead_us")),
+    "ttft": (("prefill_eff", "ttft_overhead_ms"), ("prefill_queue", "prefill_wait")),
+}
+# A later candidate replaces an earlier (more physical) one only when its loss (MAPE of TPOT + TTFT, as a
+# fraction) is lower by more than this: two levers that both fit the rows exactly keep the physical one.
+FEW_TOLERANCE = 0.02
+
+
+def _seeded(start: Factors, names: Sequence[str]) -> Factors:
+    """Overhead levers that start at (about) zero begin at 1 % of their range: a log-space search cannot
+    leave zero."""
+    seeds = {n: FIT_BOUNDS[n][1] * 1e-2 for n in names if getattr(start, n) < FIT_BOUNDS[n][1] * 1e-3}
+    return start.merged(seeds)
+
+
+def _pick(
+    p: Prepared,
+    start: Factors,
+    fixed: Sequence[str],
+    candidates: Sequence[tuple[str, ...]],
+    ttft_weight: float,
+    tried: list[dict[str, Any]],
+    exclusive: bool = False,
+) -> tuple[Factors, list[str], list[str]]:
+    """Fit `fixed` plus each combination of one lever per candidate pair; keep the best, preferring the
+    earlier (more physical) combination within `FEW_TOLERANCE`. `exclusive`: the pair's other lever is
+    switched off (its lower bound) while one is fitted: the rows measure one growth rate, so the model
+    gets one mechanism for it rather than the fitted one plus defaults fitted on other hardware."""
+    results: list[tuple[float, list[str], Factors, list[str]]] = []
+    for combo in itertools.product(*candidates):
+        names = [*fixed, *combo]
+        off = (
+            {n: FIT_BOUNDS[n][0] for pair in candidates for n in pair if n not in combo} if exclusive else {}
+        )
+        f = fit(p, _seeded(start.merged(off), names), names, ttft_weight, iters=300)
+        loss = _loss(p, f, ttft_weight)
+        results.append((loss, names, f, sorted(off)))
+        tried.append({"factors": names, "off": sorted(off), "loss": round(loss, 5)})
+    best = min(r[0] for r in results)
+    _, names, f, off_names = next(r for r in results if r[0] <= best + FEW_TOLERANCE)
+    return f, names, off_names
+
+
+def fit_few(p: Prepared, start: Factors, ttft_weight: float = 1.0) -> tuple[Factors, dict[str, Any]]:
+    """Fit a handful of observations: per measured quantity (TPOT, TTFT) one level lever on the rows
+    of the lowest concurrency, then, with two or more concurrency levels, one slope lever over all rows
+    (`FEW_LEVERS`): at most as many factors per quantity as there are levels, and never more than two.
+    A fitted slope lever replaces its alternative, which is switched off (`switched_off`). Every other
+    factor keeps its value in `start` (the engine's defaults). Returns the factors and a
+    report naming what was fitted and the candidates' losses."""
+    levels = sorted({o.concurrency for o in p.obs})
+    tried: list[dict[str, Any]] = []
+    level_pairs = [FEW_LEVERS[q][0] for q in ("tpot", "ttft")]
+    lowest = p.subset(np.array([o.concurrency == levels[0] for o in p.obs]))
+    f, names, off = _pick(lowest, start, (), level_pairs, ttft_weight, tried)
+    if len(levels) >= 2:
+        slope_pairs = [FEW_LEVERS[q][1] for q in ("tpot", "ttft")]
+        f, names, off = _pick(
+            p, start.merged({n: getattr(f, n) for n in names}), names, slope_pairs, ttft_weight, tried, True
+        )
+    report = {
+        "mode": "few-observations",
+        "fitted": names,
+        "switched_off": off,
+        "levels": levels,
+        "candidates": tried,
+        "loss": round(_loss(p, f, ttft_weight), 5),
+        "note": f"fewer than {FEW_ROWS} observations: only the factors named in `fitted` moved "
+        "(and `switched_off` went to zero); the others keep the engine's defaults",
+    }
+    return f, report
 
 
 def apply_engine(f: Factors, engines: dict[str, dict[str, float]], engine: str) -> Factors:
@@ -545,6 +652,10 @@ def _engine_table(p: Prepared, glob: Factors, engines: dict[str, dict[str, float
     ]
     rows.append(GroupError("all", "all", len(mt), mape(tpot, mt), mape(ttft, mf)))
     return rows
+
+
+# Factors that are host measurements (`calibrate host`), not efficiencies: a fit carries them, never moves them.
+MEASURED: tuple[str, ...] = ("mem_bw_gbs", "bus_gbs", "allreduce_us")
 
 
 def factors_from_probe(probe: dict[str, Any]) -> dict[str, Any]:

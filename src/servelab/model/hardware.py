@@ -1,4 +1,8 @@
-"""The GPU and interconnect catalog, kept as data in `servelab/data/gpus.toml`."""
+"""The GPU and interconnect catalog, kept as data in `servelab/data/gpus.toml`.
+
+An entry is a GPU (`kind = "gpu"`, the default) or a CPU host (`kind = "cpu"`: an engine such as
+vLLM-CPU running on `cores` cores, priced by the same roofline with the host's DRAM bandwidth and its
+cores' FMA peak)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,12 @@ class Gpu:
     tflops_fp4: float
     sm: int
     interconnect: str
+    kind: str = "gpu"  # "gpu" | "cpu"
+    cores: int = 0  # CPU hosts: cores the engine runs on
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
 
     def tflops(self, compute_dtype: str) -> float:
         """Dense tensor TFLOPS for a compute dtype, falling back to the next wider type the GPU has."""
@@ -79,6 +89,7 @@ ALIASES = {
     "b300-sxm": "b300",
     "rtx-pro-6000-blackwell": "rtx-pro-6000",
     "rtxpro6000": "rtx-pro-6000",
+    "cpu": "cpu-host",
 }
 
 
