@@ -115,4 +115,7 @@ def diagnose(engine_name: str | None, as_json: bool, file: str) -> None:
     if engine_name is not None:
         registry.get(engine_name)  # an unknown name fails here, listing the known ones
     text = _read(file)
-    emit(signatures.diagnose(text, engine_name).to_dict(), as_json, _render_diagnosis)
+    diag = signatures.diagnose(text, engine_name)
+    if diag.klass == "unknown":
+        diag = signatures.healthy(text) or diag
+    emit(diag.to_dict(), as_json, _render_diagnosis)

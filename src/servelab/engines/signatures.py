@@ -216,6 +216,27 @@ def diagnose(text: str, engine: str | None = None) -> Diagnosis:
     )
 
 
+def healthy(text: str) -> Diagnosis | None:
+    """A log that shows no failure: no signature, no traceback or error-ish line, and a line that says the
+    server came up (`[healthy]` in the knowledge base). None otherwise. Kept apart from `diagnose`, whose
+    `unknown` callers read as "failed for a reason we do not know" (a start that timed out, a server that
+    stopped answering)."""
+    if _best(text, None, fatal_only=False) is not None:
+        return None
+    if "Traceback (most recent call last)" in text or any(_ERRORISH.search(ln) for ln in text.splitlines()):
+        return None
+    data = tomllib.loads(resources.files("servelab.engines").joinpath("signatures.toml").read_text())
+    up = [
+        ln
+        for ln in text.splitlines()
+        if any(re.search(p, ln) for p in data.get("healthy", {}).get("patterns", []))
+    ]
+    if not up:
+        return None
+    advice = str(knowledge_base().classes["no_failure"].get("advice", ""))
+    return Diagnosis(klass="no_failure", evidence=_evidence(_strip(up[-1])), advice=advice, fatal=False)
+
+
 def fatal_in(text: str, engine: str | None = None) -> Diagnosis | None:
     """The most specific fatal failure in `text`, or None: lets the lifecycle stop waiting for readiness early."""
     found = _best(text, engine, fatal_only=True)

@@ -43,12 +43,18 @@ def test_diagnose_json_and_human() -> None:
     assert data["class"] == "nccl_shm" and data["fatal"] is True
     assert "/dev/shm" in data["evidence"] and "--shm-size" in data["advice"]
     assert "tail" not in data
+    # a real vLLM-CPU start that came up: no failure in it (issue 14: it used to say "unknown")
     p = run("diagnose", "--engine", "vllm", str(LOGS / "vllm_cpu_startup.log"))
-    assert p.returncode == 0 and "class: unknown" in p.stdout and "tail:" in p.stdout
+    assert p.returncode == 0 and "class: no_failure" in p.stdout and "startup complete" in p.stdout
 
 
-def test_diagnose_unknown_has_a_tail_in_json() -> None:
-    data = json.loads(run("diagnose", str(LOGS / "vllm_cpu_startup.log"), "--json").stdout)
+def test_diagnose_unknown_has_a_tail_in_json(tmp_path: Path) -> None:
+    """The same start cut before it came up: nothing known matched, and it never said it was up."""
+    lines = (LOGS / "vllm_cpu_startup.log").read_text().splitlines()
+    cut = next(i for i, ln in enumerate(lines) if "Application startup complete" in ln)
+    partial = tmp_path / "partial.log"
+    partial.write_text("\n".join(lines[:cut]) + "\n")
+    data = json.loads(run("diagnose", str(partial), "--json").stdout)
     assert data["class"] == "unknown" and data["tail"]
 
 
