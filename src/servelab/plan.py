@@ -315,7 +315,7 @@ def _validate(before: Plan, after: Plan, accepted: frozenset[str] = frozenset())
             continue
         waiting = [d for d in it.depends_on if by_id[d].status != "completed"]
         if waiting:
-            states = ", ".join(f"{d} ({by_id[d].status})" for d in waiting)
+            states = "; ".join(f"item {d} {by_id[d].content!r} ({by_id[d].status})" for d in waiting)
             raise ConfigError(
                 f"item {it.id} cannot become {it.status}: it waits for {states}",
                 hint="complete those first (a cancelled dependency never completes: cancel this "

@@ -52,7 +52,8 @@ def test_one_item_in_progress_per_worker() -> None:
 
 def test_dependencies_must_complete_before_start() -> None:
     p = P.add(plan_of("check the container"), "run the benchmark", depends_on=["1"], **KW).plan
-    with pytest.raises(ConfigError, match=r"waits for 1 \(pending\)"):
+    # the unmet dependency is named by id and by what it is
+    with pytest.raises(ConfigError, match=r"waits for item 1 'check the container' \(pending\)"):
         P.start(p, "2", **KW)
     with pytest.raises(ConfigError, match="waits for"):
         P.done(p, "2", **KW)
@@ -65,7 +66,7 @@ def test_dependencies_must_complete_before_start() -> None:
 def test_cancelled_dependency_never_completes() -> None:
     p = P.add(plan_of("a"), "b", depends_on=["1"], **KW).plan
     p = P.cancel(p, "1", reason="not needed", **KW).plan
-    with pytest.raises(ConfigError, match=r"1 \(cancelled\)"):
+    with pytest.raises(ConfigError, match=r"item 1 'a' \(cancelled\)"):
         P.start(p, "2", **KW)
     assert [f.kind for f in P.check(p.items, {})] == ["dependency_cancelled"]
 

@@ -62,7 +62,7 @@ def test_add_start_done_show_history() -> None:
     [
         (["plan", "add", "x", "--priority", "urgent"], "unknown priority 'urgent'"),
         (["plan", "start", "9"], "no item '9'"),
-        (["plan", "start", "2"], "waits for 1"),
+        (["plan", "start", "2"], "waits for item 1 "),
         (["plan", "add", "x", "--after", "7"], "unknown item(s) 7"),
         (["plan", "add", "x", "--id", "1"], "already exists"),
         (["plan", "block", "1", "--reason", ""], "needs a reason"),
