@@ -35,3 +35,20 @@ def test_a_healthy_log_has_no_failure(personality: str, tmp_path: Path, servelab
     )
     d = json.loads(simruns.servelab(servelab_home, "logs", "diagnose", str(log), "--json").stdout)
     assert d["class"] != "no_failure"
+
+
+def test_status_shows_the_attention_backend_the_log_names(tmp_path: Path, servelab_home: Path) -> None:
+    """SGLang's /get_server_info leaves attention_backend None when the engine chose it; the log names it."""
+    sim = simruns.start_sim(tmp_path / "logs", *simruns.SIM_ARGS)  # the SGLang personality
+    try:
+        log = tmp_path / "server.log"
+        log.write_text(sim.err.with_suffix(".out").read_text() + sim.err.read_text())
+        assert "attention_backend='nsa'" in log.read_text()
+        res = simruns.servelab(servelab_home, "status", "--url", sim.url, "--log", str(log), "--json")
+        human = simruns.servelab(servelab_home, "status", "--url", sim.url, "--log", str(log))
+    finally:
+        sim.stop()
+    (server,) = json.loads(res.stdout)["servers"]
+    assert server["effective"]["attention_backend"] == "nsa"
+    assert "attention_backend='nsa'" in server["evidence"]["attention_backend"]
+    assert "attention_backend=nsa" in human.stdout

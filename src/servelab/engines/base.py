@@ -148,12 +148,13 @@ class EffectiveConfig:
     def merge(self, other: EffectiveConfig, keep_confirmed: bool = False) -> None:
         """Later sources win (a backend-selection line overrides the args it was chosen from). With
         `keep_confirmed` (an info endpoint), a value it only confirms keeps the earlier evidence: the log
-        line that chose a backend says more than an endpoint repeating it."""
+        line that chose a backend says more than an endpoint repeating it, and an endpoint's None (an
+        argument left to the engine's choice) never erases the value a log line says it chose."""
         for key, value in other.effective.items():
             if (
                 keep_confirmed
                 and key in self.effective
-                and self.effective[key] == value
+                and (self.effective[key] == value or (value is None and self.effective[key] is not None))
                 and self.evidence.get(key)
             ):
                 continue
