@@ -135,7 +135,9 @@ def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, 
     mine, theirs = _both(vllm_server, tmp_path, n=n, isl=isl, osl=osl, rate=rate)
     assert mine["completed"] == theirs["completed"] == n
     assert mine["total_output_tokens"] == theirs["total_output_tokens"] == n * osl
-    assert mine["median_ttft_ms"] == pytest.approx(theirs["median_ttft_ms"], rel=0.10)
+    # TTFT: on this 2-core EPYC the two clients' medians differed by up to 12 % in either direction (a
+    # one-core vLLM's prefill jitter over 3 × 8 requests), so 15 %.
+    assert mine["median_ttft_ms"] == pytest.approx(theirs["median_ttft_ms"], rel=0.15)
     # TPOT: ours read 10-13 % above vllm bench serve's on a 2-core EPYC without AVX-512 (three runs), in
     # both loops, at equal token counts; open question in the notes. 15 % until it is explained.
     assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.15)
