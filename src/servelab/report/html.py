@@ -9,7 +9,7 @@ from typing import Any
 
 from servelab.report.figures import Figure, figures
 from servelab.report.markdown import LEVEL_HEAD
-from servelab.report.text import fmt, h
+from servelab.report.text import clock_sentence, fmt, h
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222;line-height:1.4}
@@ -149,20 +149,7 @@ def host_section(hst: dict[str, Any]) -> str:
         ["engine versions", h(", ".join(hst.get("engine_versions") or []) or "not reported")],
     ]
     if hst.get("simulated"):
-        speeds = ", ".join(f"{s:g}×" for s in hst.get("clock_speeds") or [])
-        rows.append(
-            [
-                "clock",
-                h(
-                    "simulated: servelab's simulator standing in for these GPUs"
-                    + (
-                        f" (its clock ran {speeds} faster; every figure is in the simulated GPUs' time)"
-                        if speeds
-                        else ""
-                    )
-                ),
-            ]
-        )
+        rows.append(["clock", h(clock_sentence(hst))])
     out = [
         '<h2 id="host">Host</h2>',
         table(["", f"as recorded by {h(hst.get('source') or 'the study')}"], rows, "host"),

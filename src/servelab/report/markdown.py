@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.report.figures import Figure, figures
-from servelab.report.text import fmt, md, md_code, md_inline_code
+from servelab.report.text import clock_sentence, fmt, md, md_code, md_inline_code
 
 LEVEL_HEAD = (
     "level",
@@ -127,18 +127,7 @@ def _host(hst: dict[str, Any]) -> list[str]:
         ["engine versions", md(", ".join(hst.get("engine_versions") or []) or "not reported")],
     ]
     if hst.get("simulated"):
-        speeds = ", ".join(f"{s:g}×" for s in hst.get("clock_speeds") or [])
-        rows.append(
-            [
-                "clock",
-                "simulated: servelab's simulator standing in for these GPUs"
-                + (
-                    f" (its clock ran {speeds} faster; every figure is in the simulated GPUs' time)"
-                    if speeds
-                    else ""
-                ),
-            ]
-        )
+        rows.append(["clock", clock_sentence(hst)])
     L += _table(("", f"as recorded by {md(hst.get('source') or 'the study')}"), rows)
     rec = hst.get("recorded") or []
     if rec:

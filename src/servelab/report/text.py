@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL/ST), other two-byte ESC sequences, then the C0/C1 controls left.
 _ANSI = re.compile(
@@ -67,3 +68,11 @@ def fmt(value: object, digits: int = 1) -> str:
             return "-"
         return f"{value:,.{digits}f}"
     return clean(value)
+
+
+def clock_sentence(hst: dict[str, Any]) -> str:
+    """The host section's clock row for a simulated study, one wording for HTML and Markdown."""
+    speeds = ", ".join(f"{s:g}×" for s in hst.get("clock_speeds") or [])
+    return "simulated: servelab's simulator standing in for these GPUs" + (
+        f" (its clock ran {speeds} faster; every figure is in the simulated GPUs' time)" if speeds else ""
+    )
