@@ -1,7 +1,9 @@
 """Server-side metrics: scrape Prometheus `/metrics` before, during and after a load level.
 
 Each engine names its metrics differently; `ENGINE_METRICS` maps servelab's names to theirs
-(vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc; both are read).
+(vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc; both are read). The engines' own TTFT and
+inter-token histograms are read as sum and count, so a level also records what the server itself
+measured over it: the client's numbers minus the server's are the client's own overhead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,18 @@ ENGINE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prompt_tokens": ("counter", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total")),
     "preemptions": ("counter", ("vllm:num_preemptions_total", "vllm:num_preemptions")),
     "requests_finished": ("counter", ("vllm:request_success_total", "sglang:num_requests_total")),
+    # histograms: `<name>_sum` and `<name>_count` are read (seconds); vLLM and SGLang renamed the
+    # per-token one from time_per_output_token to inter_token_latency
+    "ttft": ("histogram", ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")),
+    "itl": (
+        "histogram",
+        (
+            "vllm:inter_token_latency_seconds",
+            "sglang:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+            "sglang:time_per_output_token_seconds",
+        ),
+    ),
 }
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -52,9 +66,13 @@ def parse_prometheus(text: str) -> dict[str, float]:
 def pick(raw: dict[str, float]) -> dict[str, float]:
     """servelab-named values from one scrape (only the metrics this server exposes)."""
     out: dict[str, float] = {}
-    for ours, (_, names) in ENGINE_METRICS.items():
+    for ours, (kind, names) in ENGINE_METRICS.items():
         for name in names:
-            if name in raw:
+            if kind == "histogram":
+                if name + "_sum" in raw and name + "_count" in raw:
+                    out[ours + "_sum"], out[ours + "_count"] = raw[name + "_sum"], raw[name + "_count"]
+                    break
+            elif name in raw:
                 out[ours] = raw[name]
                 break
     return out
@@ -85,6 +103,14 @@ class LevelScrape:
         for ours, (kind, _) in ENGINE_METRICS.items():
             if kind == "counter" and ours in self.before and ours in self.after:
                 deltas[ours] = self.after[ours] - self.before[ours]
+        # the server's own mean over the level, in ms (observations of the level only: a delta)
+        server_ms: dict[str, float] = {}
+        for ours, (kind, _) in ENGINE_METRICS.items():
+            keys = (ours + "_sum", ours + "_count")
+            if kind == "histogram" and all(k in self.before and k in self.after for k in keys):
+                n = self.after[keys[1]] - self.before[keys[1]]
+                if n > 0:
+                    server_ms[ours] = 1000 * (self.after[keys[0]] - self.before[keys[0]]) / n
         gauges: dict[str, dict[str, float]] = {}
         for ours, (kind, _) in ENGINE_METRICS.items():
             if kind != "gauge":
@@ -97,6 +123,7 @@ class LevelScrape:
             "before": self.before,
             "after": self.after,
             "deltas": deltas,
+            "server_mean_ms": server_ms,
             "gauges": gauges,
             "num_samples": len(self.samples),
             "scrape_errors": self.errors,

@@ -160,6 +160,7 @@ def render(data: dict[str, Any]) -> None:
         if sm.get("available") and sm.get("deltas"):
             d = sm["deltas"]
             parts = [f"{k}={v:,.0f}" for k, v in d.items()]
+            parts += [f"mean {k.upper()} {v:,.1f} ms" for k, v in sm.get("server_mean_ms", {}).items()]
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
     for w in data["warnings"]:
         stdout.print(f"[yellow]warning:[/yellow] {w}")
