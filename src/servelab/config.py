@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servelab.errors import ConfigError
+from servelab.redact import redact_argv, redact_env
 
 OBJECTIVES: dict[str, Literal["max", "min"]] = {
     "output_throughput": "max",
@@ -84,8 +85,9 @@ class CandidateSpec(_Strict):
         parts = [f"tp{self.tp}"] + ([f"pp{self.pp}"] if self.pp > 1 else [])
         parts += [f"ep{self.ep}"] if self.ep else []
         parts += [f"dp{self.dp}"] if self.dp else []
-        parts += [a.lstrip("-") for a in self.args]
-        parts += [f"{k}={v}" for k, v in self.env.items()]
+        # Secrets masked: a label is printed, stored and names files.
+        parts += [a.lstrip("-") for a in redact_argv(self.args)]
+        parts += [f"{k}={v}" for k, v in redact_env(self.env).items()]
         return "-".join(parts)
 
 

@@ -43,7 +43,7 @@ from servelab.host.gpu_memory import GpuMemoryReport, GpuReader, nvidia_smi_read
 from servelab.host.ports import WILDCARDS, Listener, listeners, port_is_free
 from servelab.host.processes import MARKER_ENV, KilledProcess, ProcInfo
 from servelab.host.shm import ShmCleanup, ShmLedger
-from servelab.redact import redact_text
+from servelab.redact import redact_argv
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
 LOG_DIAGNOSE_BYTES = 512 * 1024  # how much of the log's end a diagnosis reads
@@ -104,7 +104,7 @@ class Server:
             "host": self.spec.host,
             "port": self.spec.port,
             "served_model": self.spec.served_model,
-            "command": redact_text(shlex.join(self.spec.argv)),
+            "command": shlex.join(redact_argv(self.spec.argv)),
             "env": sorted(self.spec.env),  # names only: values may be secrets
             "log_path": str(self.log_path),
             "run_marker": self.run_marker,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from servelab import analyze, lifecycle
+from servelab import analyze, lifecycle, redact
 from servelab.applied import Mismatch, compare
 from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
@@ -454,8 +454,12 @@ class Trial:
         launches = self.engine.capabilities.launches
         if launches and not settings.port:
             settings = dataclasses.replace(settings, port=free_port(settings.host))
+        api_key: str | None = None
         try:
             launch = self.engine.command(settings)
+            if launches:  # secrets leave the command line (every user reads it) for the environment
+                moved = redact.externalize(launch, self.engine.name)
+                launch, api_key = moved.spec, moved.api_key
         except ConfigError as exc:
             return self._finish(
                 TrialOutcome("failed", "command", Finding("invalid_candidate", exc.message, exc.hint))
@@ -465,7 +469,9 @@ class Trial:
         if not launches:
             target = Target(launch.url, launch.served_model, log_path=log_path)
             return await self.attach(target, settings, ready_s=time.monotonic() - t0, baseline=baseline)
-        return await self._launched(launch, settings, marker, log_path, startup_timeout_s, t0, baseline)
+        return await self._launched(
+            launch, settings, marker, log_path, startup_timeout_s, t0, baseline, api_key
+        )
 
     async def attach(
         self,
@@ -488,7 +494,9 @@ class Trial:
         timeout_s: float,
         t0: float,
         baseline: list[Digest] | None,
+        api_key: str | None = None,
     ) -> TrialOutcome:
+        """`api_key`: the key the server demands (moved from its argv), sent by every request of ours."""
         cpus = settings.options.get("cpus")
         started: list[lifecycle.Server] = []
         outcome: TrialOutcome | None = None
@@ -509,11 +517,14 @@ class Trial:
                 self.engine.readiness,
                 timeout_s,
                 engine=self.engine.name,
+                api_key=api_key,
                 cpus=set(cpus) if cpus else None,
                 on_launch=on_launch,
                 on_not_ready=on_not_ready,
             ) as (server, _ready):
-                target = Target(launch.url, launch.served_model, server=server, log_path=log_path)
+                target = Target(
+                    launch.url, launch.served_model, api_key=api_key, server=server, log_path=log_path
+                )
                 outcome = self._finish(await self._measure(target, settings, time.monotonic() - t0, baseline))
         except EngineError as exc:
             if outcome is None:  # refused before anything started (a busy port, no executable)

@@ -57,20 +57,20 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
     "env_values",
     multiple=True,
     metavar="NAME=VALUE",
-    help="Set an environment variable (supplies a value the store redacted). Repeatable.",
+    help="Set an environment variable (never a secret: those go in --env-file). Repeatable.",
 )
 @click.option(
     "--arg",
     "arg_values",
     multiple=True,
     metavar="FLAG=VALUE",
-    help="Replace the value of an engine flag (e.g. --arg --api-key=KEY for a redacted one). Repeatable.",
+    help="Replace the value of an engine flag (never a secret: those go in --env-file). Repeatable.",
 )
 @click.option(
     "--env-file",
     default=None,
-    help="EnvironmentFile= (systemd) / env_file (Compose) / a Secret "
-    "NAME-env (Kubernetes) that supplies the redacted variables.",
+    help="EnvironmentFile= (systemd) / env_file (Compose) / a Secret NAME-env (Kubernetes) that supplies "
+    "the run's secrets (e.g. VLLM_API_KEY for vLLM's --api-key); required when the run has one.",
 )
 @click.option(
     "--start-timeout",
@@ -116,7 +116,6 @@ def deploy_cmd(
         raise ConfigError(f"--tolerance must be in [0, 1) (got {opts['tolerance']})")
     with open_store() as store:
         stored = source.resolve(store, run)  # as stored: secrets masked, so safe to show and record
-        secrets = bool(opts["env_values"] or opts["arg_values"])
         rec = source.apply_overrides(
             stored,
             env=_pairs(opts["env_values"], "--env"),
@@ -154,9 +153,6 @@ def deploy_cmd(
             return
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        if secrets:  # values given on the command line are in the file: owner-only
-            out.chmod(0o600)
-            result["notes"].append(f"{out.name} holds the values given with --env/--arg: written mode 0600")
         if target == "systemd":
             result["verify"] = _verify(out)
         from servelab.deploy.records import DeploymentRepo
@@ -177,9 +173,7 @@ def deploy_cmd(
                     stderr.print(f"systemctl {' '.join(data['args'])}")
 
             result["install"] = asyncio.run(
-                inst.install(
-                    spec, text, store, dep_id, tolerance=opts["tolerance"], observe=observe, private=secrets
-                )
+                inst.install(spec, text, store, dep_id, tolerance=opts["tolerance"], observe=observe)
             )
     emit(result, as_json, _render_result)
     if result["install"] and not result["install"]["check"]["ok"]:
@@ -352,6 +346,12 @@ def _render_preflight(d: dict[str, Any]) -> None:
 )
 @click.option("--api-key", envvar="SERVELAB_API_KEY", default=None, help="Bearer token; never stored.")
 @click.option(
+    "--api-key-env",
+    metavar="NAME",
+    default=None,
+    help="Read the bearer token from this environment variable (a unit's EnvironmentFile defines it).",
+)
+@click.option(
     "--no-completion", is_flag=True, help="Skip the real completion after the engine's rule passed."
 )
 @click.option("--json", "as_json", is_flag=True)
@@ -362,6 +362,7 @@ def wait_ready_cmd(
     model: str,
     pid: int | None,
     api_key: str | None,
+    api_key_env: str | None,
     no_completion: bool,
     as_json: bool,
 ) -> None:
@@ -378,6 +379,13 @@ def wait_ready_cmd(
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ConfigError(f"{url!r} is not an http(s)://HOST:PORT URL", hint="e.g. http://127.0.0.1:8000")
+    if api_key_env:
+        api_key = os.environ.get(api_key_env) or api_key
+        if not api_key:
+            raise ConfigError(
+                f"--api-key-env {api_key_env}: no such variable in the environment",
+                hint="define it in the unit's EnvironmentFile (servelab deploy --env-file)",
+            )
     readiness = registry.get(engine).readiness if engine else Readiness()
     ep = lifecycle.Endpoint(
         LaunchSpec([], {}, parts.hostname, parts.port, model, scheme=parts.scheme),

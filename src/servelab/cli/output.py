@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 from rich.console import Console
 
+from servelab.redact import redact
+
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns; give them room instead.
 stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -35,7 +37,10 @@ def dumps_json(data: Any) -> str:
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:
-    """Print `data` as JSON (nothing else on stdout) or through the human renderer."""
+    """Print `data` as JSON (nothing else on stdout) or through the human renderer; secrets masked either
+    way (`redact`: whatever a command prints may end up in a terminal log or a CI artifact)."""
+    if isinstance(data, dict | list):
+        data = redact(data)
     if as_json or render is None:
         sys.stdout.write(dumps_json(data) + "\n")
         sys.stdout.flush()

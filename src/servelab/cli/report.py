@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from servelab.cli.output import emit, stdout
 from servelab.errors import UserError
+from servelab.redact import redact
 from servelab.store import open_store
 
 
@@ -63,7 +64,7 @@ def report(
 
     host = gather() if host_checks else None
     with open_store() as store:
-        model = data.load(store, study, host=host)
+        model = redact(data.load(store, study, host=host))  # what the files and JSON publish: no secret
     written: list[str] = []
     if html_file is not None:
         _write(html_file, html_report.render(model))

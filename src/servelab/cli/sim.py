@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -147,4 +148,15 @@ def build_config(opts: dict[str, Any], engine_argv: list[str]) -> Any:
         host=opts["host"],
         port=port,
         box_gpus=opts["num_gpus"],
+        api_key=sim_api_key(personality, args.raw.get("api_key")),
     )
+
+
+API_KEY_ENV = "SERVELAB_SIM_API_KEY"
+
+
+def sim_api_key(personality: str, flag: str | None) -> str | None:
+    """The key /v1/* demands: --api-key, else $SERVELAB_SIM_API_KEY, else (vLLM personality, as vLLM does)
+    $VLLM_API_KEY. The environment keeps it off the command line, which every user of the host reads."""
+    env = os.environ.get(API_KEY_ENV) or (os.environ.get("VLLM_API_KEY") if personality == "vllm" else None)
+    return flag or env or None

@@ -5,9 +5,9 @@ RUN is one of:
 - `STUDY:CANDIDATE`: that candidate (its label), its latest measured trial;
 - `trial:ID`: exactly that trial (it must have been measured).
 
-The store redacts secrets (`***`) in argv and env; a deployment cannot run on a mask, so `apply_overrides`
-refuses until each masked value is supplied (`--env NAME=VALUE`, `--arg FLAG=VALUE`) or, for env, left to an
-EnvironmentFile (`--env-file`)."""
+The store redacts secrets (`***`) in argv and env, and a unit never holds one (ExecStart= is in `ps`,
+Environment= in `systemctl show`): `apply_overrides` leaves every secret to the EnvironmentFile the user
+supplies (`--env-file`) and refuses without one, or when a secret is given with `--env`/`--arg`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from servelab.errors import ConfigError, NotFoundError
-from servelab.redact import MASK
+from servelab.redact import MASK, env_route, has_url_credentials, is_secret_flag, is_secret_name, secret_args
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 
@@ -41,6 +41,7 @@ class LaunchRecord:
     study: dict[str, Any] = field(default_factory=dict)  # the stored study spec
     effective: dict[str, Any] = field(default_factory=dict)
     candidate_spec: dict[str, Any] = field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()  # variables the deployment's EnvironmentFile must define (never inline)
 
     @property
     def ref(self) -> str:
@@ -248,13 +249,29 @@ def apply_overrides(
     port: int | None = None,
     env_file: bool = False,
 ) -> LaunchRecord:
-    """The record with supplied secrets, replaced flags and its serving port; refuses while a redacted value
-    is left. The port is `port`, or the engine's default (`default_port`) — not the trial's.
+    """The record with replaced flags and its serving port, and its secrets left to the EnvironmentFile;
+    refuses while a secret would be written into the unit. The port is `port`, or the engine's default
+    (`default_port`) — not the trial's.
+
+    A secret never goes into the unit (its ExecStart= is in `ps`, its Environment= in `systemctl show`):
+    secret flags leave the command line for the variable the engine reads them from (vLLM's --api-key:
+    VLLM_API_KEY), secret-named or masked variables leave the environment, and the user's EnvironmentFile
+    (`env_file`) must define them (`secret_env`). A secret given with --env/--arg is refused.
 
     The served name follows the command line: `--arg --served-model-name=X` (llama.cpp: `--alias`) changes
     what the server lists in /v1/models, so the readiness check asks for X; a served-name flag the run's
-    command line lacks is added. With `env_file`, masked env variables are dropped from the unit (the
-    EnvironmentFile supplies them)."""
+    command line lacks is added."""
+    inline = [f"--env {n}" for n in (env or {}) if is_secret_name(n)]
+    inline += [
+        f"--env {n}" for n, v in (env or {}).items() if has_url_credentials(v) and not is_secret_name(n)
+    ]
+    inline += [f"--arg {f}" for f, v in (args or {}).items() if is_secret_flag(f) or has_url_credentials(v)]
+    if inline:
+        raise ConfigError(
+            f"{', '.join(inline)} would write a secret into the unit, where every user reads it",
+            hint="put NAME=VALUE lines in a file of mode 0600 and pass --env-file FILE (a flag's value goes in "
+            "the variable the engine reads it from, e.g. VLLM_API_KEY for vLLM's --api-key)",
+        )
     argv, new_env = list(record.argv), dict(record.env)
     name_flags = served_name_flags(record.engine)
     served = record.served_model
@@ -271,22 +288,45 @@ def apply_overrides(
         argv = set_flag(argv, flag, value)
     argv = set_flag(argv, "--port", str(port if port is not None else default_port(record)))
     new_env.update(env or {})
-    rec = replace(record, argv=argv, env=new_env, served_model=served)
-    env_left, flags_left = masked(rec)
-    if env_file:
-        rec = replace(rec, env={k: v for k, v in rec.env.items() if k not in env_left})
-        env_left = []
-    if env_left or flags_left:
-        what = [f"environment variable {n}" for n in env_left] + [f"argument {f}" for f in flags_left]
-        hints = [f"--env {n}=VALUE" for n in env_left] + [f"--arg {f}=VALUE" for f in flags_left]
+    argv, from_flags = _secret_flags_to_env(record, argv)
+    secret_env = sorted({*from_flags, *(k for k, v in new_env.items() if is_secret_name(k) or MASK in v)})
+    rec = replace(
+        record,
+        argv=argv,
+        env={k: v for k, v in new_env.items() if k not in secret_env},
+        served_model=served,
+        secret_env=tuple(secret_env),
+    )
+    _env_left, flags_left = masked(rec)
+    if flags_left:
         raise ConfigError(
-            f"the store keeps secrets redacted ('{MASK}'): {', '.join(what)} of {record.ref} cannot be deployed "
-            "as stored",
-            hint=f"supply {'them' if len(hints) > 1 else 'it'}: {' '.join(hints)}"
-            + (
-                " (or --env-file FILE for the environment: the unit then reads them from that file)"
-                if env_left
-                else ""
-            ),
+            f"the store keeps secrets redacted ('{MASK}'): argument {', '.join(flags_left)} of {record.ref} "
+            "cannot be deployed as stored, and a secret is never written into the unit",
+            hint="drop the argument with --arg FLAG=VALUE (a value without a secret), or serve with an engine "
+            "that reads it from its environment",
+        )
+    if secret_env and not env_file:
+        raise ConfigError(
+            f"{record.ref} runs with secrets ({', '.join(secret_env)}), and a secret is never written into the "
+            "unit",
+            hint=f"put {' '.join(f'{n}=VALUE' for n in secret_env)} in a file of mode 0600 and pass --env-file FILE",
         )
     return rec
+
+
+def _secret_flags_to_env(record: LaunchRecord, argv: list[str]) -> tuple[list[str], list[str]]:
+    """argv without its secret flags, and the variables the engine reads them from instead."""
+    drop: set[int] = set()
+    names: list[str] = []
+    for i, flag, _value, inline in secret_args(argv):
+        route = env_route(record.engine, flag)
+        if route is None:
+            raise ConfigError(
+                f"{record.engine} takes {flag} only on its command line, and a secret is never written into "
+                f"the unit ({record.ref})",
+                hint=f"deploy it without {flag} (--arg {flag}=VALUE cannot: the value is a secret), or serve "
+                "it behind a proxy that checks the key",
+            )
+        drop.update((i,) if inline else (i, i + 1))
+        names.append(route)
+    return [a for i, a in enumerate(argv) if i not in drop], names

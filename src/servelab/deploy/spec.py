@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from servelab.deploy.source import LaunchRecord, flag_value
+from servelab.deploy.source import LaunchRecord
 from servelab.engines import registry
 from servelab.engines.base import Readiness
 from servelab.errors import ConfigError
 from servelab.host.processes import MARKER_ENV
+from servelab.redact import env_route, knowledge
 
 MARKER_PREFIX = "servelab-deploy:"
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")  # a unit name that is also a DNS-1123 label
@@ -48,6 +49,7 @@ class DeploySpec:
     restart_s: int
     user: str | None = None
     env_file: str | None = None
+    api_key_env: str | None = None  # the EnvironmentFile's variable holding the key the server demands
     servelab: list[str] = field(default_factory=list)  # how the unit calls servelab (preflight, wait-ready)
     notes: list[str] = field(default_factory=list)
 
@@ -62,8 +64,20 @@ class DeploySpec:
 
     @property
     def api_key(self) -> str | None:
-        """The key the server demands (its --api-key, or vLLM's VLLM_API_KEY), for wait-ready and the checks."""
-        return flag_value(self.argv, "--api-key") or self.env.get("VLLM_API_KEY")
+        """The key the server demands, for the install's checks: read from the EnvironmentFile (the unit
+        holds none) when this user can read it."""
+        if not (self.api_key_env and self.env_file):
+            return None
+        try:
+            lines = Path(self.env_file).read_text().splitlines()
+        except OSError:
+            return None
+        found = None
+        for line in lines:
+            name, eq, value = line.strip().removeprefix("export ").partition("=")
+            if eq and name.strip() == self.api_key_env:
+                found = value.strip().strip("'\"")
+        return found or None
 
     @property
     def wait_timeout_s(self) -> int:
@@ -101,6 +115,7 @@ class DeploySpec:
             self.served_model,
             "--timeout",
             str(self.wait_timeout_s),
+            *(["--api-key-env", self.api_key_env] if self.api_key_env else []),
         ]
 
 
@@ -178,9 +193,7 @@ def build(
     if env_file is not None and not env_file.startswith("/"):
         raise ConfigError(f"--env-file must be an absolute path (got {env_file!r})")
     env = {**record.env, MARKER_ENV: MARKER_PREFIX + name, "SPT_NOENV": "1"}
-    key = flag_value(argv, "--api-key")
-    if key:  # wait-ready (ExecStartPost) reads it from there; it is in the unit's argv anyway
-        env["SERVELAB_API_KEY"] = key
+    key_env = next((n for f in knowledge().client_key_flags if (n := env_route(record.engine, f))), None)
     return DeploySpec(
         name=name,
         record=record,
@@ -198,6 +211,7 @@ def build(
         restart_s=int(t["restart_s"]),
         user=user,
         env_file=env_file,
+        api_key_env=key_env if key_env in record.secret_env else None,
         servelab=list(servelab) if servelab else [sys.executable, "-m", "servelab"],
         notes=notes,
     )

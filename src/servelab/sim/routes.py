@@ -188,6 +188,9 @@ class Router:
             await proto.closed_fut
             return False
         path = req.path
+        key = srv.cfg.api_key
+        if key and path.startswith("/v1") and req.headers.get("authorization") != f"Bearer {key}":
+            raise HttpError(401, "Unauthorized", body=orjson.dumps({"error": "Unauthorized"}))
         chat = GENERATE.get(path)
         if chat is not None:
             if req.method != "POST":

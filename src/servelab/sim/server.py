@@ -67,6 +67,7 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     box_gpus: int = 0  # GPUs in the simulated box (default: the ones the layout uses)
+    api_key: str | None = None  # /v1/* demands `Authorization: Bearer KEY` (as vLLM and SGLang do)
     persona: Personality | None = None  # default: the packaged personality named by engine.personality
 
     @property

@@ -78,11 +78,17 @@ def test_writes_the_file_and_records_it(
 def test_redacted_secret_is_refused_with_the_way_out(make_study: MakeStudy, tmp_path: Path) -> None:
     ids = make_study("vllm", env={"HF_TOKEN": "hf_abcdefghijk"})
     code, _out, exc = _deploy(ids["uid"], "--out", str(tmp_path / "o"))
-    assert isinstance(exc, ConfigError) and "HF_TOKEN" in exc.message and "--env HF_TOKEN=VALUE" in exc.hint
+    assert isinstance(exc, ConfigError) and "HF_TOKEN" in exc.message
+    assert "HF_TOKEN=VALUE" in exc.hint and "--env-file" in exc.hint
     assert not (tmp_path / "o").exists()
-    code, out, exc = _deploy(ids["uid"], "--out", str(tmp_path / "o"), "--env", "HF_TOKEN=hf_x y$", "--json")
+    # A secret given on the command line would be written into the unit: refused too.
+    code, _out, exc = _deploy(ids["uid"], "--out", str(tmp_path / "o"), "--env", "HF_TOKEN=hf_x y$")
+    assert isinstance(exc, ConfigError) and "--env HF_TOKEN" in exc.message
+    assert not (tmp_path / "o").exists()
+    code, out, exc = _deploy(ids["uid"], "--out", str(tmp_path / "o"), "--env-file", "/etc/llm.env", "--json")
     assert code == 0, exc
-    assert 'Environment="HF_TOKEN=hf_x y$"' in Path(json.loads(out)["file"]).read_text()
+    unit = Path(json.loads(out)["file"]).read_text()
+    assert "EnvironmentFile=/etc/llm.env" in unit and "HF_TOKEN" not in unit
 
 
 def test_install_without_systemd_stops_before_touching_anything(

@@ -48,26 +48,38 @@ def test_no_winner_and_unmeasured(store: Store, make_study: MakeStudy) -> None:
         source.resolve(store, f"trial:{ids['trials']['tp1']}")
 
 
-def test_redacted_env_is_refused_until_supplied(store: Store, make_study: MakeStudy) -> None:
+def test_secret_env_is_left_to_the_environment_file(store: Store, make_study: MakeStudy) -> None:
     ids = make_study("vllm", env={"HF_TOKEN": "hf_secretsecret", "NCCL_DEBUG": "WARN"})
     rec = source.resolve(store, ids["uid"])
     assert rec.env["HF_TOKEN"] == "***"  # the store never held the secret
-    with pytest.raises(ConfigError, match="environment variable HF_TOKEN") as exc:
+    with pytest.raises(ConfigError, match="secrets \\(HF_TOKEN\\)") as exc:
         source.apply_overrides(rec)
-    assert "--env HF_TOKEN=VALUE" in exc.value.hint and "--env-file" in exc.value.hint
-    assert source.apply_overrides(rec, env={"HF_TOKEN": "hf_real"}).env["HF_TOKEN"] == "hf_real"
+    assert "HF_TOKEN=VALUE" in exc.value.hint and "--env-file" in exc.value.hint
+    with pytest.raises(ConfigError, match="--env HF_TOKEN would write a secret"):
+        source.apply_overrides(rec, env={"HF_TOKEN": "hf_real"}, env_file=True)
     from_file = source.apply_overrides(rec, env_file=True)
     assert "HF_TOKEN" not in from_file.env and from_file.env["NCCL_DEBUG"] == "WARN"
+    assert from_file.secret_env == ("HF_TOKEN",)
 
 
-def test_redacted_argument_is_refused_until_supplied(store: Store, make_study: MakeStudy) -> None:
-    ids = make_study("vllm", args=["--api-key", "sk-abcdefghijkl"])
+def test_secret_argument_leaves_the_command_line(store: Store, make_study: MakeStudy) -> None:
+    ids = make_study("vllm", args=["--api-key", "sk-abcdefghijkl", "--hf-token=hf_abcdefgh"])
     rec = source.resolve(store, ids["uid"])
-    with pytest.raises(ConfigError, match="argument --api-key") as exc:
+    with pytest.raises(ConfigError, match="VLLM_API_KEY") as exc:
         source.apply_overrides(rec)
-    assert "--arg --api-key=VALUE" in exc.value.hint
-    fixed = source.apply_overrides(rec, args={"--api-key": "sk-real"}, port=9000)
-    assert source.flag_value(fixed.argv, "--api-key") == "sk-real" and fixed.port == 9000
+    assert "VLLM_API_KEY=VALUE" in exc.value.hint and "--env-file" in exc.value.hint
+    with pytest.raises(ConfigError, match="--arg --api-key would write a secret"):
+        source.apply_overrides(rec, args={"--api-key": "sk-real"}, env_file=True)
+    fixed = source.apply_overrides(rec, port=9000, env_file=True)
+    assert source.flag_value(fixed.argv, "--api-key") is None and fixed.port == 9000
+    assert not any("hf-token" in a or "***" in a for a in fixed.argv)
+    assert fixed.secret_env == ("HF_TOKEN", "VLLM_API_KEY")
+
+
+def test_secret_flag_without_an_environment_route_is_refused(store: Store, make_study: MakeStudy) -> None:
+    ids = make_study("sglang", args=["--api-key", "sk-abcdefghijkl"])
+    with pytest.raises(ConfigError, match="sglang takes --api-key only on its command line"):
+        source.apply_overrides(source.resolve(store, ids["uid"]), env_file=True)
 
 
 def test_set_flag_forms() -> None:

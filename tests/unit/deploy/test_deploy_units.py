@@ -101,15 +101,22 @@ def test_default_name_and_no_hardening(store: Store, make_study: MakeStudy) -> N
     assert "--kill-stale" in systemd.render_unit(dep, kill_stale=True)
 
 
-def test_gpus_of_the_unit_and_api_key(store: Store, make_study: MakeStudy) -> None:
+def test_gpus_of_the_unit_and_api_key(store: Store, make_study: MakeStudy, tmp_path: Path) -> None:
     ids = make_study(
         "vllm", env={"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, args=["--api-key", "sk-abcdefghij"]
     )
-    rec = source.apply_overrides(source.resolve(store, ids["uid"]), args={"--api-key": "k 1"})
-    dep = spec.build(rec, "x1")
+    env_file = tmp_path / "llm.env"
+    env_file.write_text("# the unit's secrets\nVLLM_API_KEY='k 1'\n")
+    rec = source.apply_overrides(source.resolve(store, ids["uid"]), env_file=True)
+    dep = spec.build(rec, "x1", env_file=str(env_file))
     pre = dep.preflight_args()
     assert pre[pre.index("--gpus") + 1] == "GPU-aa,GPU-bb" and dep.gpu_count == 2
-    assert dep.api_key == "k 1" and dep.env["SERVELAB_API_KEY"] == "k 1"
+    # The key stays in the EnvironmentFile: wait-ready reads it from there, the install's checks too.
+    assert dep.api_key == "k 1" and dep.api_key_env == "VLLM_API_KEY" and "--api-key" not in dep.argv
+    wait = dep.wait_ready_args()
+    assert wait[wait.index("--api-key-env") + 1] == "VLLM_API_KEY"
+    unit = systemd.render_unit(dep)
+    assert f"EnvironmentFile={env_file}" in unit and "k 1" not in unit and "sk-abc" not in unit
 
 
 def test_user_and_env_file_lines(store: Store, make_study: MakeStudy) -> None:
