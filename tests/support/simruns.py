@@ -60,8 +60,11 @@ class SimProcess:
                 self.proc.wait(10)
 
 
-def start_sim(log_dir: Path, *args: str, speed: float = SPEED, timeout: float = 60.0) -> SimProcess:
-    """`servelab sim --port 0` on loopback; waits for its SIM-PORT line and /health."""
+def start_sim(
+    log_dir: Path, *args: str, speed: float = SPEED, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> SimProcess:
+    """`servelab sim --port 0` on loopback (`env` added to its environment); waits for its SIM-PORT line
+    and /health."""
     log_dir.mkdir(parents=True, exist_ok=True)
     n = len(list(log_dir.glob("sim*.err")))
     out, err = log_dir / f"sim{n}.out", log_dir / f"sim{n}.err"
@@ -78,7 +81,9 @@ def start_sim(log_dir: Path, *args: str, speed: float = SPEED, timeout: float = 
         *args,
     ]
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen(cmd, stdout=o, stderr=e, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=o, stderr=e, start_new_session=True, env={**os.environ, **(env or {})}
+        )
     sim = SimProcess(proc, err, 0)
     end = time.monotonic() + timeout
     try:
