@@ -146,14 +146,12 @@ async def install(
     tolerance: float = DEFAULT_TOLERANCE,
     unit_dir: Path | None = None,
     observe: Observer | None = None,
-    private: bool = False,
 ) -> dict[str, Any]:
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
     The verify and benchmark steps are the trial pipeline's (`servelab.trial.Trial`), attached to the server
     systemd started: the same verify-output arguments, workload, telemetry and level digest the study
-    measured the tuned result with. `private`: the unit holds secrets given on the command line, so it is
-    written mode 0600."""
+    measured the tuned result with. The unit holds no secret (they are in its EnvironmentFile): mode 0644."""
     require_systemd(unit_dir)
     unit_dir = unit_dir or UNIT_DIR
     notify: Observer = observe or (lambda _e, _d: None)
@@ -161,7 +159,7 @@ async def install(
     steps: list[dict[str, Any]] = []
     path = unit_dir / f"{spec.name}.service"
     path.write_text(unit_text)
-    path.chmod(0o600 if private else 0o644)
+    path.chmod(0o644)
     steps.append({"step": "write", "path": str(path)})
     for args in (("daemon-reload",), ("enable", f"{spec.name}.service"), ("start", f"{spec.name}.service")):
         notify("systemctl", {"args": list(args)})
