@@ -197,9 +197,9 @@ def externalize(spec: LaunchSpec, engine: str) -> Externalized:
         route = env_route(engine, name)
         if route is None:
             raise ConfigError(
-                f"{engine} takes {name} only on its command line, where every user of this host reads it "
+                f"{engine} takes `{name}` only on its command line, where every user of this host reads it "
                 "(ps, /proc/PID/cmdline)",
-                hint=f"leave {name} out of the candidate's args (servelab launches {engine} without it), "
+                hint=f"leave `{name}` out of the candidate's args (servelab launches {engine} without it), "
                 "or serve it behind a proxy that checks the key",
             )
         env[route] = value

@@ -137,9 +137,10 @@ def test_a_launch_gets_its_secrets_through_the_environment() -> None:
 
 
 def test_a_secret_the_engine_only_takes_on_argv_is_refused() -> None:
-    with pytest.raises(ConfigError, match="sglang takes --api-key only on its command line") as exc:
+    with pytest.raises(ConfigError, match="sglang takes `--api-key` only on its command line") as exc:
         externalize(_launch("sglang", "--api-key", "K"), "sglang")
     assert "K" not in exc.value.message.replace("--api-key", "")
+    assert redact_text(exc.value.message) == exc.value.message  # the CLI prints it redacted: nothing lost
     with pytest.raises(ConfigError, match="URL with a password") as url:
         externalize(_launch("vllm", "--kv-transfer-url", "redis://u:SECRET@h"), "vllm")
     assert "SECRET" not in url.value.message

@@ -261,11 +261,12 @@ def apply_overrides(
     The served name follows the command line: `--arg --served-model-name=X` (llama.cpp: `--alias`) changes
     what the server lists in /v1/models, so the readiness check asks for X; a served-name flag the run's
     command line lacks is added."""
-    inline = [f"--env {n}" for n in (env or {}) if is_secret_name(n)]
+    # Flags in backticks: `--api-key` followed by a word would read as a flag and its value, and be masked.
+    inline = [f"`--env {n}`" for n in (env or {}) if is_secret_name(n)]
     inline += [
-        f"--env {n}" for n, v in (env or {}).items() if has_url_credentials(v) and not is_secret_name(n)
+        f"`--env {n}`" for n, v in (env or {}).items() if has_url_credentials(v) and not is_secret_name(n)
     ]
-    inline += [f"--arg {f}" for f, v in (args or {}).items() if is_secret_flag(f) or has_url_credentials(v)]
+    inline += [f"`--arg {f}`" for f, v in (args or {}).items() if is_secret_flag(f) or has_url_credentials(v)]
     if inline:
         raise ConfigError(
             f"{', '.join(inline)} would write a secret into the unit, where every user reads it",
@@ -300,7 +301,7 @@ def apply_overrides(
     _env_left, flags_left = masked(rec)
     if flags_left:
         raise ConfigError(
-            f"the store keeps secrets redacted ('{MASK}'): argument {', '.join(flags_left)} of {record.ref} "
+            f"the store keeps secrets redacted ('{MASK}'): argument {', '.join(f'`{f}`' for f in flags_left)} of {record.ref} "
             "cannot be deployed as stored, and a secret is never written into the unit",
             hint="drop the argument with --arg FLAG=VALUE (a value without a secret), or serve with an engine "
             "that reads it from its environment",
@@ -322,9 +323,9 @@ def _secret_flags_to_env(record: LaunchRecord, argv: list[str]) -> tuple[list[st
         route = env_route(record.engine, flag)
         if route is None:
             raise ConfigError(
-                f"{record.engine} takes {flag} only on its command line, and a secret is never written into "
+                f"{record.engine} takes `{flag}` only on its command line, and a secret is never written into "
                 f"the unit ({record.ref})",
-                hint=f"deploy it without {flag} (--arg {flag}=VALUE cannot: the value is a secret), or serve "
+                hint=f"deploy it without `{flag}` (`--arg` cannot supply it: the value is a secret), or serve "
                 "it behind a proxy that checks the key",
             )
         drop.update((i,) if inline else (i, i + 1))

@@ -9,6 +9,7 @@ import pytest
 
 from servelab.deploy import source
 from servelab.errors import ConfigError, NotFoundError
+from servelab.redact import redact_text
 from servelab.store.db import Store
 
 MakeStudy = Callable[..., dict[str, Any]]
@@ -55,7 +56,7 @@ def test_secret_env_is_left_to_the_environment_file(store: Store, make_study: Ma
     with pytest.raises(ConfigError, match="secrets \\(HF_TOKEN\\)") as exc:
         source.apply_overrides(rec)
     assert "HF_TOKEN=VALUE" in exc.value.hint and "--env-file" in exc.value.hint
-    with pytest.raises(ConfigError, match="--env HF_TOKEN would write a secret"):
+    with pytest.raises(ConfigError, match="`--env HF_TOKEN` would write a secret"):
         source.apply_overrides(rec, env={"HF_TOKEN": "hf_real"}, env_file=True)
     from_file = source.apply_overrides(rec, env_file=True)
     assert "HF_TOKEN" not in from_file.env and from_file.env["NCCL_DEBUG"] == "WARN"
@@ -68,8 +69,9 @@ def test_secret_argument_leaves_the_command_line(store: Store, make_study: MakeS
     with pytest.raises(ConfigError, match="VLLM_API_KEY") as exc:
         source.apply_overrides(rec)
     assert "VLLM_API_KEY=VALUE" in exc.value.hint and "--env-file" in exc.value.hint
-    with pytest.raises(ConfigError, match="--arg --api-key would write a secret"):
+    with pytest.raises(ConfigError, match="`--arg --api-key` would write a secret") as inline:
         source.apply_overrides(rec, args={"--api-key": "sk-real"}, env_file=True)
+    assert redact_text(inline.value.message) == inline.value.message  # printed whole, nothing masked
     fixed = source.apply_overrides(rec, port=9000, env_file=True)
     assert source.flag_value(fixed.argv, "--api-key") is None and fixed.port == 9000
     assert not any("hf-token" in a or "***" in a for a in fixed.argv)
@@ -78,8 +80,11 @@ def test_secret_argument_leaves_the_command_line(store: Store, make_study: MakeS
 
 def test_secret_flag_without_an_environment_route_is_refused(store: Store, make_study: MakeStudy) -> None:
     ids = make_study("sglang", args=["--api-key", "sk-abcdefghijkl"])
-    with pytest.raises(ConfigError, match="sglang takes --api-key only on its command line"):
+    with pytest.raises(ConfigError, match="sglang takes `--api-key` only on its command line") as exc:
         source.apply_overrides(source.resolve(store, ids["uid"]), env_file=True)
+    assert (
+        redact_text(exc.value.message) == exc.value.message and redact_text(exc.value.hint) == exc.value.hint
+    )
 
 
 def test_set_flag_forms() -> None:
