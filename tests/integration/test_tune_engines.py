@@ -22,6 +22,9 @@ def _pin_client() -> None:
         os.sched_setaffinity(0, CLIENT_CPUS)
 
 
+VLLM_KEY = "vk-planted-0x5eed"  # seqs-4 demands it: vLLM reads it from VLLM_API_KEY, never from argv
+
+
 def test_vllm_cpu_study_end_to_end(tmp_path: Path, tiny_qwen3_moe: Path) -> None:
     cpus = sorted(SERVER_CPUS) if SERVER_CPUS else [0]
     study = tmp_path / "vllm.toml"
@@ -46,6 +49,7 @@ reference_python = "{ENGINES_PY}"
 [[candidates]]
 name = "seqs-4"
 max_concurrency = 4
+args = ["--api-key", "{VLLM_KEY}"]
 [[candidates]]
 name = "seqs-8-eager"
 max_concurrency = 8
@@ -69,7 +73,9 @@ concurrency = [1, 4]
     assert bad["diagnosis"]["class"] == "unsupported_argument"
     assert "--no-such-flag" in bad["diagnosis"]["evidence"]
 
-    detail = json.loads(servelab("runs", "study", out["study"], "--json", home=tmp_path / "home").stdout)
+    runs = servelab("runs", "study", out["study"], "--json", home=tmp_path / "home").stdout
+    assert VLLM_KEY not in runs
+    detail = json.loads(runs)
     trials = {x["label"]: x["trials"][0] for x in detail["candidates"]}
     for label, seqs, eager in (("seqs-4", 4, False), ("seqs-8-eager", 8, True)):
         # --enforce-eager (no torch.compile) runs vLLM-CPU several times slower; flagging that against the
@@ -91,6 +97,10 @@ concurrency = [1, 4]
         assert t["verify"]["ok"] is True
         assert any(ch["name"] == "reference" and ch["ok"] for ch in t["verify"]["checks"])
         assert t["teardown"]["survivors"] == []
+    # The key went through VLLM_API_KEY (its argv has none), which vLLM reads for /v1/* authentication
+    # (vllm/entrypoints/serve/middleware/register.py); the trial was still measured and verified.
+    keyed = trials["seqs-4"]
+    assert "--api-key" not in keyed["argv"] and keyed["env"]["VLLM_API_KEY"] == "***"
     assert markers_alive(f"servelab-study:{out['study']}:") == []
 
 
