@@ -39,6 +39,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _launchable_args(v: list[str]) -> list[str]:
+    """Flags reach `exec` as C strings: a NUL would stop the launch (after the study started)."""
+    for i, a in enumerate(v):
+        if "\0" in a:
+            raise ValueError(f"args[{i}] holds a NUL character, which no command line can carry")
+    return v
+
+
+def _launchable_env(v: dict[str, str]) -> dict[str, str]:
+    """An environment entry is `NAME=VALUE` in C: a name with `=` or NUL, or a value with NUL, cannot be
+    set, and the launch would fail after the study started."""
+    for k, x in v.items():
+        if not k or "=" in k or "\0" in k:
+            raise ValueError(f"environment name {k!r} is not valid: it must be non-empty, without '=' or NUL")
+        if "\0" in x:
+            raise ValueError(f"the value of {k} holds a NUL character, which no environment can carry")
+    return v
+
+
 class StudyInfo(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
@@ -67,6 +86,9 @@ class EngineSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
 
+    check_args = field_validator("args")(_launchable_args)
+    check_env = field_validator("env")(_launchable_env)
+
 
 class CandidateSpec(_Strict):
     """One configuration to try; fields left out inherit the engine's defaults."""
@@ -86,6 +108,9 @@ class CandidateSpec(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     baseline: bool = False
     _label: str | None = PrivateAttr(default=None)
+
+    check_args = field_validator("args")(_launchable_args)
+    check_env = field_validator("env")(_launchable_env)
 
     def label(self) -> str:
         """The candidate's name, else one made of every field it sets (so matrix items over any field
