@@ -335,37 +335,40 @@ class Study(_Strict):
         except ValidationError as exc:
             for err in exc.errors():
                 out[(("engine", "options", *err["loc"]), _message(err))] = None
-        checked: dict[str, tuple[tuple[tuple[Any, ...], str], ...]] = {}
+        checked: dict[str, list[tuple[tuple[Any, ...], str]]] = {}
+        matrix_seen: set[tuple[tuple[Any, ...], str]] = set()  # one line per problem, not per item
         for i, c in enumerate(self.candidates):
             where: tuple[Any, ...] = ("candidates", i) if i < explicit else ("matrix",)
             merged = {**self.engine.options, **c.options}
-            key = repr(sorted(c.options.items()))  # candidates without options of their own share one check
+            key = repr(sorted(c.options.items()))  # candidates with the same options share one check
             if key not in checked:
-                found: list[tuple[tuple[Any, ...], str]] = []
+                checked[key] = []
                 try:
                     model.model_validate(merged)
                 except ValidationError as exc:
                     for err in exc.errors():
                         loc = tuple(err["loc"])
                         if loc and loc[0] in c.options:  # the engine's keys were reported above
-                            found.append(((*where, "options", *loc), _message(err)))
-                checked[key] = tuple(found)
-            for problem in checked[key]:
-                path, msg = problem
-                if path[0] == "matrix":
-                    problem = (path, f"{msg} (candidate {c.label()!r})")
-                out[problem] = None
+                            checked[key].append((("options", *loc), _message(err)))
+            problems = [((*where, *loc), msg) for loc, msg in checked[key]]
             box = self._box(merged)
             world = c.tp * c.pp * (c.dp or 1)
             if box is not None and world > box:
-                out[
+                problems.append(
                     (
                         (*where, "tp"),
-                        f"tp×pp×dp = {c.tp}×{c.pp}×{c.dp or 1} = {world} GPUs, more than the {box} the "
-                        f"study's host has (host.num_gpus)"
-                        + (f" (candidate {c.label()!r})" if i >= explicit else ""),
+                        f"tp×pp×dp = {c.tp}×{c.pp}×{c.dp or 1} = {world} GPUs, more than the {box} "
+                        "the study's host has (host.num_gpus)",
                     )
-                ] = None
+                )
+            for path, msg in problems:
+                if i < explicit:
+                    out[(path, msg)] = None
+                elif (path, msg) not in matrix_seen:
+                    matrix_seen.add((path, msg))
+                    out[(path, f"{msg} (candidate {c.label()!r}, and any other item with it)")] = None
+            if len(out) >= 50:
+                break
         return list(out)
 
     def _box(self, options: dict[str, Any]) -> int | None:

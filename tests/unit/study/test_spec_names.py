@@ -112,6 +112,14 @@ def test_engine_options_errors_name_the_candidate_that_inherits_them() -> None:
     assert "engine.options.cpus[0]: Input should be greater than or equal to 0" in msg
 
 
+def test_each_candidate_with_a_bad_option_is_named_and_a_matrix_reports_it_once() -> None:
+    bad = {"faults": ["nope"]}
+    msg = errors(study(candidates=[{"name": "x", "options": bad}, {"name": "y", "options": bad}]))
+    assert "candidates[0].options.faults[0]" in msg and "candidates[1].options.faults[0]" in msg
+    msg = errors(study(candidates=[], matrix={"options": [bad], "max_concurrency": list(range(1, 500))}))
+    assert msg.count("unknown fault") == 1 and "matrix.options.faults[0]" in msg
+
+
 def test_a_layout_larger_than_the_box_is_a_spec_error() -> None:
     msg = errors(study(host={"gpu": GPU, "num_gpus": 4}, candidates=[{"tp": 8}, {"tp": 2, "pp": 4}]))
     assert "candidates[0].tp: tp×pp×dp = 8×1×1 = 8 GPUs, more than the 4" in msg
@@ -190,7 +198,7 @@ def test_matrix_items_can_be_named() -> None:
 
 def test_a_matrix_items_bad_option_names_the_matrix_and_the_item() -> None:
     msg = errors(study(candidates=[], matrix={"options": [{"faults": ["hang"]}, {"faults": ["nope"]}]}))
-    assert "matrix.options.faults[0]: unknown fault 'nope'" in msg and "(candidate 'tp1-faults=nope')" in msg
+    assert "matrix.options.faults[0]: unknown fault 'nope'" in msg and "(candidate 'tp1-faults=nope'" in msg
 
 
 def test_a_large_matrix_validates_and_reports_repeats_once() -> None:
