@@ -32,6 +32,7 @@ from servelab.trial import (
     Trial,
     TrialObserver,
     TrialOutcome,
+    bench_config,
     settings_for,
 )
 
@@ -148,6 +149,10 @@ def preflight(study: Study, engine: Engine) -> None:
     its log file name. The dry run and the real run both call this first, so a study the dry run accepts
     never stops at a launch, and one it refuses has started nothing and stored nothing."""
     problems: list[str] = []
+    try:  # the benchmark's configuration is built after the server is up: build it now
+        bench_config(study, "http://127.0.0.1:1", study.model.served_name or study.model.path)
+    except UserError as exc:
+        problems.append(f"  workload/load: {exc.message}")
     for i, cand in enumerate(study.candidates):
         label = cand.label()
         try:
@@ -164,7 +169,7 @@ def preflight(study: Study, engine: Engine) -> None:
             break
     if problems:
         raise ConfigError(
-            f"{len(problems)} candidate(s) cannot be launched:\n" + "\n".join(problems),
+            "the study cannot be launched:\n" + "\n".join(problems),
             hint="fix the fields named above; `servelab tune STUDY --dry-run` checks the same",
         )
 

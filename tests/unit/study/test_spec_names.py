@@ -88,6 +88,14 @@ TOML = (
 )
 
 
+def test_a_workload_the_benchmark_refuses_is_refused_before_any_launch() -> None:
+    """The benchmark's configuration is built after the server is ready; a sharegpt workload without a
+    dataset used to fail there, once per candidate. The preflight builds it first."""
+    s = parse_study(study(workload={"kind": "sharegpt", "num_requests": 8}))
+    with pytest.raises(ConfigError, match="workload/load: the study's workload/load cannot be benchmarked"):
+        preflight(s, registry.get("sim"))
+
+
 # -- item 6: typed engine options, checked with field paths ------------------------------------------
 
 
