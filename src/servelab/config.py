@@ -380,11 +380,7 @@ class Study(_Strict):
 
     def where(self, index: int) -> str:
         """The field path of candidate `index`: its [[candidates]] table, or the matrix that made it."""
-        return (
-            f"candidates[{index}]"
-            if index < self._explicit
-            else f"matrix ({self.candidates[index].label()!r})"
-        )
+        return f"candidates[{index}]" if index < self._explicit else "matrix"
 
     def baseline_label(self) -> str:
         for c in self.candidates:

@@ -162,7 +162,8 @@ def preflight(study: Study, engine: Engine) -> None:
                 raise ConfigError("the command line holds a NUL character")
         except UserError as exc:
             problems.append(
-                f"  {study.where(i)}: {label!r}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+                f"  {study.where(i)}: {label!r}: {exc.message}"
+                + (f" ({exc.hint})" if exc.hint and exc.hint != exc.default_hint else "")
             )
         if len(problems) >= 20:
             problems.append("  ... (the first 20 problems)")
