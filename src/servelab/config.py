@@ -11,7 +11,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servelab.errors import ConfigError
 from servelab.redact import redact_argv, redact_env
@@ -30,6 +38,25 @@ SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _launchable_args(v: list[str]) -> list[str]:
+    """Flags reach `exec` as C strings: a NUL would stop the launch (after the study started)."""
+    for i, a in enumerate(v):
+        if "\0" in a:
+            raise ValueError(f"args[{i}] holds a NUL character, which no command line can carry")
+    return v
+
+
+def _launchable_env(v: dict[str, str]) -> dict[str, str]:
+    """An environment entry is `NAME=VALUE` in C: a name with `=` or NUL, or a value with NUL, cannot be
+    set, and the launch would fail after the study started."""
+    for k, x in v.items():
+        if not k or "=" in k or "\0" in k:
+            raise ValueError(f"environment name {k!r} is not valid: it must be non-empty, without '=' or NUL")
+        if "\0" in x:
+            raise ValueError(f"the value of {k} holds a NUL character, which no environment can carry")
+    return v
 
 
 class StudyInfo(_Strict):
@@ -60,6 +87,9 @@ class EngineSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
 
+    check_args = field_validator("args")(_launchable_args)
+    check_env = field_validator("env")(_launchable_env)
+
 
 class CandidateSpec(_Strict):
     """One configuration to try; fields left out inherit the engine's defaults."""
@@ -78,17 +108,54 @@ class CandidateSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
     baseline: bool = False
+    _label: str | None = PrivateAttr(default=None)
+
+    check_args = field_validator("args")(_launchable_args)
+    check_env = field_validator("env")(_launchable_env)
 
     def label(self) -> str:
+        """The candidate's name, else one made of every field it sets (so matrix items over any field
+        differ). Human text: whatever the machine derives from it goes through `servelab.naming`."""
         if self.name:
             return self.name
-        parts = [f"tp{self.tp}"] + ([f"pp{self.pp}"] if self.pp > 1 else [])
-        parts += [f"ep{self.ep}"] if self.ep else []
-        parts += [f"dp{self.dp}"] if self.dp else []
-        # Secrets masked: a label is printed, stored and names files.
-        parts += [a.lstrip("-") for a in redact_argv(self.args)]
-        parts += [f"{k}={v}" for k, v in redact_env(self.env).items()]
-        return "-".join(parts)
+        if self._label is None:
+            given = self.model_dump(exclude_defaults=True, exclude={"tp", "name", "baseline"})
+            self._label = "-".join([f"tp{self.tp}", *label_parts(given)])
+        return self._label
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list | tuple):
+        return ",".join(_show(x) for x in v)
+    if isinstance(v, dict):
+        return ",".join(f"{k}={_show(x)}" for k, x in v.items())
+    return str(v)
+
+
+def label_parts(fields: dict[str, Any]) -> list[str]:
+    """The label pieces of the candidate fields given (tp only when given: `label` always shows it)."""
+    parts = [f"tp{fields['tp']}"] if "tp" in fields else []
+    for key, prefix in (("pp", "pp"), ("ep", "ep"), ("dp", "dp")):
+        if fields.get(key) not in (None, 1) or (key != "pp" and fields.get(key) is not None):
+            parts.append(f"{prefix}{fields[key]}")
+    for key, prefix in (
+        ("quantization", ""),
+        ("kv_cache_dtype", "kv-"),
+        ("max_concurrency", "c"),
+        ("mem_fraction", "mem"),
+        ("max_model_len", "len"),
+    ):
+        if fields.get(key) is not None:
+            parts.append(f"{prefix}{_show(fields[key])}")
+    # Secrets masked: a label is printed, stored and names files.
+    parts += [a.lstrip("-") for a in redact_argv([str(a) for a in fields.get("args") or ()])]
+    parts += [f"{k}={_show(v)}" for k, v in redact_env(fields.get("env") or {}).items()]
+    parts += [f"{k}={_show(v)}" for k, v in (fields.get("options") or {}).items()]
+    return parts
 
 
 class WorkloadSpec(_Strict):
@@ -216,6 +283,7 @@ class Study(_Strict):
     repeats: int = Field(default=1, ge=1, le=20)
     verify_output: bool = True
     anomalies: AnomalySpec = Field(default_factory=AnomalySpec)
+    _explicit: int = PrivateAttr(default=0)  # how many candidates the file lists before the matrix's
 
     @field_validator("objective")
     @classmethod
@@ -226,17 +294,95 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _expand(self) -> Study:
+        explicit = self._explicit = len(self.candidates)
         expanded = expand_matrix(self.matrix)
         self.candidates = [*self.candidates, *expanded]
         if not self.candidates:
             raise ValueError("the study has no candidates: add [[candidates]] tables or a [matrix]")
-        labels = [c.label() for c in self.candidates]
-        dup = sorted({x for x in labels if labels.count(x) > 1})
+        seen: dict[str, int] = {}
+        dup: set[str] = set()
+        for c in self.candidates:  # one pass: a large matrix is checked in linear time
+            label = c.label()
+            if label in seen:
+                dup.add(label)
+            seen[label] = 1
         if dup:
-            raise ValueError(f"candidate names must be unique; repeated: {', '.join(dup)} (give each a name)")
+            shown = ", ".join(sorted(dup)[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
+            raise ValueError(
+                f"candidate names must be unique; repeated: {shown} "
+                "(give each a name; a matrix names its items with variants = [{name = ...}])"
+            )
         if sum(c.baseline for c in self.candidates) > 1:
             raise ValueError("at most one candidate can be the baseline")
+        problems = self._check_engine(explicit)
+        if problems:
+            raise StudyProblems(problems)
         return self
+
+    def _check_engine(self, explicit: int) -> list[tuple[tuple[Any, ...], str]]:
+        """Each candidate's merged engine options against the engine's typed model, and its layout
+        against the box the study declares; (field path, message) for each problem, each once."""
+        from servelab.engines import registry
+        from servelab.engines.options import options_model
+        from servelab.errors import NotFoundError
+
+        try:
+            engine = registry.get(self.engine.name)
+        except NotFoundError as exc:
+            return [(("engine", "name"), f"{exc.message}; {exc.hint}")]
+        model = options_model(engine)
+        out: dict[tuple[tuple[Any, ...], str], None] = {}
+        try:  # the engine's own table, also where every candidate overrides a key of it
+            model.model_validate(self.engine.options)
+        except ValidationError as exc:
+            for err in exc.errors():
+                out[(("engine", "options", *err["loc"]), _message(err))] = None
+        checked: dict[str, list[tuple[tuple[Any, ...], str]]] = {}
+        matrix_seen: set[tuple[tuple[Any, ...], str]] = set()  # one line per problem, not per item
+        for i, c in enumerate(self.candidates):
+            where: tuple[Any, ...] = ("candidates", i) if i < explicit else ("matrix",)
+            merged = {**self.engine.options, **c.options}
+            key = repr(sorted(c.options.items()))  # candidates with the same options share one check
+            if key not in checked:
+                checked[key] = []
+                try:
+                    model.model_validate(merged)
+                except ValidationError as exc:
+                    for err in exc.errors():
+                        loc = tuple(err["loc"])
+                        if loc and loc[0] in c.options:  # the engine's keys were reported above
+                            checked[key].append((("options", *loc), _message(err)))
+            problems = [((*where, *loc), msg) for loc, msg in checked[key]]
+            box = self._box(merged)
+            world = c.tp * c.pp * (c.dp or 1)
+            if box is not None and world > box:
+                problems.append(
+                    (
+                        (*where, "tp"),
+                        f"tp×pp×dp = {c.tp}×{c.pp}×{c.dp or 1} = {world} GPUs, more than the {box} "
+                        "the study's host has (host.num_gpus)",
+                    )
+                )
+            for path, msg in problems:
+                if i < explicit:
+                    out[(path, msg)] = None
+                elif (path, msg) not in matrix_seen:
+                    matrix_seen.add((path, msg))
+                    out[(path, f"{msg} (candidate {c.label()!r}, and any other item with it)")] = None
+            if len(out) >= 50:
+                break
+        return list(out)
+
+    def _box(self, options: dict[str, Any]) -> int | None:
+        """How many GPUs the candidates run on, when the study says (a GPU kind is declared)."""
+        if not (self.host.gpu or options.get("gpu")):
+            return None
+        n = options.get("num_gpus", self.host.num_gpus)
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+    def where(self, index: int) -> str:
+        """The field path of candidate `index`: its [[candidates]] table, or the matrix that made it."""
+        return f"candidates[{index}]" if index < self._explicit else "matrix"
 
     def baseline_label(self) -> str:
         for c in self.candidates:
@@ -247,7 +393,10 @@ class Study(_Strict):
 
 def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
     """The cartesian product of the matrix axes. An axis is a candidate field with a list of values, or
-    `variants`: a list of partial candidate tables for values that go together (tp = 4 with pp = 2)."""
+    `variants`: a list of partial candidate tables for values that go together (tp = 4 with pp = 2). A
+    variant may carry a `name`: an item's name is then its variants' names, then the label pieces of the
+    fields its unnamed parts set (`variants = [{name = "wide", tp = 8}]` × `max_concurrency = [64]`:
+    `wide-c64`)."""
     if not matrix:
         return []
     axes: list[list[dict[str, Any]]] = []
@@ -259,6 +408,11 @@ def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
                 raise ValueError(
                     "matrix.variants must be a list of tables, e.g. [{tp = 8}, {tp = 4, pp = 2}]"
                 )
+            for j, v in enumerate(values):
+                if "baseline" in v:
+                    raise ValueError(f"matrix.variants[{j}]: baseline belongs on a [[candidates]] table")
+                if "name" in v and (not isinstance(v["name"], str) or not v["name"]):
+                    raise ValueError(f"matrix.variants[{j}].name must be a non-empty string")
             axes.append([dict(v) for v in values])
         elif key in CandidateSpec.model_fields and key not in ("name", "baseline"):
             axes.append([{key: v} for v in values])
@@ -268,16 +422,46 @@ def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
     out: list[CandidateSpec] = []
     for combo in itertools.product(*axes):
         merged: dict[str, Any] = {}
+        names: list[str] = []
+        unnamed: dict[str, Any] = {}
         for part in combo:
-            for k, v in part.items():
-                if k in ("args",) and k in merged:
-                    merged[k] = [*merged[k], *v]
-                elif k in ("env", "options") and k in merged:
-                    merged[k] = {**merged[k], **v}
-                else:
-                    merged[k] = v
+            fields = {k: v for k, v in part.items() if k != "name"}
+            if "name" in part:
+                names.append(part["name"])
+            else:
+                _merge(unnamed, fields)
+            _merge(merged, fields)
+        if names:
+            merged["name"] = "-".join([*names, *label_parts(unnamed)])
         out.append(CandidateSpec.model_validate(merged))
     return out
+
+
+def _merge(into: dict[str, Any], part: dict[str, Any]) -> None:
+    """One matrix part onto an item: args append, env and options merge, the rest replaces."""
+    for k, v in part.items():
+        if k == "args" and k in into and isinstance(v, list):
+            into[k] = [*into[k], *v]
+        elif k in ("env", "options") and k in into and isinstance(v, dict):
+            into[k] = {**into[k], **v}
+        else:
+            into[k] = v
+
+
+class StudyProblems(ConfigError):
+    """Problems found across the whole study, each with its own field path (a model-level check would
+    otherwise report them all at the top level). Not a ValueError, so pydantic lets it through whole."""
+
+    def __init__(self, problems: list[tuple[tuple[Any, ...], str]]) -> None:
+        super().__init__("the study is not valid: " + "; ".join(f"{_where(p)}: {m}" for p, m in problems))
+        self.problems = problems
+
+
+def _message(err: Any) -> str:
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling; docs/study.md lists the fields)"
+    return msg
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -294,17 +478,14 @@ def parse_study(data: dict[str, Any], source: str = "study") -> Study:
     """Validate a study given as a dict; every problem is listed with its field path."""
     try:
         return Study.model_validate(data)
+    except StudyProblems as exc:
+        lines = [f"  {_where(path)}: {msg}" for path, msg in exc.problems]
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field (check the spelling; docs/study.md lists the fields)"
-            lines.append(f"  {_where(tuple(err['loc']))}: {msg}")
-        raise ConfigError(
-            f"{source} is not a valid study:\n" + "\n".join(lines),
-            hint="docs/study.md describes every field; examples/ has complete studies.",
-        ) from None
+        lines = [f"  {_where(tuple(err['loc']))}: {_message(err)}" for err in exc.errors()]
+    raise ConfigError(
+        f"{source} is not a valid study:\n" + "\n".join(lines),
+        hint="docs/study.md describes every field; examples/ has complete studies.",
+    )
 
 
 def load_study(path: str | Path) -> Study:

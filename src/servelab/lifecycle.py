@@ -114,7 +114,8 @@ class Server:
         }
 
 
-def _check_marker(marker: str) -> None:
+def check_marker(marker: str) -> None:
+    """A marker travels in the environment (`SERVELAB_RUN=...`): no NUL, newline or `=`."""
     if not marker or "\0" in marker or "=" in marker or "\n" in marker:
         raise ConfigError(
             f"invalid run marker {marker!r}",
@@ -138,7 +139,7 @@ def launch(
     `wait_ready`'s port guard must then catch). `cpus` pins the server (its workers inherit the
     affinity). Records the /dev/shm segments and the GPU memory in use before the start, so teardown
     can tell what this run left behind."""
-    _check_marker(run_marker)
+    check_marker(run_marker)
     if not spec.argv:
         raise ConfigError("empty command line", hint="the engine adapter produced no argv")
     if spec.port <= 0:

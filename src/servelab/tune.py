@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from servelab import analyze, lifecycle
+from servelab import analyze, lifecycle, naming
 from servelab.config import CandidateSpec, Study
 from servelab.engines import registry
 from servelab.engines.base import Engine, LaunchSpec
-from servelab.errors import ConfigError, Interrupted, ServelabError
+from servelab.errors import ConfigError, Interrupted, ServelabError, UserError
 from servelab.paths import data_home
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
@@ -32,6 +32,7 @@ from servelab.trial import (
     Trial,
     TrialObserver,
     TrialOutcome,
+    bench_config,
     settings_for,
 )
 
@@ -142,6 +143,38 @@ def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] |
     return sorted(ordered, key=lambda pair: pair[0].label() != base)
 
 
+def preflight(study: Study, engine: Engine) -> None:
+    """Everything the real run derives for a candidate before launching it, derived for every candidate
+    now: its settings, the engine's command line (which refuses impossible input), its run marker and
+    its log file name. The dry run and the real run both call this first, so a study the dry run accepts
+    never stops at a launch, and one it refuses has started nothing and stored nothing."""
+    problems: list[str] = []
+    try:  # the benchmark's configuration is built after the server is up: build it now
+        bench_config(study, "http://127.0.0.1:1", study.model.served_name or study.model.path)
+    except UserError as exc:
+        problems.append(f"  workload/load: {exc.message}")
+    for i, cand in enumerate(study.candidates):
+        label = cand.label()
+        try:
+            launch = engine.command(settings_for(study, cand, port=engine.default_port or 8000))
+            lifecycle.check_marker(naming.run_marker(MARKER_PREFIX, "preflight", label, 0))
+            if launch.argv and any("\0" in a for a in launch.argv):
+                raise ConfigError("the command line holds a NUL character")
+        except UserError as exc:
+            problems.append(
+                f"  {study.where(i)}: {label!r}: {exc.message}"
+                + (f" ({exc.hint})" if exc.hint and exc.hint != exc.default_hint else "")
+            )
+        if len(problems) >= 20:
+            problems.append("  ... (the first 20 problems)")
+            break
+    if problems:
+        raise ConfigError(
+            "the study cannot be launched:\n" + "\n".join(problems),
+            hint="fix the fields named above; `servelab tune STUDY --dry-run` checks the same",
+        )
+
+
 class Tuner:
     def __init__(self, study: Study, store: Store, source: str | None, opts: TuneOptions) -> None:
         self.study = study
@@ -196,6 +229,7 @@ class Tuner:
         return sid, uid, cands
 
     async def run(self) -> StudyOutcome:
+        preflight(self.study, self.engine)
         self.swept = []
         self._current = ("", "", 0)
         sid, uid, cands = self._open()
@@ -340,12 +374,12 @@ class Tuner:
         self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int
     ) -> tuple[str, dict[str, Any]]:
         label = cand["label"]
-        marker = f"{MARKER_PREFIX}:{uid}:{label}:{repeat}"
+        marker = naming.run_marker(MARKER_PREFIX, uid, label, repeat)
         tid = self.repo.start_trial(cand["id"], repeat, marker)
         self.notify("trial_started", {"label": label, "repeat": repeat})
         self._current = (uid, label, tid)
         self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
-        log_path = data_home() / "logs" / uid / f"{_safe(label)}-r{repeat}.log"
+        log_path = data_home() / "logs" / uid / naming.log_name(label, repeat, tid)
         timeout = (
             self.opts.startup_timeout_s
             or self.study.engine.startup_timeout_s
@@ -496,10 +530,6 @@ class _TrialRecorder(TrialObserver):
             "trial_teardown",
             {"label": self.label, "teardown": self.repo.trials(self.cand_id)[-1]["teardown"]},
         )
-
-
-def _safe(label: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in label)[:120]
 
 
 async def tune(study: Study, store: Store, source: str | None, opts: TuneOptions) -> StudyOutcome:

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 from tests.support import doccommands, simruns
 
+from servelab import naming
 from servelab.cli.main import cli
 from servelab.host.ports import free_port
 
@@ -115,7 +116,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         tuned = cli_run(home, work, ["tune", "examples/glm5-pcie.toml", "--json"])
         assert tuned.returncode == 0, tuned.stderr[-3000:]
         run = simruns.bench(home, sim.url, simruns.MODEL, "--concurrency", "1", "--num-requests", "4")["run"]
-        shutil.copy(next((home / "logs").glob("*/tp8-cutlass-r0.log")), work / "server.log")
+        shutil.copy(
+            next((home / "logs").glob(f"*/{naming.token('tp8-cutlass')}-r0-t*.log")), work / "server.log"
+        )
         with urllib.request.urlopen(sim.url + "/get_server_info", timeout=10) as r:
             (work / "info.json").write_bytes(r.read())
         convo = [

@@ -112,9 +112,9 @@ def test_free_text() -> None:
     )
 
 
-def _launch(engine: str, *extra: str, **options: object) -> LaunchSpec:
+def _launch(engine: str, *extra: str, model: str = "m", **options: object) -> LaunchSpec:
     return registry.get(engine).command(
-        Settings(model="m", port=8123, extra_args=extra, env={"NCCL_DEBUG": "WARN"}, options=dict(options))
+        Settings(model=model, port=8123, extra_args=extra, env={"NCCL_DEBUG": "WARN"}, options=dict(options))
     )
 
 
@@ -124,7 +124,7 @@ def test_a_launch_gets_its_secrets_through_the_environment() -> None:
     assert moved.spec.env == {"NCCL_DEBUG": "WARN", "VLLM_API_KEY": "K1", "HF_TOKEN": "T"}
     assert not any(s in a for a in moved.spec.argv for s in ("K1", "api-key", "hf-token", "T"))
     assert moved.spec.argv[-2:] == ["--max-num-seqs", "8"]
-    sim = externalize(_launch("sim", "--api-key=K2", gpu="h100-sxm"), "sim")
+    sim = externalize(_launch("sim", "--api-key=K2", model="GLM-5-NVFP4", gpu="h100-sxm", num_gpus=8), "sim")
     assert (
         sim.api_key == "K2"
         and sim.spec.env["SERVELAB_SIM_API_KEY"] == "K2"

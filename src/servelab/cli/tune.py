@@ -17,8 +17,9 @@ from rich.text import Text
 from servelab.cli import aio
 from servelab.cli.output import emit, fit_labels, progress_enabled, stderr, stdout
 from servelab.config import load_study
+from servelab.engines import registry
 from servelab.store import open_store
-from servelab.tune import StudyOutcome, TuneOptions, order_candidates, tune
+from servelab.tune import StudyOutcome, TuneOptions, order_candidates, preflight, tune
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
@@ -239,6 +240,7 @@ def tune_cmd(
     """Launch, verify, benchmark and rank every candidate of STUDY_FILE (see docs/study.md)."""
     study = load_study(study_file)
     if dry_run:
+        preflight(study, registry.get(study.engine.name))
         plan = [
             {"label": c.label(), "predicted": p, "settings": c.model_dump(mode="json")}
             for c, p in order_candidates(study)

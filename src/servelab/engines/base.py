@@ -3,7 +3,9 @@
 One adapter per engine (vllm, sglang, transformers, llamacpp, sim, external) implements this protocol and
 registers itself in `servelab.engines.registry`. Everything engine-specific lives in its adapter; the
 lifecycle, the study loop and `servelab logs` only speak this protocol. Adapters are pure (no I/O), except
-where a method is documented to take text or data that the caller fetched.
+where a method is documented to take text or data that the caller fetched. An adapter also declares the
+`[engine.options]` it reads as `options_model` (see `servelab.engines.options`); it is not part of the
+protocol so that an outside adapter without one still registers (its options are then passed as given).
 """
 
 from __future__ import annotations

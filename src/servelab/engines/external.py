@@ -12,8 +12,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import Field
+
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
+from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
 
@@ -34,6 +37,14 @@ def _endpoint(s: Settings) -> tuple[str, str, int]:
     return parts.scheme, parts.hostname, port
 
 
+class Options(EngineOptions):
+    """An external endpoint's options: where it is."""
+
+    url: str | None = Field(
+        default=None, min_length=1, description="the server's base URL, http(s)://host:port"
+    )
+
+
 class External:
     """A running OpenAI-compatible server servelab does not manage."""
 
@@ -42,6 +53,7 @@ class External:
     startup_timeout_s = 60.0
     readiness = Readiness(health_path=None, loading_status=(), check_models=True)
     capabilities = EngineCapabilities(metric_prefix=None, gpu=False, launches=False)
+    options_model = Options
 
     def command(self, s: Settings) -> LaunchSpec:
         scheme, host, port = _endpoint(s)

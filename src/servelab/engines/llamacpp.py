@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import Field
+
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, opt, scan, table
+from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
 FLAGS = table(
@@ -52,6 +55,14 @@ _PORT = re.compile(
 )
 
 
+class Options(EngineOptions):
+    """llama-server's options."""
+
+    binary: str = Field(default="llama-server", min_length=1, description="the executable")
+    n_gpu_layers: int | None = Field(default=None, ge=-1, description="--n-gpu-layers (-1: all)")
+    cpu: bool = False
+
+
 class LlamaCpp:
     """llama.cpp's OpenAI-compatible `llama-server`."""
 
@@ -62,6 +73,7 @@ class LlamaCpp:
     capabilities = EngineCapabilities(
         ignore_eos=True, min_tokens=False, stream_usage=False, metric_prefix="llamacpp:"
     )
+    options_model = Options
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp != 1 or s.pp != 1 or (s.dp or 1) != 1 or (s.ep or 1) != 1:

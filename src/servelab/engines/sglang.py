@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import Field
+
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, opt, python_for, scan, table, typed_requested
+from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
 FLAGS = table(
@@ -78,6 +81,12 @@ _KV_TOKENS = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
 _PORT = re.compile(r"Uvicorn running on https?://\S+?:(\d+)")
 
 
+class Options(EngineOptions):
+    """SGLang's options."""
+
+    metrics: bool = Field(default=True, description="false: no --enable-metrics")
+
+
 class SGLang:
     """SGLang's HTTP server (`sglang.launch_server`)."""
 
@@ -86,6 +95,7 @@ class SGLang:
     startup_timeout_s = 1800.0
     readiness = Readiness(health_path="/health", loading_status=(503,))
     capabilities = EngineCapabilities(metric_prefix="sglang:")
+    options_model = Options
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp < 1 or s.pp < 1:

@@ -11,13 +11,17 @@ for both: /health is 503 until the simulated start-up is over, and a refused con
 from __future__ import annotations
 
 import sys
-from typing import Any
+from functools import cache
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, field_validator
 
 from servelab.engines import sglang, vllm
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import opt
+from servelab.engines.options import EngineOptions
 from servelab.engines.signatures import guess_engine
-from servelab.errors import ConfigError
+from servelab.errors import ConfigError, ServelabError
 
 PERSONALITIES = ("vllm", "sglang")
 
@@ -30,8 +34,67 @@ def personality(s: Settings) -> str:
     return value
 
 
+def _parse_faults(specs: list[str]) -> None:
+    from servelab.sim.faults import parse_faults
+
+    try:
+        parse_faults(specs)
+    except ServelabError as exc:
+        raise ValueError(f"{exc.message}; {exc.hint}" if exc.hint else exc.message) from None
+
+
+def _fault(spec: str) -> str:
+    """One `NAME[:N]`, checked against the simulator's own fault table."""
+    _parse_faults([spec])
+    return spec
+
+
+class Options(EngineOptions):
+    """The simulator's options, checked as `servelab sim` checks its flags (the fault names are the
+    simulator's own table), so nothing it would refuse at start-up reaches a launch."""
+
+    personality: Literal["vllm", "sglang"] = "vllm"
+    speed: float | None = Field(default=None, gt=0, description="clock speed-up (--speed)")
+    seed: int | None = None
+    faults: list[Annotated[str, AfterValidator(_fault)]] = Field(
+        default_factory=list, description='["NAME" or "NAME:N", ...] (--fault)'
+    )
+    fast_start: bool = False
+
+    @field_validator("faults")
+    @classmethod
+    def _one_crash(cls, v: list[str]) -> list[str]:
+        _parse_faults(v)
+        return v
+
+
 def _adapter(name: str) -> vllm.VLLM | sglang.SGLang:
     return vllm.ENGINE if name == "vllm" else sglang.ENGINE
+
+
+def _check_box(model: str, gpu: str, num_gpus: int, s: Settings) -> None:
+    """What `servelab sim` refuses at start-up, refused here before it is launched: an unknown GPU, model
+    or weight format, a layout larger than the simulated box or one the model cannot split (the same
+    `make_setup` the simulator builds, with the layout it derives from these settings)."""
+    world = s.tp * s.pp * (s.dp or 1)
+    if world > num_gpus:
+        raise ConfigError(
+            f"the layout needs {world} GPUs (tp {s.tp} × pp {s.pp} × dp {s.dp or 1}) but the simulated box "
+            f"has {num_gpus}",
+            hint="raise host.num_gpus (or options.num_gpus), or shrink the layout",
+        )
+    ep = (s.tp * (s.dp or 1) if (s.ep or 1) > 1 else 1) if personality(s) == "vllm" else (s.ep or 1)
+    _setup(model, gpu, world, s.tp, s.pp, ep, s.dp or 1, s.quantization, s.kv_cache_dtype)
+
+
+@cache
+def _setup(
+    model: str, gpu: str, world: int, tp: int, pp: int, ep: int, dp: int, quant: str | None, kv: str | None
+) -> None:
+    """One check per distinct layout (a large matrix repeats few of them)."""
+    from servelab.model.predict import make_setup
+
+    make_setup(model, gpu, world, tp=tp, pp=pp, ep=ep, dp=dp, quant=quant, kv_dtype=kv)
 
 
 class Sim:
@@ -44,6 +107,7 @@ class Sim:
     capabilities = EngineCapabilities(
         metric_prefix=None, gpu=False, verify_reference="sim", telemetry_path="/servelab/gpus"
     )  # the prefix follows the personality
+    options_model = Options
 
     def command(self, s: Settings) -> LaunchSpec:
         p = personality(s)
@@ -52,6 +116,7 @@ class Sim:
             raise ConfigError(
                 "the simulator needs options.gpu", hint="e.g. gpu = 'h100-sxm' (see `servelab sim --help`)"
             )
+        _check_box(s.model, str(gpu), int(s.options.get("num_gpus", 1)), s)
         port = s.port or (8000 if p == "vllm" else 30000)
         argv = [str(s.options.get("python") or sys.executable), "-m", "servelab", "sim"]
         argv += ["--model", s.model, "--gpu", str(gpu), "--num-gpus", str(s.options.get("num_gpus", 1))]

@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import Field
+
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, opt, python_for, scan, table
+from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
 FLAGS = table(
@@ -29,6 +32,12 @@ FLAGS = table(
 )
 _LOADING = re.compile(r"\[transformers\] Loading (\S+?)(?:@[\w.-]+)?\s*$")
 _PORT = re.compile(r"Uvicorn running on https?://\S+?:(\d+)")
+
+
+class Options(EngineOptions):
+    """transformers serve's options."""
+
+    device: str = Field(default="auto", min_length=1, description="--device")
 
 
 class TransformersServe:
@@ -52,6 +61,7 @@ class TransformersServe:
         metric_prefix=None,
         gpu=False,
     )
+    options_model = Options
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp != 1 or s.pp != 1 or (s.dp or 1) != 1 or (s.ep or 1) != 1:

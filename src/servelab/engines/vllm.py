@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import Field
+
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, opt, python_for, scan, table, typed_requested
+from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
 FLAGS = table(
@@ -91,6 +94,14 @@ def _expert_parallel(tp: int, dp: int | None, ep: int | None) -> bool:
     return True
 
 
+class Options(EngineOptions):
+    """vLLM's options: the CPU build's switches."""
+
+    cpu: bool = False
+    kv_cache_space_gib: float | None = Field(default=None, gt=0, description="VLLM_CPU_KVCACHE_SPACE")
+    cpu_bind: str | None = Field(default=None, min_length=1, description="VLLM_CPU_OMP_THREADS_BIND")
+
+
 class VLLM:
     """vLLM's OpenAI-compatible API server."""
 
@@ -99,6 +110,7 @@ class VLLM:
     startup_timeout_s = 1800.0
     readiness = Readiness(health_path="/health", port_opens_when_ready=True)
     capabilities = EngineCapabilities(metric_prefix="vllm:")
+    options_model = Options
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp < 1 or s.pp < 1:

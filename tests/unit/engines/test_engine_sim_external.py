@@ -36,7 +36,9 @@ def _sim_settings(**kw: object) -> Settings:
 
 
 def test_sim_command() -> None:
-    spec = SIM.command(_sim_settings(max_concurrency=64, options={"gpu": "h100-sxm", "faults": ["oom_init"]}))
+    spec = SIM.command(
+        _sim_settings(max_concurrency=64, options={"gpu": "h100-sxm", "num_gpus": 8, "faults": ["oom_init"]})
+    )
     a = spec.argv
     assert a[:4] == [sys.executable, "-m", "servelab", "sim"]
     assert a[a.index("--gpu") + 1] == "h100-sxm" and a[a.index("--personality") + 1] == "vllm"
