@@ -61,6 +61,15 @@ class StoreError(ServelabError):
     default_hint = "Check that $SERVELAB_HOME is writable, or point it elsewhere."
 
 
+class StudyBusy(StoreError):
+    """Another live servelab process drives the study (holds its lease): running it again succeeds once
+    that one is done, so exit code 1."""
+
+    default_hint = (
+        "wait for it to finish, or stop it (Ctrl-C or `kill PID`), then `servelab tune STUDY.toml --resume`."
+    )
+
+
 class EngineError(ServelabError):
     """An inference engine misbehaved: failed to launch, never became ready, did not apply a setting."""
 

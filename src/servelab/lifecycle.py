@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from servelab import crashpoint
 from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
 from servelab.errors import ConfigError, EngineError, LaunchFailed, NotReady
 from servelab.host import processes
@@ -774,6 +775,7 @@ def teardown(
     tree = processes.process_tree(server.pid)  # before the signal: once the parent dies, the tree is gone
     record_shm(server, run_processes(server, tree))
     stopped_by = stop_process_group(server.proc, grace_s)
+    crashpoint.reached("teardown")
     stop_s = time.monotonic() - t0
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.proc.wait(5)  # reap the leader: a zombie would keep its pid (and pgid) taken

@@ -80,6 +80,7 @@ def last_run() -> dict[str, Any] | None:
 
     if not db_path().exists():
         return None
+    from servelab.store import leases
     from servelab.store.bench import BenchRepo
     from servelab.store.db import open_store
     from servelab.store.studies import StudyRepo
@@ -94,10 +95,14 @@ def last_run() -> dict[str, Any] | None:
         markers: dict[str, str] = {}  # marker -> its trial's status, for the last study's trials
         with contextlib.suppress(ServelabError):
             study = repo.resolve("last")
+            owner = leases.holder(store, study["id"])
+            driven = owner is not None and owner.alive()
             for cand in repo.candidates(study["id"]):
                 for t in repo.trials(cand["id"]):
                     if t.get("marker"):
-                        markers[t["marker"]] = t["status"]
+                        # an open trial whose driver is gone was killed: its processes are leftovers
+                        open_ = t["status"] not in FINISHED
+                        markers[t["marker"]] = "killed" if open_ and not driven else t["status"]
                     if trial is None or t["id"] > trial["id"]:
                         trial = {**t, "study": study["uid"], "candidate": cand["label"]}
         if trial is not None:
@@ -261,13 +266,52 @@ FINISHED = ("measured", "not_applied", "failed", "interrupted")
 
 
 def _owner_state(marker: str | None, markers: dict[str, str]) -> str:
-    """Whose process: "not servelab's", "live servelab run", "stale servelab run" (its trial has ended), or
-    "other servelab run" (a marker this store does not know: another SERVELAB_HOME, an older study)."""
+    """Whose process: "not servelab's", "live servelab run", "killed servelab run" (its trial is open but
+    the servelab driving it is gone), "stale servelab run" (its trial has ended: a leftover), or "other
+    servelab run" (a marker this store does not know: another SERVELAB_HOME, an older study)."""
     if marker is None:
         return "not servelab's"
     if marker not in markers:
         return "other servelab run"
+    if markers[marker] == "killed":
+        return "killed servelab run"
     return "stale servelab run" if markers[marker] in FINISHED else "live servelab run"
+
+
+def studies(limit: int = 20) -> list[dict[str, Any]]:
+    """The unfinished studies (latest first), each `live` (its driver runs: pid, host, since), `killed`
+    (stored as running but its driver is gone) or `interrupted` (stopped cleanly), with the processes
+    it started that are still alive (`processes`: what `tune --resume` ends first)."""
+    from servelab.paths import db_path
+
+    if not db_path().exists():
+        return []
+    from servelab.store import leases
+    from servelab.store.db import open_store
+    from servelab.store.studies import StudyRepo
+    from servelab.tune import MARKER_PREFIX
+
+    out = []
+    with open_store() as store:
+        for st in StudyRepo(store).list_studies(limit):
+            if st["status"] == "completed":
+                continue
+            owner = leases.holder(store, st["id"])
+            alive = owner is not None and owner.alive()
+            state = "live" if alive else ("killed" if st["status"] == "running" else st["status"])
+            procs = processes.with_marker(prefix=f"{MARKER_PREFIX}:{st['uid']}:")
+            out.append(
+                {
+                    "uid": st["uid"],
+                    "name": st["name"],
+                    "source": st["source"],
+                    "status": st["status"],
+                    "state": state,
+                    "owner": owner.to_dict() if owner else None,
+                    "processes": [{"pid": p.pid, "marker": p.marker, "command": p.cmdline} for p in procs],
+                }
+            )
+    return out
 
 
 def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> dict[str, Any]:
@@ -505,8 +549,23 @@ def findings(obs: dict[str, Any], run: dict[str, Any] | None) -> list[dict[str, 
                     f"rm -rf {c['path']}  (rebuilt on next start)",
                 )
             )
+    for st in obs.get("studies") or []:
+        if st["state"] == "killed":
+            was = f"pid {st['owner']['pid']} on {st['owner']['host']}" if st["owner"] else "its driver"
+            left = len(st["processes"])
+            out.append(
+                _finding(
+                    f"study {st['uid']} ({st['name']}) was killed: {was} is gone"
+                    + (f", {left} of its processes still run" if left else ""),
+                    ", ".join(f"{p['pid']} {p['command'][:60]}" for p in st["processes"][:3])
+                    or "no process of it is left",
+                    f"servelab tune {st['source'] or 'STUDY.toml'} --resume  (ends them first, then continues)",
+                )
+            )
     for p in lo["marked_processes"]:
-        if p["belongs_to"] == "stale servelab run":
+        if p["belongs_to"] in ("stale servelab run", "killed servelab run") and not _swept_by_resume(
+            p, obs.get("studies") or []
+        ):
             out.append(
                 _finding(
                     f"pid {p['pid']} of a finished servelab run is still alive",
@@ -529,6 +588,13 @@ def findings(obs: dict[str, Any], run: dict[str, Any] | None) -> list[dict[str, 
             )
         )
     return out
+
+
+def _swept_by_resume(p: dict[str, Any], unfinished: list[dict[str, Any]]) -> bool:
+    """A process of a killed study, already named by that study's finding (its resume ends it)."""
+    return any(
+        st["state"] == "killed" and any(q["pid"] == p["pid"] for q in st["processes"]) for st in unfinished
+    )
 
 
 def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
@@ -566,6 +632,12 @@ def verdict(obs: dict[str, Any], run: dict[str, Any] | None) -> str:
         parts.append("the last run used " + ", ".join(used))
     for m in (run or {}).get("not_applied") or []:
         parts.append(f"the requested {m['key']}={m['requested']} never started")
+    for st in obs.get("studies") or []:
+        if st["state"] == "live":
+            o = st["owner"]
+            parts.append(f"study {st['uid']} is running (driven by pid {o['pid']} on {o['host']})")
+        elif st["state"] == "killed":
+            parts.append(f"study {st['uid']} was killed ({len(st['processes'])} process(es) left)")
     g = obs["gpus"]
     if not g["available"]:
         parts.append("no GPUs on this host")
@@ -631,6 +703,7 @@ def observe(
         "log": log_info,
         "last_run": _run_summary(run),
         "deployments": deployed,
+        "studies": studies(),
     }
     obs["findings"] = findings(obs, run)
     obs["verdict"] = verdict(obs, run)

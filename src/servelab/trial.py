@@ -59,6 +59,7 @@ TrialStatus = Literal["measured", "not_applied", "failed"]
 Stage = Literal["command", "start", "applied", "verify", "bench", "done"]
 DEATH_CLASSES = ("engine_died_after_ready", "oom_runtime")
 TelemetryReader = Callable[[], Awaitable[tuple[float, float] | None]]
+TELEMETRY_KEYS = ("gpu_power_w", "gpu_util")
 
 
 # -- what a candidate runs with, and how it is measured ----------------------------------------------
@@ -337,6 +338,15 @@ class LevelResult:
             d["died"] = True
         return d
 
+    @classmethod
+    def from_stored(cls, d: Digest, bench_run_id: int | None = None) -> LevelResult:
+        """A level as `stored` wrote it (one an interrupted trial had measured, kept by a resume)."""
+        telemetry = {k: float(d[k]) for k in TELEMETRY_KEYS if d.get(k) is not None}
+        digest = {k: v for k, v in d.items() if k not in (*TELEMETRY_KEYS, "bench_run", "died")}
+        return cls(
+            float(d["level"]), digest, telemetry, str(d["bench_run"]), bench_run_id, bool(d.get("died"))
+        )
+
 
 @dataclass
 class BenchRun:
@@ -447,10 +457,12 @@ class Trial:
         startup_timeout_s: float,
         *,
         baseline: list[Digest] | None = None,
+        done: Sequence[LevelResult] = (),
     ) -> TrialOutcome:
         """The whole trial. An engine that launches gets a free port when `settings` leave it 0 and runs
         marked with `marker`, logging to `log_path`; one that does not (an external endpoint) is attached
-        to. `baseline`: the baseline candidate's levels, against which a throughput collapse stops early."""
+        to. `baseline`: the baseline candidate's levels, against which a throughput collapse stops early;
+        `done`: levels already measured (an interrupted trial's, kept by a resume), not run again."""
         launches = self.engine.capabilities.launches
         if launches and not settings.port:
             settings = dataclasses.replace(settings, port=free_port(settings.host))
@@ -468,9 +480,11 @@ class Trial:
         t0 = time.monotonic()
         if not launches:
             target = Target(launch.url, launch.served_model, log_path=log_path)
-            return await self.attach(target, settings, ready_s=time.monotonic() - t0, baseline=baseline)
+            return await self.attach(
+                target, settings, ready_s=time.monotonic() - t0, baseline=baseline, done=done
+            )
         return await self._launched(
-            launch, settings, marker, log_path, startup_timeout_s, t0, baseline, api_key
+            launch, settings, marker, log_path, startup_timeout_s, t0, baseline, done, api_key
         )
 
     async def attach(
@@ -480,10 +494,11 @@ class Trial:
         *,
         ready_s: float = 0.0,
         baseline: list[Digest] | None = None,
+        done: Sequence[LevelResult] = (),
     ) -> TrialOutcome:
         """The trial against a server that is already running and ready (nothing launched, nothing torn
         down): effective config → verify → bench."""
-        return self._finish(await self._measure(target, settings, ready_s, baseline))
+        return self._finish(await self._measure(target, settings, ready_s, baseline, done))
 
     async def _launched(
         self,
@@ -494,6 +509,7 @@ class Trial:
         timeout_s: float,
         t0: float,
         baseline: list[Digest] | None,
+        done: Sequence[LevelResult],
         api_key: str | None = None,
     ) -> TrialOutcome:
         """`api_key`: the key the server demands (moved from its argv), sent by every request of ours."""
@@ -525,7 +541,8 @@ class Trial:
                 target = Target(
                     launch.url, launch.served_model, api_key=api_key, server=server, log_path=log_path
                 )
-                outcome = self._finish(await self._measure(target, settings, time.monotonic() - t0, baseline))
+                ready_s = time.monotonic() - t0
+                outcome = self._finish(await self._measure(target, settings, ready_s, baseline, done))
         except EngineError as exc:
             if outcome is None:  # refused before anything started (a busy port, no executable)
                 outcome = self._finish(self._not_started(exc, log_path))
@@ -547,7 +564,12 @@ class Trial:
         return outcome
 
     async def _measure(
-        self, target: Target, settings: Settings, ready_s: float, baseline: list[Digest] | None
+        self,
+        target: Target,
+        settings: Settings,
+        ready_s: float,
+        baseline: list[Digest] | None,
+        done: Sequence[LevelResult] = (),
     ) -> TrialOutcome:
         self.observer.ready(target.url, ready_s)
         check = await self.applied_check(target, settings)
@@ -561,7 +583,8 @@ class Trial:
                 if not vres.ok:
                     return TrialOutcome("failed", "verify", _wrong_output(vres), check, vres, ready_s=ready_s)
             stage = "bench"
-            run = await self.bench(target, baseline=baseline, context=run_context(self.study, settings))
+            context = run_context(self.study, settings)
+            run = await self.bench(target, baseline=baseline, context=context, done=done)
         except (ServerError, EngineError) as exc:
             # The server stopped answering (hung, died, refused): a finding about this candidate, not a
             # reason to stop the study.
@@ -611,18 +634,29 @@ class Trial:
         *,
         baseline: list[Digest] | None = None,
         context: RunContext | None = None,
+        done: Sequence[LevelResult] = (),
     ) -> BenchRun:
         """Every load level in turn (the study's, or `levels`), one stored bench run each, with GPU
         telemetry where the engine serves it; stops early when the server dies or the throughput has
-        collapsed against `baseline` at `anomalies.stop_after_collapses` levels."""
+        collapsed against `baseline` at `anomalies.stop_after_collapses` levels. Levels in `done` (measured
+        before a kill) are kept as they are and count towards the collapses as if just measured."""
         self.observer.benchmarking()
         base_cfg = bench_config(self.study, target.url, target.served_model, target.api_key, context)
         path = self.engine.capabilities.telemetry_path
         tele = Telemetry(http_telemetry(target.url, path) if path else None)
         spec = self.study.anomalies
-        done: list[LevelResult] = []
+        kept = {float(lv.value): lv for lv in done}
+        measured: list[LevelResult] = []
         collapses = 0
         for value in self.study.load.levels if levels is None else levels:
+            if float(value) in kept:
+                level = kept[float(value)]
+                measured.append(level)
+                if self._collapsed(level, baseline):
+                    collapses += 1
+                    if spec.stop_after_collapses and collapses >= spec.stop_after_collapses:
+                        return BenchRun(measured, stopped_early=self._stop_early(collapses))
+                continue
             cfg = base_cfg.model_copy(update={"levels": [value]})
             tele.start()
             try:
@@ -636,22 +670,26 @@ class Trial:
                 text = read_log(target.log_path)
                 died = signatures.diagnose(text, self.engine.name).klass in DEATH_CLASSES
             level.died = died
-            done.append(level)
-            self.observer.level_done(level, done)
+            measured.append(level)
+            self.observer.level_done(level, measured)
             if died:
-                return BenchRun(done, died=True)
-            if baseline and any(
-                a.kind == "throughput_collapse" for a in analyze.anomalies([level.stored()], baseline, spec)
-            ):
+                return BenchRun(measured, died=True)
+            if self._collapsed(level, baseline):
                 collapses += 1
                 if spec.stop_after_collapses and collapses >= spec.stop_after_collapses:
-                    reason = (
-                        f"throughput collapsed at {collapses} "
-                        "levels against the baseline; the remaining levels are skipped"
-                    )
-                    self.observer.stopped_early(reason)
-                    return BenchRun(done, stopped_early=reason)
-        return BenchRun(done)
+                    return BenchRun(measured, stopped_early=self._stop_early(collapses))
+        return BenchRun(measured)
+
+    def _collapsed(self, level: LevelResult, baseline: list[Digest] | None) -> bool:
+        return bool(baseline) and any(
+            a.kind == "throughput_collapse"
+            for a in analyze.anomalies([level.stored()], baseline, self.study.anomalies)
+        )
+
+    def _stop_early(self, collapses: int) -> str:
+        reason = f"throughput collapsed at {collapses} levels against the baseline; the remaining levels are skipped"
+        self.observer.stopped_early(reason)
+        return reason
 
 
 def _wrong_output(vres: VerifyResult) -> Finding:

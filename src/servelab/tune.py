@@ -2,8 +2,12 @@
 
 The loop engineers ran by hand for days. Every step is in the store before the next begins, so a study
 stopped at any point (Ctrl-C, `kill -9`, a reboot) resumes where it stopped: finished candidates are not
-redone, recorded failures are not retried unless asked, and the processes of the interrupted trial are
-found by their SERVELAB_RUN marker and ended first.
+redone, recorded failures are not retried unless asked, the levels an interrupted trial had measured are
+kept, and the processes of the interrupted trial are found by their SERVELAB_RUN marker and ended first.
+
+A trial's end and its candidate's status are written in one transaction, so no kill can leave a measured
+trial under a candidate still `running`; a resume also repairs that state in stores written before. One
+process drives a study at a time (`store.leases`): a resume never touches the servers of a live driver.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from servelab import analyze, lifecycle, naming
+from servelab import analyze, crashpoint, lifecycle, naming
 from servelab.config import CandidateSpec, Study
 from servelab.engines import registry
 from servelab.engines.base import Engine, LaunchSpec
 from servelab.errors import ConfigError, Interrupted, ServelabError, UserError
 from servelab.paths import data_home
+from servelab.store import leases
+from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 from servelab.trial import (
@@ -187,6 +193,7 @@ class Tuner:
         self.swept: list[dict[str, Any]] = []  # the interrupted run's processes a resume ended
         self._current: tuple[str, str, int] = ("", "", 0)  # (study uid, label, trial id) of the running trial
         self._sid = 0
+        self._lease: tuple[int, leases.Owner] | None = None  # (study id, us) while we hold its lease
 
     # -- study bookkeeping ------------------------------------------------------------------------
     def _open(self) -> tuple[int, str, list[dict[str, Any]]]:
@@ -203,24 +210,31 @@ class Tuner:
                     f"the study file changed since study {prev['uid']} started",
                     hint="resume with the same file, or run without --resume to start a new study.",
                 )
+            # Before anything is swept: the processes of a live driver are not leftovers.
+            self._lease = (prev["id"], leases.acquire(self.store, prev["id"], prev["uid"]))
             swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:")
             self.swept = [s.to_dict() for s in swept]
             if swept:  # what the killed servers left in /dev/shm, once nothing holds it
                 from servelab.host import shm
 
                 shm.remove_orphaned(min_age_s=5)
+            bench = BenchRepo(self.store)
             for t in self.repo.open_trials(prev["id"]):
+                if t["bench_open"]:  # the level the kill cut short
+                    bench.interrupt_run(t["bench_open"])
                 self.repo.update_trial(
-                    t["id"], status="interrupted", error="servelab stopped during this trial"
+                    t["id"], status="interrupted", error="servelab stopped during this trial", bench_open=None
                 )
             self.repo.set_study_status(prev["id"], "running")
             self.notify("study_resumed", {"uid": prev["uid"], "orphans": self.swept})
             cands = self.repo.candidates(prev["id"])
             self._fill_plan(prev["uid"], cands)
             return prev["id"], prev["uid"], cands
-        sid, uid = self.repo.create_study(
-            self.study.study.name, self.source, self.study.model_dump(mode="json"), h
-        )
+        with self.repo.transaction():  # a study never exists without its owner
+            sid, uid = self.repo.create_study(
+                self.study.study.name, self.source, self.study.model_dump(mode="json"), h
+            )
+            self._lease = (sid, leases.acquire(self.store, sid, uid))
         for idx, (cand, pred) in enumerate(order_candidates(self.study)):
             self.repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred)
         self.notify("study_started", {"uid": uid, "candidates": len(self.study.candidates)})
@@ -232,6 +246,14 @@ class Tuner:
         preflight(self.study, self.engine)
         self.swept = []
         self._current = ("", "", 0)
+        try:
+            return await self._drive()
+        finally:
+            if self._lease is not None:
+                leases.release(self.store, *self._lease)
+                self._lease = None
+
+    async def _drive(self) -> StudyOutcome:
         sid, uid, cands = self._open()
         self._sid = sid
         specs = {c.label(): c for c in self.study.candidates}
@@ -358,24 +380,30 @@ class Tuner:
         measured = [t for t in trials if t["status"] == "measured"]
         final = [t for t in trials if t["status"] in ("not_applied", "failed")]
         if cand["status"] in ("not_applied",) or (final and not self.opts.retry_failed):
+            if final and cand["status"] not in ("not_applied", "failed"):
+                # a store written before the two went in one transaction: the trial's end is the truth
+                self.repo.set_candidate(cand["id"], final[-1]["status"], _record_of(final[-1]))
             self.notify("candidate_skipped", {"label": cand["label"], "status": cand["status"]})
             return
         if len(measured) >= self.study.repeats:
+            if cand["status"] not in ("measured", "anomalous"):  # as above: repaired, never dropped
+                self.repo.set_candidate(cand["id"], "measured", {})
             return
         self.repo.set_candidate(cand["id"], "running")
         for repeat in range(len(measured), self.study.repeats):
-            status, outcome = await self._trial(uid, cand, spec, repeat)
+            status, outcome = await self._trial(uid, cand, spec, repeat, trials)
             if status != "measured":
                 self.repo.set_candidate(cand["id"], status, outcome)
                 return
         self.repo.set_candidate(cand["id"], "measured", {})
 
     async def _trial(
-        self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int
+        self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int, before: list[dict[str, Any]]
     ) -> tuple[str, dict[str, Any]]:
         label = cand["label"]
         marker = naming.run_marker(MARKER_PREFIX, uid, label, repeat)
-        tid = self.repo.start_trial(cand["id"], repeat, marker)
+        kept, carried = _kept_levels(before, repeat)
+        tid = self.repo.start_trial(cand["id"], repeat, marker, **carried)
         self.notify("trial_started", {"label": label, "repeat": repeat})
         self._current = (uid, label, tid)
         self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
@@ -385,9 +413,17 @@ class Tuner:
             or self.study.engine.startup_timeout_s
             or self.engine.startup_timeout_s
         )
-        recorder = _TrialRecorder(self, tid, label, cand["id"])
+        if kept:
+            self.notify("levels_kept", {"label": label, "levels": [lv.value for lv in kept]})
+        last = repeat == self.study.repeats - 1
+        recorder = _TrialRecorder(self, tid, label, cand["id"], last)
         outcome = await Trial(self.study, self.engine, self.store, recorder).run(
-            settings_for(self.study, spec), marker, log_path, timeout, baseline=self._baseline_levels(label)
+            settings_for(self.study, spec),
+            marker,
+            log_path,
+            timeout,
+            baseline=self._baseline_levels(label),
+            done=kept,
         )
         return outcome.status, outcome.record()
 
@@ -458,22 +494,26 @@ class Tuner:
 class _TrialRecorder(TrialObserver):
     """Stores each step of one trial in its row (and moves the plan) before the trial's next step starts."""
 
-    def __init__(self, tuner: Tuner, tid: int, label: str, cand_id: int) -> None:
+    def __init__(self, tuner: Tuner, tid: int, label: str, cand_id: int, last_repeat: bool = True) -> None:
         self.tuner, self.repo, self.notify = tuner, tuner.repo, tuner.notify
         self.tid, self.label, self.cand_id = tid, label, cand_id
+        self.last_repeat = last_repeat  # a measured trial ends its candidate as measured
         self.effective: dict[str, Any] | None = None
 
     def launching(self, launch: LaunchSpec, log_path: Path) -> None:
         self.repo.update_trial(
             self.tid, argv=launch.argv, env=launch.env, url=launch.url, log_path=str(log_path)
         )
+        crashpoint.reached("launching")
 
     def launched(self, server: lifecycle.Server) -> None:
         self.repo.update_trial(self.tid, pid=server.pid)
+        crashpoint.reached("launched")
 
     def ready(self, url: str, ready_s: float) -> None:
         self.repo.update_trial(self.tid, ready_s=ready_s, status="verifying")
         self.notify("trial_ready", {"label": self.label, "url": url, "ready_s": ready_s})
+        crashpoint.reached("ready")
 
     def applied(self, check: AppliedCheck) -> None:
         self.effective = check.effective.to_dict()
@@ -491,18 +531,24 @@ class _TrialRecorder(TrialObserver):
 
     def verified(self, result: VerifyResult) -> None:
         self.repo.update_trial(self.tid, verify=result.to_dict())
+        crashpoint.reached("verified")
 
     def benchmarking(self) -> None:
         self.repo.update_trial(self.tid, status="benchmarking")
 
     def bench_event(self, event: str, data: dict[str, Any]) -> None:
+        if event == "run_started":
+            self.repo.update_trial(self.tid, bench_open=data["uid"])
         self.notify(f"bench_{event}", {"label": self.label, **data})
+        if event == "level_started":
+            crashpoint.reached("level-started")
 
     def level_done(self, level: LevelResult, levels: list[LevelResult]) -> None:
         if len(levels) == 1:
             self.repo.update_trial(self.tid, bench_run_id=level.bench_run_id)
-        self.repo.update_trial(self.tid, levels=[lv.stored() for lv in levels])
+        self.repo.update_trial(self.tid, levels=[lv.stored() for lv in levels], bench_open=None)
         self.notify("level_done", {"label": self.label, "digest": level.stored()})
+        crashpoint.reached("level-done")
 
     def stopped_early(self, reason: str) -> None:
         self.notify("stopped_early", {"label": self.label, "reason": reason})
@@ -513,16 +559,27 @@ class _TrialRecorder(TrialObserver):
         self.notify("server_died", {"label": self.label, "diagnosis": diag})
 
     def finished(self, outcome: TrialOutcome) -> None:
-        if outcome.status == "measured":
-            self.repo.update_trial(self.tid, levels=[lv.stored() for lv in outcome.levels], status="measured")
-            self.tuner._plan_current("measured", {"effective": self.effective})
-            return
+        """The trial's end and, when it decides it, its candidate's status: one transaction (a kill
+        between the two used to leave a measured trial under a `running` candidate, dropped from the
+        ranking on resume)."""
         record = outcome.record()
-        if outcome.diagnosis is not None and outcome.stage != "command":
-            self.repo.update_trial(self.tid, diagnosis=outcome.diagnosis.to_dict())
-        self.repo.update_trial(self.tid, status=outcome.status)
-        self.notify("trial_finished", {"status": outcome.status, **record})
-        self.tuner._plan_current(outcome.status, {"effective": self.effective, **record})
+        with self.repo.transaction():
+            if outcome.status == "measured":
+                levels = [lv.stored() for lv in outcome.levels]
+                self.repo.update_trial(self.tid, levels=levels, status="measured", bench_open=None)
+                if self.last_repeat:
+                    self.repo.set_candidate(self.cand_id, "measured", {})
+            else:
+                if outcome.diagnosis is not None and outcome.stage != "command":
+                    self.repo.update_trial(self.tid, diagnosis=outcome.diagnosis.to_dict())
+                self.repo.update_trial(self.tid, status=outcome.status, bench_open=None)
+                self.repo.set_candidate(self.cand_id, outcome.status, record)
+        if outcome.status == "measured":
+            self.tuner._plan_current("measured", {"effective": self.effective})
+        else:
+            self.notify("trial_finished", {"status": outcome.status, **record})
+            self.tuner._plan_current(outcome.status, {"effective": self.effective, **record})
+        crashpoint.reached("finished")
 
     def torn_down(self, report: lifecycle.TeardownReport) -> None:
         self.repo.update_trial(self.tid, teardown=report.to_dict())
@@ -530,6 +587,28 @@ class _TrialRecorder(TrialObserver):
             "trial_teardown",
             {"label": self.label, "teardown": self.repo.trials(self.cand_id)[-1]["teardown"]},
         )
+        crashpoint.reached("torn-down")
+
+
+def _kept_levels(trials: list[dict[str, Any]], repeat: int) -> tuple[list[LevelResult], dict[str, Any]]:
+    """The levels the last trial of this repeat had measured when it was interrupted (kept, not run
+    again), and the columns the new trial starts with. None are kept when a level saw the server die:
+    that trial's end is unknown, so it is redone whole."""
+    last = next((t for t in reversed(trials) if t["repeat"] == repeat), None)
+    if last is None or last["status"] != "interrupted" or not last["levels"]:
+        return [], {}
+    if any(d.get("died") for d in last["levels"]):
+        return [], {}
+    kept = [LevelResult.from_stored(d) for d in last["levels"]]
+    return kept, {"levels": last["levels"], "resumed_from": last["id"], "bench_run_id": last["bench_run_id"]}
+
+
+def _record_of(trial: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's outcome as its final trial's row shows it (repairing a store written before a trial's
+    end and its candidate's status went in one transaction)."""
+    if trial["status"] == "not_applied":
+        return {"not_applied": trial["not_applied"] or [], "unconfirmed": []}
+    return {"diagnosis": trial["diagnosis"]} if trial["diagnosis"] else {}
 
 
 async def tune(study: Study, store: Store, source: str | None, opts: TuneOptions) -> StudyOutcome:

@@ -100,6 +100,13 @@ def _render_status(obs: dict[str, Any]) -> None:
             f"[bold]deployment[/bold] {escape(d['name'])} ({d['target']}, from {escape(str(d['source']))}): "
             f"{escape(str(d['unit'].get('state')))}; last check {verdict}"
         )
+    for st in obs.get("studies") or []:
+        o = st["owner"]
+        who = f"pid {o['pid']} on {o['host']} since {o['since']}" if o else "no driver"
+        stdout.print(
+            f"[bold]study[/bold] {escape(st['uid'])} ({escape(st['name'])}): {st['state']}, {escape(who)}; "
+            f"{len(st['processes'])} process(es) of it alive"
+        )
     lo = obs["leftovers"]
     stdout.print(
         f"[bold]leftovers:[/bold] {len(lo['shm'])} shm segment(s) "

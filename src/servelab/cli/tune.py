@@ -135,6 +135,11 @@ class _Progress:
             "trial_started": lambda: (
                 f"[bold]{escape(d['label'])}[/bold] (repeat {d['repeat'] + 1}): launching"
             ),
+            "levels_kept": lambda: (
+                "  keeps level(s) "
+                + ", ".join(f"{v:g}" for v in d["levels"])
+                + " measured before the interruption"
+            ),
             "trial_ready": lambda: f"  ready after {d['ready_s']:.1f} s at {d['url']}",
             "not_applied": lambda: "  [red]NOT APPLIED[/red]: " + escape("; ".join(d["mismatches"])),
             "level_done": lambda: (

@@ -56,6 +56,23 @@ class BenchRepo:
             (status, utcnow(), _j(summary) if summary is not None else None, run_id),
         )
 
+    def interrupt_run(self, uid: str) -> bool:
+        """Mark a run its process left `running` (killed) as interrupted, with its open levels; the
+        requests that had finished stay. False when the run is not running (finished, or unknown)."""
+        now = utcnow()
+        cur = self.db.execute(
+            "UPDATE bench_runs SET status = 'interrupted', finished_at = ? WHERE uid = ? AND status = 'running'",
+            (now, uid),
+        )
+        if cur.rowcount != 1:
+            return False
+        self.db.execute(
+            "UPDATE bench_levels SET status = 'interrupted', finished_at = ?"
+            " WHERE run_id = (SELECT id FROM bench_runs WHERE uid = ?) AND status = 'running'",
+            (now, uid),
+        )
+        return True
+
     def create_level(
         self, run_id: int, idx: int, mode: str, value: float, max_concurrency: int | None
     ) -> int:

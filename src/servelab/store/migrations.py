@@ -211,4 +211,24 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE bench_runs ADD COLUMN context_json TEXT;
         """,
     ),
+    (
+        "0007_study_lease",
+        """
+        -- One driver per study (servelab.store.leases): the owner's pid, host and process start time (so a
+        -- reused pid is not taken for the owner). Taken with one INSERT .. ON CONFLICT, or one UPDATE that
+        -- names the stale owner it replaces; deleted when the driver exits.
+        CREATE TABLE study_leases (
+            study_id INTEGER PRIMARY KEY REFERENCES studies(id) ON DELETE CASCADE,
+            pid INTEGER NOT NULL,
+            host TEXT NOT NULL,
+            proc_started REAL NOT NULL,        -- the owner process's start time, epoch seconds (/proc)
+            acquired_at TEXT NOT NULL
+        );
+        -- The bench run a trial's level is measuring right now (NULL between levels): a resume marks it
+        -- interrupted when a kill left it running.
+        ALTER TABLE study_trials ADD COLUMN bench_open TEXT;
+        -- The interrupted trial whose measured levels this one kept (NULL: started from the first level).
+        ALTER TABLE study_trials ADD COLUMN resumed_from INTEGER REFERENCES study_trials(id);
+        """,
+    ),
 ]

@@ -6,12 +6,15 @@ resumed from exactly what the store says happened.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
-from servelab.errors import NotFoundError
+from servelab.errors import NotFoundError, StoreError
 from servelab.redact import redact
 from servelab.store.db import Store, utcnow
 
@@ -40,6 +43,20 @@ def _load(text: str | None) -> Any:
 class StudyRepo:
     def __init__(self, store: Store) -> None:
         self.db = store.conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several writes as one (BEGIN IMMEDIATE ... COMMIT): a kill leaves all of them or none."""
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot start a study transaction: {exc}") from exc
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     # -- studies ----------------------------------------------------------------------------------
     def create_study(
@@ -109,12 +126,18 @@ class StudyRepo:
         )
 
     # -- trials -----------------------------------------------------------------------------------
-    def start_trial(self, cand_id: int, repeat: int, marker: str) -> int:
-        cur = self.db.execute(
-            "INSERT INTO study_trials (candidate_id, repeat, status, started_at, marker) VALUES (?, ?, 'launching', ?, ?)",
-            (cand_id, repeat, utcnow(), marker),
-        )
-        return int(cur.lastrowid or 0)
+    def start_trial(self, cand_id: int, repeat: int, marker: str, **fields: Any) -> int:
+        """A new trial, `launching`; `fields` (as `update_trial` takes them) are written with it, at once."""
+        with self.transaction():
+            cur = self.db.execute(
+                "INSERT INTO study_trials (candidate_id, repeat, status, started_at, marker)"
+                " VALUES (?, ?, 'launching', ?, ?)",
+                (cand_id, repeat, utcnow(), marker),
+            )
+            tid = int(cur.lastrowid or 0)
+            if fields:
+                self.update_trial(tid, **fields)
+        return tid
 
     def update_trial(self, trial_id: int, **fields: Any) -> None:
         """Set columns of a trial; `argv`, `effective`, … are stored as JSON (redacted)."""
@@ -132,6 +155,8 @@ class StudyRepo:
                 "bench_run_id",
                 "ready_s",
                 "error",
+                "bench_open",
+                "resumed_from",
             ):
                 cols.append(f"{key} = ?")
                 vals.append(redact(value) if isinstance(value, str) else value)
@@ -202,6 +227,8 @@ def _trial(row: Any) -> dict[str, Any]:
             "bench_run_id",
             "ready_s",
             "error",
+            "bench_open",
+            "resumed_from",
         )
     }
     for key in _TRIAL_JSON:
