@@ -73,7 +73,7 @@ def _report(exc: ServelabError, debug: bool, as_json: bool) -> None:
     if debug:
         stderr.print(escape("".join(traceback.format_exception(exc))))
     if as_json:
-        sys.stdout.write(dumps_json(exc.to_dict()) + "\n")
+        sys.stdout.write(dumps_json(exc.document if exc.document is not None else exc.to_dict()) + "\n")
     stderr.print(f"[red]error:[/red] {escape(redact_text(exc.message))}")
     if exc.hint:
         stderr.print(f"[cyan]hint:[/cyan] {escape(exc.hint)}")
