@@ -11,13 +11,14 @@ from typing import Any, Literal
 import click
 import orjson
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from servelab.bench.config import IDLE_TIMEOUT_S, BenchConfig
 from servelab.bench.runner import BenchResult, run_bench
 from servelab.cli import aio
-from servelab.cli.output import emit, progress_enabled, stderr, stdout, warn
+from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServerError
 from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
@@ -182,7 +183,7 @@ def render(data: dict[str, Any]) -> None:
             kinds = ", ".join(f"{k}×{n}" for k, n in s["errors"].items())
             stdout.print(f"[red]{lv['label']}: {s['failure_rate']:.1%} failed ({kinds})[/red]")
             for k, ex in s["error_examples"].items():
-                stdout.print(f"  {k}: {ex[:160]}", markup=False)
+                stdout.print(f"  {k}: {printable(ex[:160])}", markup=False)
         if s["length_mismatches"]:
             stdout.print(
                 f"[yellow]{lv['label']}: {s['length_mismatches']} requests returned a different number "
@@ -195,7 +196,7 @@ def render(data: dict[str, Any]) -> None:
             parts += [f"mean {k.upper()} {v:,.1f} ms" for k, v in sm.get("server_mean_ms", {}).items()]
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
     for w in data["warnings"]:
-        stdout.print(f"[yellow]warning:[/yellow] {w}")
+        stdout.print(f"[yellow]warning:[/yellow] {escape(printable(w))}")
     stdout.print(f"stored as run {data['run']} (workload hash {data['workload'].get('dataset_hash')})")
 
 
