@@ -176,3 +176,19 @@ def test_verify_words_a_stall_as_a_stall_not_as_unreachable(tmp_path: Path) -> N
     assert p.returncode == 1, p.stderr
     assert "cannot reach" not in p.stderr and "--url" not in p.stderr, p.stderr
     assert "took the request" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_study_whose_workload_bench_refuses_stops_before_anything_launches(
+    tmp_path: Path, dry: bool
+) -> None:
+    """`input_len = 10^20`: the dry run passed it and the real run crashed (TypeError) with a server up."""
+    from tests.integration.test_tune_sim import write_study
+
+    path = write_study(tmp_path / "study.toml", "huge-input", [{"name": "tp1", "tp": 1}])
+    path.write_text(path.read_text().replace("input_len = 256\n", f"input_len = {10**20}\n", 1))
+    assert str(10**20) in path.read_text()
+    p = _servelab("tune", str(path), *(["--dry-run"] if dry else []))
+    assert p.returncode == 2, p.stderr
+    assert "workload.input_len" in p.stderr and "Traceback" not in p.stderr
+    assert "launching" not in p.stdout

@@ -18,6 +18,7 @@ from servelab.cli import aio
 from servelab.cli.output import emit, fit_labels, printable, progress_enabled, stderr, stdout
 from servelab.config import load_study
 from servelab.store import open_store
+from servelab.trial import bench_config
 from servelab.tune import StudyOutcome, TuneOptions, order_candidates, tune
 
 
@@ -243,6 +244,9 @@ def tune_cmd(
 ) -> None:
     """Launch, verify, benchmark and rank every candidate of STUDY_FILE (see docs/study.md)."""
     study = load_study(study_file)
+    # The benchmark options the study implies, checked before anything launches (the dry run included):
+    # a workload the benchmark would refuse must not surface after a server started.
+    bench_config(study, "http://127.0.0.1:1", "dry-run")
     if dry_run:
         plan = [
             {"label": c.label(), "predicted": p, "settings": c.model_dump(mode="json")}
