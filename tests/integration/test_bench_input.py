@@ -192,3 +192,17 @@ def test_a_study_whose_workload_bench_refuses_stops_before_anything_launches(
     assert p.returncode == 2, p.stderr
     assert "workload.input_len" in p.stderr and "Traceback" not in p.stderr
     assert "launching" not in p.stdout
+
+
+def test_lengths_beyond_the_servers_context_are_refused_before_measuring(tmp_path: Path) -> None:
+    sim = start_sim(tmp_path, *SIM, "--max-model-len", "4096", speed=1.0)
+    try:
+        p = _servelab(
+            "bench", "--url", sim.url, "--model", MODEL, "--concurrency", "1", "--num-requests", "2",
+            "--input-len", "4000", "--output-len", "200",
+        )  # fmt: skip
+    finally:
+        sim.stop()
+    assert p.returncode == 2, p.stderr
+    assert "max_model_len 4096" in p.stderr and "--input-len" in p.stderr and "Traceback" not in p.stderr
+    assert _runs() == []

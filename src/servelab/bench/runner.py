@@ -71,9 +71,29 @@ async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
     try:
         data = orjson.loads(res.body)
         models = [m["id"] for m in data.get("data", [])]
+        # vLLM and SGLang name each model's context length; other servers may not
+        limits = [m.get("max_model_len") for m in data.get("data", []) if m["id"] == cfg.model]
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
         raise ServerError(f"{cfg.url}/v1/models did not return an OpenAI model list") from exc
+    if limits and isinstance(limits[0], int) and not isinstance(limits[0], bool):
+        _check_context(cfg, limits[0])
     return models
+
+
+def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
+    """The typical request would be refused (HTTP 400) when the asked lengths exceed the server's
+    context: say so before measuring, naming the options. ShareGPT lengths come from the data."""
+    if cfg.workload == "sharegpt":
+        return
+    prompt = cfg.input_len + (cfg.prefix_len if cfg.workload == "shared-prefix" else 0)
+    need = prompt + cfg.output_len
+    if need > max_model_len:
+        names = "--input-len" + (" + --prefix-len" if cfg.workload == "shared-prefix" else "")
+        raise ConfigError(
+            f"{names} ({prompt}) + --output-len ({cfg.output_len}) = {need} tokens exceed the "
+            f"server's max_model_len {max_model_len} for {cfg.model!r}",
+            hint="ask for shorter prompts or outputs, or start the server with a longer context",
+        )
 
 
 async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabilities:
