@@ -144,7 +144,7 @@ def test_sigterm_while_the_prompts_are_built_stops_at_once() -> None:
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "servelab", "bench", "--url", fs.url, "--model", "fault-model",
-                "--concurrency", "1", "--num-requests", "100000", "--input-len", "1000000",
+                "--concurrency", "1", "--num-requests", "100000", "--input-len", "999000",
                 "--output-len", "8", "--warmup", "0",
             ],
             stdout=subprocess.PIPE,
