@@ -29,6 +29,9 @@ class ServelabError(Exception):
 
     exit_code: int = FAILED
     default_hint: str = ""
+    # What `--json` prints instead of the error object, when the command has a result to show anyway
+    # (an interrupted bench prints its stored run, `status: interrupted`).
+    document: dict[str, Any] | None = None
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -111,3 +114,7 @@ class Interrupted(ServelabError):
     """The user (SIGINT) or a supervisor (SIGTERM) stopped the command; what finished is stored."""
 
     exit_code = INTERRUPTED
+
+    def __init__(self, message: str, hint: str | None = None, run_uid: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.run_uid = run_uid  # the stored bench run the interruption left behind, if any

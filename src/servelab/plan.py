@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
@@ -250,34 +251,38 @@ def _plan_flag(name: str) -> str:
 
 
 def find_cycle(items: tuple[Item, ...] | list[Item]) -> list[str] | None:
-    """A dependency cycle as a path of ids (first == last), or None."""
+    """A dependency cycle as a path of ids (first == last), or None. Iterative and linear: a chain of
+    100k dependencies neither recurses 100k deep nor copies its path at every step."""
     deps = {i.id: i.depends_on for i in items}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(node: str, path: list[str]) -> list[str] | None:
-        state[node] = 1
-        for nxt in deps.get(node, ()):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
-            if state.get(nxt) is None and nxt in deps:
-                found = visit(nxt, [*path, nxt])
-                if found:
-                    return found
-        state[node] = 2
-        return None
-
-    for key in deps:
-        if key not in state:
-            found = visit(key, [key])
-            if found:
-                return found
+    for root in deps:
+        if root in state:
+            continue
+        path, pos, stack = [root], {root: 0}, [iter(deps[root])]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                done = path.pop()
+                del pos[done]
+                state[done] = 2
+                stack.pop()
+                continue
+            seen = state.get(nxt)
+            if seen == 1:
+                return [*path[pos[nxt] :], nxt]
+            if seen is None and nxt in deps:
+                state[nxt] = 1
+                pos[nxt] = len(path)
+                path.append(nxt)
+                stack.append(iter(deps[nxt]))
     return None
 
 
 def _validate(before: Plan, after: Plan, accepted: frozenset[str] = frozenset()) -> None:
     """Raise if `after` breaks a rule; checks that depend on a transition apply to items that changed status."""
     ids = [i.id for i in after.items]
-    dup = {k for k in ids if ids.count(k) > 1}
+    dup = {k for k, n in Counter(ids).items() if n > 1}
     if dup:
         raise ConfigError(
             f"duplicate item id(s) {', '.join(sorted(dup))}", hint="every item needs its own id."
@@ -797,7 +802,7 @@ def parse_todowrite(data: Any) -> list[TodoEntry]:
         }
         out.append(entry)
     ids = [e["id"] for e in out if e["id"] is not None]
-    dup = {k for k in ids if ids.count(k) > 1}
+    dup = {k for k, n in Counter(ids).items() if n > 1}
     if dup:
         raise ConfigError(
             f"the todo list repeats id(s) {', '.join(sorted(dup))}", hint="every todo needs its own id."
@@ -817,12 +822,22 @@ def import_todowrite(
     bound items need evidence), so an agent's list cannot silently complete an experiment.
     """
     entries = parse_todowrite(data)
-    items = list(plan.items)
+    # Indexes, not scans: by id, the unseen items by content, and the largest numeric id so far keep
+    # the merge linear (it scanned the whole plan per todo: 32k todos took a minute).
+    items: dict[str, Item] = {i.id: i for i in plan.items}
+    unseen: dict[str, dict[str, None]] = {}
+    for i in plan.items:
+        unseen.setdefault(i.content, {})[i.id] = None
+    top = max((int(i.id) for i in plan.items if i.id.isdigit()), default=0)
     events: list[Event] = []
     info: dict[str, list[str]] = {"added": [], "updated": [], "unchanged": [], "missing": [], "pruned": []}
     seen: set[str] = set()
     reserved = {e["id"] for e in entries if e["id"] is not None}  # numbers for id-less todos skip these
     why = f"imported from {source}"
+
+    def mark_seen(it: Item) -> None:
+        seen.add(it.id)
+        unseen.get(it.content, {}).pop(it.id, None)
 
     def status_change(it: Item, to: str) -> dict[str, Any]:
         if to == it.status:
@@ -831,10 +846,21 @@ def import_todowrite(
         return {"status": to, "worker": worker}
 
     for e in entries:
-        cur = Plan(plan.name, tuple(items))
-        it = cur.find(e["id"]) if e["id"] is not None else _by_content(cur, e["content"], seen)
+        if e["id"] is not None:
+            it = items.get(e["id"])
+        else:  # the one item not yet matched with exactly this content
+            same = unseen.get(e["content"], {})
+            it = items[next(iter(same))] if len(same) == 1 else None
         if it is None:
-            key = e["id"] if e["id"] is not None else _free_id(cur, reserved)
+            if e["id"] is not None:
+                key = e["id"]
+            else:
+                n = top + 1
+                while str(n) in reserved:
+                    n += 1
+                key = str(n)
+            if key.isdigit():
+                top = max(top, int(key))
             new = Item(
                 id=key,
                 content=e["content"],
@@ -844,12 +870,12 @@ def import_todowrite(
                 updated_at=now,
             )
             new = replace(new, **status_change(new, e["status"]))
-            items.append(new)
+            items[key] = new
             events.append(Event(key, now, None, new.status, why, actor, {"item": new.to_dict()}))
             info["added"].append(key)
             seen.add(key)
             continue
-        seen.add(it.id)
+        mark_seen(it)
         wanted = (("content", e["content"]), ("priority", e["priority"]), ("extra", e["extra"]))
         fields: dict[str, Any] = {k: v for k, v in wanted if getattr(it, k) != v}
         fields.update(status_change(it, e["status"]))
@@ -857,7 +883,7 @@ def import_todowrite(
             info["unchanged"].append(it.id)
             continue
         new = _touch(it, now, **fields)
-        items = [new if i.id == it.id else i for i in items]
+        items[it.id] = new
         events.append(
             Event(
                 it.id,
@@ -875,9 +901,8 @@ def import_todowrite(
             continue
         info["missing"].append(it.id)
         if prune:
-            cur_it = next(i for i in items if i.id == it.id)
-            new = _touch(cur_it, now, status="cancelled", worker=None)
-            items = [new if i.id == it.id else i for i in items]
+            new = _touch(items[it.id], now, status="cancelled", worker=None)
+            items[it.id] = new
             events.append(
                 Event(
                     it.id,
@@ -890,21 +915,9 @@ def import_todowrite(
                 )
             )
             info["pruned"].append(it.id)
-    after = replace(plan, items=tuple(items))
+    after = replace(plan, items=tuple(items.values()))
     _validate(plan, after)
     return Outcome(after, tuple(events), info)
-
-
-def _free_id(plan: Plan, reserved: set[str]) -> str:
-    n = int(plan.next_id())
-    while str(n) in reserved:
-        n += 1
-    return str(n)
-
-
-def _by_content(plan: Plan, content: str, seen: set[str]) -> Item | None:
-    same = [i for i in plan.items if i.content == content and i.id not in seen]
-    return same[0] if len(same) == 1 else None
 
 
 def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "json") -> Outcome:
@@ -919,14 +932,19 @@ def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "j
             hint="for an agent's todo list use --format todowrite.",
         )
     incoming = [Item.from_dict(d, f"item #{n + 1}") for n, d in enumerate(data["items"])]
-    items = list(plan.items)
+    dup = {k for k, n in Counter(i.id for i in incoming).items() if n > 1}
+    if dup:
+        raise ConfigError(
+            f"duplicate item id(s) {', '.join(sorted(dup))}", hint="every item needs its own id."
+        )
+    items: dict[str, Item] = {i.id: i for i in plan.items}
     events: list[Event] = []
     info: dict[str, list[str]] = {"added": [], "updated": [], "unchanged": [], "missing": []}
     for new in incoming:
         new = replace(new, created_at=new.created_at or now, updated_at=new.updated_at or now)
-        old = next((i for i in items if i.id == new.id), None)
+        old = items.get(new.id)
         if old is None:
-            items.append(new)
+            items[new.id] = new
             events.append(
                 Event(
                     new.id, now, None, new.status, f"imported from {source}", actor, {"item": new.to_dict()}
@@ -934,7 +952,7 @@ def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "j
             )
             info["added"].append(new.id)
         elif old != new:
-            items = [new if i.id == new.id else i for i in items]
+            items[new.id] = new
             events.append(
                 Event(
                     new.id,
@@ -951,7 +969,7 @@ def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "j
             info["unchanged"].append(new.id)
     ids = {i.id for i in incoming}
     info["missing"] = [i.id for i in plan.items if i.id not in ids and i.is_open]
-    after = replace(plan, items=tuple(items))
+    after = replace(plan, items=tuple(items.values()))
     _validate(plan, after)
     return Outcome(after, tuple(events), info)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
+from pydantic import ValidationError
 
 from servelab import analyze, lifecycle, redact
 from servelab.applied import Mismatch, compare
@@ -143,6 +144,17 @@ def bench_config(
             api_key=api_key,
             context=context or RunContext(),
         )
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            table = "workload" if hasattr(w, field) else "load" if hasattr(ld, field) else ""
+            where = f"{table}.{field}" if table else (field or "study")
+            parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        raise ConfigError(
+            "the study's workload/load cannot be benchmarked: " + "; ".join(parts),
+            hint="fix the value in the study file; `servelab tune STUDY --dry-run` checks it again",
+        ) from None
     except ValueError as exc:
         raise ConfigError(f"the study's workload/load cannot be benchmarked: {exc}") from exc
 

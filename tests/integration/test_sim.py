@@ -372,11 +372,30 @@ def test_die_after_ready_vllm(start_sim):
 
 
 def test_die_after_ready_sglang_exits(start_sim):
+    """SGLang kills its own process tree on a child's SIGQUIT: the request gets no answer at all (not
+    vLLM's EngineCore error), and the server is gone at once."""
     sim = start_sim(*QWEN, "--personality", "sglang", "--fault", "die_after_ready:0")
-    with contextlib.suppress(OSError):
-        http(sim.url + "/v1/completions", {"prompt": "a", "max_tokens": 3}, timeout=3)
+    t0 = time.monotonic()
+    with pytest.raises(OSError):  # the connection drops: no HTTP answer (urllib's HTTPError is not one)
+        http(sim.url + "/v1/completions", {"prompt": "a", "max_tokens": 3}, timeout=5)
     assert sim.proc.wait(10) == 1
-    assert "Received sigquit from a child process" in sim.err.read_text()
+    assert time.monotonic() - t0 < 3
+    err = sim.err.read_text()
+    assert "Received sigquit from a child process" in err and "EngineCore" not in err
+
+
+def test_worker_init_fails_in_each_engines_words(start_sim):
+    from servelab.engines import signatures
+
+    vllm = start_sim(*QWEN, "--fault", "worker_init", wait=False)
+    sglang = start_sim(*QWEN, "--personality", "sglang", "--fault", "worker_init", wait=False)
+    assert vllm.proc.wait(30) == 1 and sglang.proc.wait(30) == 1
+    v, s = vllm.err.read_text(), sglang.err.read_text()
+    assert "WorkerProc initialization failed" in v and "Scheduler hit an exception" not in v
+    assert "Scheduler hit an exception" in s and "Received sigquit from a child process" in s
+    assert "WorkerProc" not in s and "Engine core" not in s
+    # the same root cause, read from each engine's own words
+    assert signatures.diagnose(s, "sglang").klass == signatures.diagnose(v, "vllm").klass == "nccl_error"
 
 
 def _stream(url: str, timeout: float = 3.0) -> bytes:

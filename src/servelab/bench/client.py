@@ -71,7 +71,11 @@ class Endpoint:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"URL {url!r} must look like http://HOST:PORT")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            explicit = parts.port
+        except ValueError:  # urllib's own words ("Port out of range 0-65535") do not name the URL
+            raise ValueError(f"URL {url!r}: the port must be a number from 1 to 65535") from None
+        port = explicit or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
     @property
@@ -94,7 +98,10 @@ class _Conn(asyncio.Protocol):
         "_fut",
         "_got_bytes",
         "_headers_done",
+        "_idle_s",
+        "_idle_timer",
         "_keep_alive",
+        "_last_rx",
         "_last_t",
         "_mode",
         "_res",
@@ -121,6 +128,8 @@ class _Conn(asyncio.Protocol):
     _stream: bool
     _body_parts: list[bytes]
     _last_t: float
+    _last_rx: float
+    _idle_s: float | None
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -128,6 +137,7 @@ class _Conn(asyncio.Protocol):
         self._fut: asyncio.Future[None] | None = None
         self._res: StreamResult | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -152,6 +162,7 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         t = _perf()
         self._got_bytes = True
+        self._last_rx = t
         if self._fut is None or self._fut.done():
             return
         if not self._headers_done:
@@ -338,6 +349,8 @@ class _Conn(asyncio.Protocol):
         if text or not c.get("finish_reason"):
             if res.first_token_t is None:
                 res.first_token_t = t
+                if self._idle_s:
+                    self._idle_timer = asyncio.get_running_loop().call_later(self._idle_s, self._on_idle)
             else:
                 res.itl_s.append(t - self._last_t)
             self._last_t = t
@@ -425,6 +438,9 @@ class _Conn(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if kind is not None or not self._keep_alive:
             self.close()
         fut = self._fut
@@ -437,11 +453,36 @@ class _Conn(asyncio.Protocol):
             "timeout", f"no complete response within the timeout ({res.chunks if res else 0} chunks received)"
         )
 
+    def _on_idle(self) -> None:
+        """The inter-token idle timeout. Re-armed for the time left rather than reset on every read:
+        one attribute store per read keeps the hot path as cheap as it was."""
+        self._idle_timer = None
+        if self._done or self._idle_s is None:
+            return
+        quiet = _perf() - self._last_rx
+        if quiet < self._idle_s:
+            self._idle_timer = asyncio.get_running_loop().call_later(self._idle_s - quiet, self._on_idle)
+            return
+        res = self._res
+        self._finish(
+            "stalled",
+            f"the stream stalled: no data for {self._idle_s:g} s after "
+            f"{res.chunks if res else 0} tokens (the inter-token idle timeout)",
+        )
+
     # driving --------------------------------------------------------------------------------------
     def start(
-        self, request: bytes, mode: str, timeout_s: float | None, keep_text: bool = True
+        self,
+        request: bytes,
+        mode: str,
+        timeout_s: float | None,
+        keep_text: bool = True,
+        idle_timeout_s: float | None = None,
     ) -> asyncio.Future[None]:
-        """Send `request`; `mode` is "stream" (SSE), "json" (one JSON body) or "raw" (keep the bytes)."""
+        """Send `request`; `mode` is "stream" (SSE), "json" (one JSON body) or "raw" (keep the bytes).
+
+        `timeout_s` bounds the whole response; `idle_timeout_s` bounds the silence after the first
+        token, so a stalled stream gives its slot back long before the whole-request timeout."""
         loop = asyncio.get_running_loop()
         self._fut = loop.create_future()
         self._res = StreamResult()
@@ -460,6 +501,8 @@ class _Conn(asyncio.Protocol):
         self._stream = mode == "stream"
         self._body_parts = []
         self._last_t = 0.0
+        self._last_rx = _perf()
+        self._idle_s = idle_timeout_s
         if timeout_s:
             self._timer = loop.call_later(timeout_s, self._on_timeout)
         assert self.transport is not None
@@ -487,11 +530,13 @@ class Client:
         timeout_s: float | None = 600.0,
         connect_timeout_s: float = 30.0,
         keep_text: bool = True,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self.keep_text = keep_text  # the streamed text is only needed to count tokens with a tokenizer
         self.endpoint = Endpoint.parse(url)
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []
         self._ssl: ssl.SSLContext | None = (
@@ -540,7 +585,7 @@ class Client:
                     )
                     return res
                 reused = False
-            await conn.start(request, mode, timeout, self.keep_text)
+            await conn.start(request, mode, timeout, self.keep_text, self.idle_timeout_s)
             res = conn.result
             # A pooled connection the server had already closed: retry once on a fresh one.
             if res.error_kind == "connection_closed" and reused and attempt == 0:

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servelab.bench.load import ARRIVALS, LevelSpec
 from servelab.results import RunContext
 
+# No served model has a context this long (the longest are 1M tokens plus change); a length above it
+# is a typo, and generating it would exhaust memory before the server could refuse it.
+MAX_TOKENS = 1 << 21
+# The default inter-token idle timeout (docs/cli/bench.md): a healthy engine streams a token within
+# a second even under heavy load; a minute of silence after the first token is a stall.
+IDLE_TIMEOUT_S = 60.0
+
 
 class BenchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity are never a rate, a length or a timeout: refuse them here, not in SQLite.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     url: str
     model: str
@@ -36,12 +44,20 @@ class BenchConfig(BaseModel):
     burstiness: float = Field(default=1.0, gt=0)
     warmup: int = Field(default=-1, ge=-1)  # -1: one per concurrent stream, up to 16
     timeout_s: float = Field(default=600.0, gt=0)
+    idle_timeout_s: float = Field(default=IDLE_TIMEOUT_S, gt=0)
     exact_output_len: bool = True
     api_key: str | None = None
     scrape_interval_s: float = Field(default=1.0, ge=0)
-    temperature: float | None = None
+    temperature: float | None = Field(default=None, ge=0)
     # What the run is of, where the server cannot say (a study's candidate, `--gpu/--tp/...`).
     context: RunContext = Field(default_factory=RunContext)
+
+    @field_validator("input_len", "output_len", "prefix_len")
+    @classmethod
+    def _bounded(cls, value: int) -> int:
+        if value > MAX_TOKENS:
+            raise ValueError(f"{value} is over {MAX_TOKENS:,} tokens, longer than any model's context")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:

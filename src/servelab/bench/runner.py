@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,9 +71,29 @@ async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
     try:
         data = orjson.loads(res.body)
         models = [m["id"] for m in data.get("data", [])]
+        # vLLM and SGLang name each model's context length; other servers may not
+        limits = [m.get("max_model_len") for m in data.get("data", []) if m["id"] == cfg.model]
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
         raise ServerError(f"{cfg.url}/v1/models did not return an OpenAI model list") from exc
+    if limits and isinstance(limits[0], int) and not isinstance(limits[0], bool):
+        _check_context(cfg, limits[0])
     return models
+
+
+def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
+    """The typical request would be refused (HTTP 400) when the asked lengths exceed the server's
+    context: say so before measuring, naming the options. ShareGPT lengths come from the data."""
+    if cfg.workload == "sharegpt":
+        return
+    prompt = cfg.input_len + (cfg.prefix_len if cfg.workload == "shared-prefix" else 0)
+    need = prompt + cfg.output_len
+    if need > max_model_len:
+        names = "--input-len" + (" + --prefix-len" if cfg.workload == "shared-prefix" else "")
+        raise ConfigError(
+            f"{names} ({prompt}) + --output-len ({cfg.output_len}) = {need} tokens exceed the "
+            f"server's max_model_len {max_model_len} for {cfg.model!r}",
+            hint="ask for shorter prompts or outputs, or start the server with a longer context",
+        )
 
 
 async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabilities:
@@ -99,7 +119,10 @@ async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabi
             break
         if res.error_kind in ("http_400", "http_422") and attempt != "no_usage":
             continue
-        raise ServerError(f"a probe request failed ({res.error_kind}): {res.error_message}")
+        raise ServerError(
+            f"a probe request failed ({res.error_kind}): {res.error_message}",
+            hint=fault_hint(res.error_kind),
+        )
     else:  # pragma: no cover - loop always breaks or raises
         pass
     if not caps.exact_length and cfg.exact_output_len:
@@ -131,6 +154,7 @@ TRANSIENT = (
     "malformed_sse",
     "incomplete",
     "server_error_event",
+    "stalled",
 )
 
 
@@ -143,6 +167,16 @@ async def _send_retrying(client: Client, req: bytes, timeout_s: float, tries: in
         await asyncio.sleep(0.2)
         res = await client.send(req, timeout_s=timeout_s)
     return res
+
+
+def fault_hint(kind: str | None) -> str | None:
+    """Word each fault as what it is: a server that answers and then stalls is reachable, and a hint
+    to check --url would send the user the wrong way."""
+    if kind in ("stalled", "timeout"):
+        return "the server took the request and then went silent: check its log for a stuck engine"
+    if kind in ("disconnected", "http_500", "server_error_event"):
+        return "the server answered, then failed the request: check its log (`servelab logs diagnose`)"
+    return None  # unreachable, or a wrong URL/model: the default hint says what to check
 
 
 async def learn_context(client: Client, caps: Capabilities) -> RunContext:
@@ -193,7 +227,31 @@ async def calibrate_tokens_per_word(
     return W.fit_tokens_per_word(samples)
 
 
-def build_workload(
+# The prompt pool is bounded in tokens and in count: a level of ten million requests cycles through
+# it (with a warning: repeats can hit a prefix cache) instead of building every prompt up front.
+POOL_TOKENS = 1 << 24
+POOL_MAX = 65536
+
+
+def pool_size(cfg: BenchConfig, count: int) -> int:
+    """How many distinct prompts to build for `count` requests (at least one)."""
+    per_prompt = cfg.input_len * (1 + cfg.range_ratio) + (
+        cfg.prefix_len if cfg.workload == "shared-prefix" else 0
+    )
+    return max(1, min(count, POOL_MAX, int(POOL_TOKENS // max(1.0, per_prompt))))
+
+
+async def _collect(prompts: Iterable[W.Prompt]) -> tuple[W.Prompt, ...]:
+    """Build prompts one at a time, yielding to the loop between them so SIGINT/SIGTERM stop a long
+    build at once (a synchronous loop would hold the signal handlers off until it ended)."""
+    out = []
+    for p in prompts:
+        out.append(p)
+        await asyncio.sleep(0)
+    return tuple(out)
+
+
+async def build_workload(
     cfg: BenchConfig, counter: W.TokenCounter | None, fit: tuple[float, float] | None, count: int, seed: int
 ) -> W.Workload:
     overhead, per_word = fit if fit else (0.0, 1.0)
@@ -206,10 +264,37 @@ def build_workload(
         assert cfg.dataset
         return W.sharegpt(cfg.dataset, count, seed, counter, per_word, calibrated=cal)
     if cfg.workload == "shared-prefix":
-        return W.shared_prefix(
-            count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word, calibrated=cal
+        prompts = await _collect(
+            W.shared_prefix_prompts(
+                count, cfg.num_prefixes, cfg.prefix_len, in_len, out_len, seed, counter, per_word
+            )
         )
-    return W.synthetic(count, in_len, out_len, seed, counter, per_word, calibrated=cal)
+        return W.Workload("shared-prefix", prompts, W._counting(counter, cal))
+    prompts = await _collect(W.synthetic_prompts(count, in_len, out_len, seed, counter, per_word))
+    return W.Workload("synthetic", prompts, W._counting(counter, cal))
+
+
+async def _prepare(
+    client: Client, cfg: BenchConfig, caps: Capabilities, wl: W.Workload
+) -> list[PreparedRequest]:
+    path, out = _path(cfg), []
+    for i, p in enumerate(wl.prompts):
+        body = _body(cfg, caps, p.text, p.output_len)
+        out.append(PreparedRequest(i, client.build_request(path, body), p.output_len, p.input_len, p.text))
+        if i % 64 == 63:
+            await asyncio.sleep(0)
+    return out
+
+
+def _all_failed(level: Level) -> str | None:
+    """Why a level measured nothing: every request failed (a server that died after ready answers
+    every request with an error; that is not a measurement)."""
+    s = level.wall
+    if s.completed or not s.failed:
+        return None
+    kinds = ", ".join(f"{k}×{n}" for k, n in s.errors.items())
+    example = next(iter(s.error_examples.values()), "")
+    return f"every request of level {level.summary.label} failed ({kinds}): {example[:200]}"
 
 
 class _RecordMaker:
@@ -287,7 +372,13 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         raise ConfigError(f"--slo: {exc}") from exc
     counter = W.TokenCounter(cfg.tokenizer) if cfg.tokenizer else None
     try:
-        client = Client(cfg.url, api_key=cfg.api_key, timeout_s=cfg.timeout_s, keep_text=counter is not None)
+        client = Client(
+            cfg.url,
+            api_key=cfg.api_key,
+            timeout_s=cfg.timeout_s,
+            keep_text=counter is not None,
+            idle_timeout_s=cfg.idle_timeout_s,
+        )
     except ValueError as exc:
         raise ConfigError(
             str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000"
@@ -311,31 +402,12 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             [spec.num_requests or 0 for spec in specs]
             + [2048 if cfg.duration_s else 0, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5)]
         )
-        wl = build_workload(cfg, counter, fit, count, cfg.seed)
-        warm_wl = build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
+        wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
+        warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
-        path = _path(cfg)
-        prepared = [
-            PreparedRequest(
-                i,
-                client.build_request(path, _body(cfg, caps, p.text, p.output_len)),
-                p.output_len,
-                p.input_len,
-                p.text,
-            )
-            for i, p in enumerate(wl.prompts)
-        ]
-        warm = [
-            PreparedRequest(
-                i,
-                client.build_request(path, _body(cfg, caps, p.text, p.output_len)),
-                p.output_len,
-                p.input_len,
-                p.text,
-            )
-            for i, p in enumerate(warm_wl.prompts)
-        ]
+        prepared = await _prepare(client, cfg, caps, wl)
+        warm = await _prepare(client, cfg, caps, warm_wl)
         context = (await learn_context(metrics_client, caps)).merged(cfg.context)
         config = cfg.model_dump(exclude={"context"}) | {
             "workload_info": wl.describe(),
@@ -359,35 +431,50 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         status = "completed"
         try:
             for li, spec in enumerate(specs):
-                levels_out.append(
-                    await _run_one_level(
-                        client,
-                        metrics_client,
-                        repo,
-                        run_id,
-                        li,
-                        spec,
-                        cfg,
-                        prepared,
-                        warm,
-                        make,
-                        slo,
-                        notify,
-                        context.clock.speed,
-                    )
+                level = await _run_one_level(
+                    client,
+                    metrics_client,
+                    repo,
+                    run_id,
+                    li,
+                    spec,
+                    cfg,
+                    prepared,
+                    warm,
+                    make,
+                    slo,
+                    notify,
+                    context.clock.speed,
                 )
+                levels_out.append(level)
+                failure = _all_failed(level)
+                if failure is not None:
+                    # Nothing was measured; the levels after it would only repeat the failure.
+                    status = "failed"
+                    skipped = len(specs) - li - 1
+                    warnings.append(
+                        failure + (f"; the {skipped} later levels were not run" if skipped else "")
+                    )
+                    break
         except asyncio.CancelledError:
             repo.set_run_info(run_id, warnings=warnings)
             repo.finish_run(run_id, "interrupted", [lv.wall for lv in levels_out])
             raise Interrupted(
                 f"benchmark interrupted; run {uid} keeps every request that had finished",
                 hint=f"`servelab runs show {uid}` shows what was measured.",
+                run_uid=uid,
             ) from None
+        except BaseException:
+            # Never leave a run `running`: whatever stopped it, the store says it failed.
+            repo.set_run_info(run_id, warnings=warnings)
+            repo.finish_run(run_id, "failed", [lv.wall for lv in levels_out])
+            raise
         repeated = sum(lv.wall.prompts_repeated for lv in levels_out)
         if repeated:
             warnings.append(
-                f"{repeated} requests reused a prompt of the pool of {len(prepared)}: a server with "
-                "prefix caching may answer those faster; give --num-requests or a shorter --duration"
+                f"{repeated} requests reused a prompt of the pool of {len(prepared)} (at most {POOL_MAX:,} "
+                f"prompts or {POOL_TOKENS:,} tokens are built): a server with prefix caching may answer "
+                "those faster; give fewer --num-requests or a shorter --duration"
             )
         checks = [lv.wall.tokenizer_crosscheck for lv in levels_out if lv.wall.tokenizer_crosscheck]
         checked = sum(c.checked for c in checks)

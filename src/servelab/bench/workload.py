@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,23 @@ def _fit_words(
     return cut, counter.count(cut)
 
 
+def synthetic_prompts(
+    num_prompts: int,
+    input_len: LengthSpec,
+    output_len: LengthSpec,
+    seed: int,
+    counter: TokenCounter | None = None,
+    tokens_per_word: float = 1.0,
+) -> Iterator[Prompt]:
+    """Random-word prompts, one at a time (a caller can yield to signals between them); each begins
+    with a unique tag so no two share a cacheable prefix."""
+    rng = random.Random(seed)
+    for i in range(num_prompts):
+        target = input_len.sample(rng)
+        text, measured = _fit_words(rng, target, counter, tokens_per_word, prefix=f"{seed}-{i}: ")
+        yield Prompt(text=text, output_len=output_len.sample(rng), input_len=measured or target)
+
+
 def synthetic(
     num_prompts: int,
     input_len: LengthSpec,
@@ -361,14 +379,33 @@ def synthetic(
     tokens_per_word: float = 1.0,
     calibrated: bool = False,
 ) -> Workload:
-    """Random-word prompts; each begins with a unique tag so no two share a cacheable prefix."""
-    rng = random.Random(seed)
-    prompts = []
-    for i in range(num_prompts):
-        target = input_len.sample(rng)
-        text, measured = _fit_words(rng, target, counter, tokens_per_word, prefix=f"{seed}-{i}: ")
-        prompts.append(Prompt(text=text, output_len=output_len.sample(rng), input_len=measured or target))
+    """`synthetic_prompts` collected into a workload."""
+    prompts = synthetic_prompts(num_prompts, input_len, output_len, seed, counter, tokens_per_word)
     return Workload("synthetic", tuple(prompts), _counting(counter, calibrated))
+
+
+def shared_prefix_prompts(
+    num_prompts: int,
+    num_prefixes: int,
+    prefix_len: int,
+    input_len: LengthSpec,
+    output_len: LengthSpec,
+    seed: int,
+    counter: TokenCounter | None = None,
+    tokens_per_word: float = 1.0,
+) -> Iterator[Prompt]:
+    """`num_prefixes` long shared system prompts, each followed by a unique question of `input_len`."""
+    if num_prefixes < 1:
+        raise ConfigError("--num-prefixes must be at least 1")
+    rng = random.Random(seed)
+    prefixes = [_fit_words(rng, prefix_len, counter, tokens_per_word)[0] for _ in range(num_prefixes)]
+    for i in range(num_prompts):
+        prefix = prefixes[i % num_prefixes]
+        target = input_len.sample(rng)
+        question, _ = _fit_words(rng, target, counter, tokens_per_word, prefix=f"q{i}: ")
+        text = prefix + "\n" + question
+        total = counter.count(text) if counter else prefix_len + target
+        yield Prompt(text, output_len.sample(rng), total)
 
 
 def shared_prefix(
@@ -382,19 +419,10 @@ def shared_prefix(
     tokens_per_word: float = 1.0,
     calibrated: bool = False,
 ) -> Workload:
-    """`num_prefixes` long shared system prompts, each followed by a unique question of `input_len`."""
-    if num_prefixes < 1:
-        raise ConfigError("--num-prefixes must be at least 1")
-    rng = random.Random(seed)
-    prefixes = [_fit_words(rng, prefix_len, counter, tokens_per_word)[0] for _ in range(num_prefixes)]
-    prompts = []
-    for i in range(num_prompts):
-        prefix = prefixes[i % num_prefixes]
-        target = input_len.sample(rng)
-        question, _ = _fit_words(rng, target, counter, tokens_per_word, prefix=f"q{i}: ")
-        text = prefix + "\n" + question
-        total = counter.count(text) if counter else prefix_len + target
-        prompts.append(Prompt(text, output_len.sample(rng), total))
+    """`shared_prefix_prompts` collected into a workload."""
+    prompts = shared_prefix_prompts(
+        num_prompts, num_prefixes, prefix_len, input_len, output_len, seed, counter, tokens_per_word
+    )
     return Workload("shared-prefix", tuple(prompts), _counting(counter, calibrated))
 
 

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 import click
 import orjson
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servelab.bench.config import BenchConfig
+from servelab.bench.config import IDLE_TIMEOUT_S, BenchConfig
 from servelab.bench.runner import BenchResult, run_bench
 from servelab.cli import aio
-from servelab.cli.output import emit, progress_enabled, stderr, stdout, warn
-from servelab.errors import ConfigError, Interrupted
+from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
+from servelab.errors import ConfigError, Interrupted, ServerError
 from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
@@ -39,14 +41,45 @@ def parse_levels(text: str | None, name: str) -> list[float] | None:
     return values
 
 
-def config_error(exc: ValidationError) -> ConfigError:
+# BenchConfig's fields by the option that sets them, so an error names what the user typed.
+_OPTION = {
+    "timeout_s": "--timeout",
+    "idle_timeout_s": "--idle-timeout",
+    "duration_s": "--duration",
+    "scrape_interval_s": "--scrape-interval",
+    "exact_output_len": "--no-exact-length",
+}
+
+
+def config_error(exc: ValidationError, mode: str = "concurrency") -> ConfigError:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "options"
-        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+        loc = [str(x) for x in err["loc"]]
+        if loc and loc[0] == "levels":
+            name = f"--{mode}" + (f" (value {int(loc[1]) + 1})" if len(loc) > 1 else "")
+        elif loc:
+            name = _OPTION.get(loc[0], "--" + loc[0].replace("_", "-"))
+        else:
+            name = "options"
+        parts.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
     return ConfigError(
         "invalid benchmark options: " + "; ".join(parts), hint="`servelab bench --help` lists the options."
     )
+
+
+def check_export_dir(export: str) -> Path:
+    """`--export-vllm` is written after the last level: find out now, not hours later, that it cannot be."""
+    out = Path(export)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".servelab-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--export-vllm {export} is not a writable directory: {exc.strerror or exc}",
+            hint="Give a directory you can write to (it is created if missing).",
+        ) from None
+    return out
 
 
 class _ProgressObserver:
@@ -150,7 +183,7 @@ def render(data: dict[str, Any]) -> None:
             kinds = ", ".join(f"{k}×{n}" for k, n in s["errors"].items())
             stdout.print(f"[red]{lv['label']}: {s['failure_rate']:.1%} failed ({kinds})[/red]")
             for k, ex in s["error_examples"].items():
-                stdout.print(f"  {k}: {ex[:160]}", markup=False)
+                stdout.print(f"  {k}: {printable(ex[:160])}", markup=False)
         if s["length_mismatches"]:
             stdout.print(
                 f"[yellow]{lv['label']}: {s['length_mismatches']} requests returned a different number "
@@ -163,7 +196,7 @@ def render(data: dict[str, Any]) -> None:
             parts += [f"mean {k.upper()} {v:,.1f} ms" for k, v in sm.get("server_mean_ms", {}).items()]
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
     for w in data["warnings"]:
-        stdout.print(f"[yellow]warning:[/yellow] {w}")
+        stdout.print(f"[yellow]warning:[/yellow] {escape(printable(w))}")
     stdout.print(f"stored as run {data['run']} (workload hash {data['workload'].get('dataset_hash')})")
 
 
@@ -253,12 +286,20 @@ def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
 @click.option("--slo", help="Latency limits for goodput, e.g. ttft_ms<=500,tpot_ms<=50")
 @click.option(
     "--warmup",
-    type=int,
-    default=-1,
+    type=click.IntRange(min=0),
+    default=None,
     help="Unrecorded warm-up requests per level (default: one per stream, ≤16).",
 )
 @click.option(
     "--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout, s."
+)
+@click.option(
+    "--idle-timeout",
+    "idle_timeout_s",
+    type=float,
+    default=IDLE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds of silence after the first token before a stream counts as `stalled`.",
 )
 @click.option("--no-exact-length", is_flag=True, help="Do not send ignore_eos/min_tokens.")
 @click.option("--temperature", type=float, help="Sampling temperature to send (default: the server's).")
@@ -305,6 +346,7 @@ def bench(**opts: Any) -> None:
         )
     export = opts.pop("export_vllm")
     as_json = opts.pop("as_json")
+    out = check_export_dir(export) if export else None
     context = context_from_flags(opts)
     chosen: WorkloadKind | None = opts.pop("workload")  # click.Choice allows only these
     workload: WorkloadKind = chosen or ("sharegpt" if opts.get("dataset") else "synthetic")
@@ -336,8 +378,9 @@ def bench(**opts: Any) -> None:
             slo=opts["slo"],
             arrival=opts["arrival"],
             burstiness=opts["burstiness"],
-            warmup=opts["warmup"],
+            warmup=-1 if opts["warmup"] is None else opts["warmup"],
             timeout_s=opts["timeout_s"],
+            idle_timeout_s=opts["idle_timeout_s"],
             exact_output_len=not opts["no_exact_length"],
             api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"),
             temperature=opts["temperature"],
@@ -345,12 +388,26 @@ def bench(**opts: Any) -> None:
             context=context,
         )
     except ValidationError as exc:
-        raise config_error(exc) from None
-    res = _run(cfg, _ProgressObserver())
+        raise config_error(exc, mode) from None
+    try:
+        res = _run(cfg, _ProgressObserver())
+    except Interrupted as exc:
+        if exc.run_uid is not None:  # --json prints the stored run (`status: interrupted`), as documented
+            with open_store() as store:
+                exc.document = BenchRepo(store).load(exc.run_uid).to_json()
+        raise
     data = result_json(res)
-    if export:
-        out = Path(export)
-        out.mkdir(parents=True, exist_ok=True)
+    if res.status == "failed":
+        if not as_json:
+            render(data)
+        raise ServerError(
+            next(
+                (w for w in reversed(res.warnings) if w.startswith("every request")), "the benchmark failed"
+            ),
+            hint=f"the server answers nothing but errors: check its log; `servelab runs show {res.uid}` "
+            "keeps what was stored",
+        )
+    if out is not None:
         for lv in res.levels:
             compat = lv.vllm_compatible(cfg.max_concurrency, cfg.burstiness) | {
                 "model_id": cfg.model,

@@ -332,7 +332,14 @@ def _render_preflight(d: dict[str, Any]) -> None:
 
 @click.command("wait-ready")
 @click.argument("url")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds to wait.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait.",
+)
 @click.option(
     "--engine", default=None, help="Engine whose readiness rule applies (default: /health 200 + model)."
 )
@@ -377,7 +384,13 @@ def wait_ready_cmd(
     from servelab.engines.base import LaunchSpec, Readiness
 
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+    try:
+        port = parts.port
+    except ValueError:  # urllib's "Port out of range 0-65535" does not say which argument
+        raise ConfigError(
+            f"{url!r}: the port must be a number from 1 to 65535", hint="e.g. http://127.0.0.1:8000"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port:
         raise ConfigError(f"{url!r} is not an http(s)://HOST:PORT URL", hint="e.g. http://127.0.0.1:8000")
     if api_key_env:
         api_key = os.environ.get(api_key_env) or api_key
@@ -388,7 +401,7 @@ def wait_ready_cmd(
             )
     readiness = registry.get(engine).readiness if engine else Readiness()
     ep = lifecycle.Endpoint(
-        LaunchSpec([], {}, parts.hostname, parts.port, model, scheme=parts.scheme),
+        LaunchSpec([], {}, parts.hostname, port, model, scheme=parts.scheme),
         time.monotonic(),
         pid=pid or None,
     )

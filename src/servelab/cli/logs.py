@@ -14,13 +14,18 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from servelab.cli.output import emit, stdout
+from servelab.cli.output import emit, printable, stdout
 from servelab.errors import ConfigError, NotFoundError
 from servelab.redact import redact
 
 
 def _read(path: str) -> str:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(
+            f"{path} is a directory, not a log file",
+            hint="pass one log file from it (a study keeps one per candidate: `ls` the directory)",
+        )
     if not p.is_file():
         raise NotFoundError(f"log file {path} does not exist", hint="pass the path of a server's log file")
     try:
@@ -57,7 +62,11 @@ def _render_parse(data: dict[str, Any]) -> None:
         return
     t = Table("key", "value", "evidence")
     for key, value in data["effective"].items():
-        t.add_row(key, escape(repr(value)), escape(_short(data["evidence"].get(key, ""))))
+        t.add_row(
+            escape(printable(key)),
+            escape(printable(repr(value))),
+            escape(printable(_short(data["evidence"].get(key, "")))),
+        )
     stdout.print(t)
 
 
@@ -65,12 +74,12 @@ def _render_diagnosis(data: dict[str, Any]) -> None:
     fatal = " (fatal)" if data.get("fatal") else ""
     stdout.print(f"[bold]class:[/bold] {data['class']}{fatal}")
     if data["evidence"]:
-        stdout.print(f"[bold]evidence:[/bold] {escape(data['evidence'])}")
-    stdout.print(f"[bold]advice:[/bold] {escape(data['advice'])}")
+        stdout.print(f"[bold]evidence:[/bold] {escape(printable(data['evidence']))}")
+    stdout.print(f"[bold]advice:[/bold] {escape(printable(data['advice']))}")
     if data.get("tail"):
         stdout.print("[bold]tail:[/bold]")
         for line in data["tail"]:
-            stdout.print(f"  {escape(line)}")
+            stdout.print(f"  {escape(printable(line))}")
 
 
 @click.group()

@@ -15,7 +15,7 @@ import click
 from rich.markup import escape
 
 from servelab import __version__
-from servelab.cli.output import dumps_json, stderr
+from servelab.cli.output import dumps_json, printable, stderr
 from servelab.errors import INTERNAL_ERROR, INTERRUPTED, ServelabError
 from servelab.redact import redact_text
 
@@ -64,7 +64,9 @@ class ServelabGroup(click.Group):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             # Not a ServelabError: servelab itself failed. Exit 3 keeps it apart from 1 ("what you checked failed").
-            stderr.print(f"[red]internal error:[/red] {escape(redact_text(f'{type(exc).__name__}: {exc}'))}")
+            stderr.print(
+                f"[red]internal error:[/red] {escape(printable(redact_text(f'{type(exc).__name__}: {exc}')))}"
+            )
             stderr.print("[cyan]hint:[/cyan] this is a bug in servelab; rerun with --debug for the traceback")
             ctx.exit(INTERNAL_ERROR)
 
@@ -73,10 +75,10 @@ def _report(exc: ServelabError, debug: bool, as_json: bool) -> None:
     if debug:
         stderr.print(escape("".join(traceback.format_exception(exc))))
     if as_json:
-        sys.stdout.write(dumps_json(exc.to_dict()) + "\n")
-    stderr.print(f"[red]error:[/red] {escape(redact_text(exc.message))}")
+        sys.stdout.write(dumps_json(exc.document if exc.document is not None else exc.to_dict()) + "\n")
+    stderr.print(f"[red]error:[/red] {escape(printable(redact_text(exc.message)))}")
     if exc.hint:
-        stderr.print(f"[cyan]hint:[/cyan] {escape(exc.hint)}")
+        stderr.print(f"[cyan]hint:[/cyan] {escape(printable(exc.hint))}")
 
 
 @click.group(cls=ServelabGroup, context_settings={"help_option_names": ["-h", "--help"]})

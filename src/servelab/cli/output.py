@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,16 @@ from servelab.redact import redact
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns; give them room instead.
 stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# C0 controls but tab and newline, DEL, and the C1 controls (0x9b is a one-byte CSI on some terminals).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` from a server (a log line, an error body) made safe for a terminal: every control
+    character shown as `\\xNN`, so a line cannot retitle the window, clear the screen or hide itself."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _default(obj: Any) -> Any:
@@ -49,7 +60,7 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], None] | None = None) 
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/yellow] {message}", markup=True)
+    stderr.print(f"[yellow]warning:[/yellow] {printable(message)}", markup=True)
 
 
 def progress_enabled() -> bool:

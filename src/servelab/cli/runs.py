@@ -15,6 +15,9 @@ from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 from servelab.store.studies import StudyRepo
 
+# SQLite's LIMIT is a 64-bit integer; anything near it means "all" and past it is an OverflowError.
+LIMIT_MAX = 1 << 62
+
 
 def _study_rows(repo: StudyRepo, studies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
@@ -80,7 +83,7 @@ def _render_studies(items: list[dict[str, Any]], console: Console | None = None)
 
 @click.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Studies with their candidates and outcomes, as JSON.")
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=LIMIT_MAX), default=20, show_default=True)
 @click.pass_context
 def runs(ctx: click.Context, as_json: bool, limit: int) -> None:
     """Stored studies (with candidates and outcomes) and benchmark runs.
@@ -134,7 +137,7 @@ def study(ref: str, as_json: bool) -> None:
 
 
 @runs.command("list")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=LIMIT_MAX), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def list_runs(limit: int, as_json: bool) -> None:
     """The most recent runs, newest first."""

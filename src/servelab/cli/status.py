@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from servelab.cli.output import emit, stdout
+from servelab.cli.output import emit, printable, stdout
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
@@ -124,7 +124,7 @@ def _render_status(obs: dict[str, Any]) -> None:
     if obs["findings"]:
         t = Table("finding", "evidence", "next", title="findings", title_justify="left")
         for f in obs["findings"]:
-            t.add_row(escape(f["what"]), escape(f["evidence"][:160]), escape(f["next"]))
+            t.add_row(escape(printable(f["what"])), escape(printable(f["evidence"][:160])), escape(f["next"]))
         stdout.print(t)
 
 
@@ -159,7 +159,9 @@ def _render_doctor(rep: dict[str, Any]) -> None:
     t = Table("check", "status", "evidence", "fix")
     for c in rep["checks"]:
         style = _STATUS_STYLE.get(c["status"], "")
-        t.add_row(c["name"], f"[{style}]{c['status']}[/{style}]", escape(c["evidence"]), escape(c["fix"]))
+        t.add_row(
+            c["name"], f"[{style}]{c['status']}[/{style}]", escape(printable(c["evidence"])), escape(c["fix"])
+        )
     stdout.print(t)
 
 

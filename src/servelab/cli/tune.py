@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.cli import aio
-from servelab.cli.output import emit, fit_labels, progress_enabled, stderr, stdout
+from servelab.cli.output import emit, fit_labels, printable, progress_enabled, stderr, stdout
 from servelab.config import load_study
 from servelab.engines import registry
 from servelab.store import open_store
@@ -141,21 +141,21 @@ class _Progress:
                 + " measured before the interruption"
             ),
             "trial_ready": lambda: f"  ready after {d['ready_s']:.1f} s at {d['url']}",
-            "not_applied": lambda: "  [red]NOT APPLIED[/red]: " + escape("; ".join(d["mismatches"])),
+            "not_applied": lambda: "  [red]NOT APPLIED[/red]: " + _safe("; ".join(d["mismatches"])),
             "level_done": lambda: (
                 f"  level {d['digest']['level']:g}: {_fmt(d['digest'].get('output_throughput'))} "
                 f"tok/s, TPOT p50 {_fmt(d['digest'].get('tpot_ms_p50'), 2)} ms, TTFT p50 "
                 f"{_fmt(d['digest'].get('ttft_ms_p50'), 1)} ms, {d['digest'].get('failed', 0)} failed"
                 + (" [red](server died)[/red]" if d["digest"].get("died") else "")
             ),
-            "plan_warning": lambda: f"  [yellow]plan:[/yellow] {escape(d['message'])}",
-            "stopped_early": lambda: f"  [yellow]stopped early[/yellow]: {escape(d['reason'])}",
-            "server_died": lambda: f"  [red]server died[/red]: {escape(str(d['diagnosis'].get('class')))}",
+            "plan_warning": lambda: f"  [yellow]plan:[/yellow] {_safe(d['message'])}",
+            "stopped_early": lambda: f"  [yellow]stopped early[/yellow]: {_safe(d['reason'])}",
+            "server_died": lambda: f"  [red]server died[/red]: {_safe(str(d['diagnosis'].get('class')))}",
             "candidate_skipped": lambda: f"{escape(d['label'])}: already {d['status']}, skipped",
             "trial_finished": lambda: (
                 f"  {d['status']}"
                 + (
-                    f": {escape(str(d['diagnosis'].get('class')))} — {escape(str(d['diagnosis'].get('evidence', ''))[:200])}"
+                    f": {_safe(str(d['diagnosis'].get('class')))} — {_safe(str(d['diagnosis'].get('evidence', ''))[:200])}"
                     if d.get("diagnosis")
                     else ""
                 )
@@ -163,6 +163,11 @@ class _Progress:
         }.get(event)
         if msg is not None:
             self.console.print(msg())
+
+
+def _safe(text: str) -> str:
+    """Evidence and advice quote server logs: no control character reaches the terminal, no markup."""
+    return escape(printable(text))
 
 
 def _notes(c: dict[str, Any]) -> str:
@@ -210,10 +215,10 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
             notes.append(f"{shown[c['label']]}: {note}")
     out.print(t)
     for line in legend:
-        out.print(escape(line))
+        out.print(_safe(line))
     for line in notes:
-        out.print(escape(line))
-    out.print(escape(data["ranking"]["verdict"]))
+        out.print(_safe(line))
+    out.print(_safe(data["ranking"]["verdict"]))
 
 
 async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:

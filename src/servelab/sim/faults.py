@@ -10,7 +10,11 @@ from servelab.errors import ConfigError
 FAULTS: dict[str, tuple[str, float | None, str]] = {
     "cuda_init": ("startup", None, "crash at start: CUDA init fails (HMM / driver)"),
     "oom_init": ("startup", None, "crash at start: CUDA out of memory while loading weights"),
-    "worker_init": ("startup", None, "crash at start: `WorkerProc initialization failed`"),
+    "worker_init": (
+        "startup",
+        None,
+        "crash at start: a worker dies (vLLM `WorkerProc initialization failed`, SGLang `Scheduler hit an exception`)",
+    ),
     "port_in_use": ("startup", None, "crash at start: the port is already in use"),
     "nccl_shm": ("startup", None, "crash at start: NCCL cannot create its /dev/shm segment"),
     "slow_start": ("startup", 600.0, "CUDA-graph capture takes N more (model) seconds"),

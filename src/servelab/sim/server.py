@@ -477,6 +477,14 @@ class SimServer:
             return
         self.dead = True
         self.log.raw(engine_dead_lines(self), stream=sys.stderr)
+        if not self.persona.dead_message:
+            # The engine kills its own process tree (SGLang): nothing answers, every connection drops.
+            self.exit_code = self.persona.engine_dead.exit_code or 1
+            for req in list(self.sched.running.values()) + list(self.sched.waiting):
+                self.sched.abort(req)
+            self.close()
+            self.stop()
+            return
         for req in list(self.sched.running.values()) + list(self.sched.waiting):
             self.sched.abort(req)
             fail = getattr(req.sink, "fail", None)
@@ -493,6 +501,9 @@ class SimServer:
         die = self.cfg.faults.get("die_after_ready")
         if die is not None and self.request_count > die.n:
             self.die()
+        if self.dead and not self.persona.dead_message:
+            proto.abort()
+            return False
         if self.dead:
             msg = self.persona.dead_message
             raise HttpError(500, msg, body=error_body(500, msg, "InternalServerError"))

@@ -133,6 +133,7 @@ class Caller:
         )
 
     async def _probe(self, prompt: Prompt, max_tokens: int | None) -> Completion:
+        """The first request: an unusable server raises here, each fault worded as what it is."""
         status, body, err = await self._send(prompt, max_tokens)
         if 400 <= status < 500 and status not in (401, 403, 404) and self.extras:
             dropped = ", ".join(sorted(self.extras))
@@ -140,8 +141,8 @@ class Caller:
             status, body, err = await self._send(prompt, max_tokens)
             if status == 200:
                 self.notes.append(f"the server rejected {dropped}; sent plain greedy requests instead")
-        if status == 0:
-            raise ServerError(f"cannot reach {self.client.endpoint.host_header}: {err}")
+        if err and not err.startswith("http_"):
+            raise _transport_error(self.client.endpoint.host_header, err)
         if status in (401, 403):
             raise ServerError(
                 f"the server refused the request (HTTP {status})",
@@ -154,3 +155,20 @@ class Caller:
                 hint="check --model against `curl URL/v1/models`, and --api (completions or chat)",
             )
         return parse_body(self.normalize(prompt), body)
+
+
+def _transport_error(host: str, err: str) -> ServerError:
+    """Only a refused or failed connection is "cannot reach": a server that took the request and went
+    silent, or dropped it, is reachable, and a hint to check --url would mislead."""
+    kind = err.split(":", 1)[0]
+    if kind == "connect_error":
+        return ServerError(f"cannot reach {host}: {err}")
+    if kind in ("timeout", "stalled"):
+        return ServerError(
+            f"{host} took the request but sent no complete answer within the timeout ({err})",
+            hint="the server is up but stuck: check its log, or raise --timeout for a slow engine",
+        )
+    return ServerError(
+        f"{host} failed the request ({err})",
+        hint="the server is up but broke off the answer: check its log (`servelab logs diagnose`)",
+    )

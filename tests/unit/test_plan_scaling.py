@@ -1,0 +1,66 @@
+"""`plan import` grows linearly with the list (issue 15 item 12: 32k todos took a minute, 100k over five).
+
+No absolute time bound (a loaded box breaks those): the time for 4n todos is compared with the time for n
+measured in the same run; linear work gives about 4×, the old per-todo scan of the plan 16×."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from servelab import plan as P
+
+
+def _todos(n: int, status: str = "pending") -> list[dict[str, Any]]:
+    return [
+        {"content": f"task {i}", "status": status, **({"id": f"t{i}"} if i % 2 else {})} for i in range(n)
+    ]
+
+
+def _best(f: Any, tries: int = 3) -> float:
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_import_of_four_times_the_todos_takes_about_four_times_as_long() -> None:
+    small, large = _todos(2000), _todos(8000)
+    empty = P.Plan("w")
+    full = P.import_todowrite(empty, large, now="t", actor="a").plan
+
+    def new(todos: list[dict[str, Any]]) -> Any:
+        return lambda: P.import_todowrite(empty, todos, now="t", actor="a")
+
+    def again(n: int) -> Any:
+        plan = P.Plan("w", full.items[:n])
+        return lambda: P.import_todowrite(plan, _todos(n, "cancelled"), now="t", actor="a")
+
+    assert _best(new(large)) < 8 * _best(new(small))
+    assert _best(again(8000)) < 8 * _best(again(2000))
+
+
+def test_a_long_dependency_chain_is_checked_without_recursion() -> None:
+    n = 100_000
+    items = [P.Item(id=str(i), content=f"step {i}", depends_on=(str(i - 1),) if i else ()) for i in range(n)]
+    assert P.find_cycle(items) is None
+    looped = [*items[1:], P.Item(id="0", content="step 0", depends_on=(str(n - 1),))]
+    cycle = P.find_cycle(looped)
+    assert cycle is not None and cycle[0] == cycle[-1] and len(cycle) == n + 1
+
+
+def test_id_less_todos_match_by_content_and_new_ones_get_free_numbers() -> None:
+    first = P.import_todowrite(
+        P.Plan("w"), [{"content": "a", "status": "pending"}, {"content": "b", "status": "pending", "id": "2"}],
+        now="t", actor="x",
+    ).plan  # fmt: skip
+    assert [(i.id, i.content) for i in first.items] == [("1", "a"), ("2", "b")]
+    out = P.import_todowrite(
+        first,
+        [{"content": "a", "status": "completed"}, {"content": "c", "status": "pending"}],
+        now="t",
+        actor="x",
+    )
+    assert out.info["updated"] == ["1"] and out.info["added"] == ["3"] and out.info["missing"] == ["2"]
