@@ -210,6 +210,15 @@ class Tuner:
                     f"the study file changed since study {prev['uid']} started",
                     hint="resume with the same file, or run without --resume to start a new study.",
                 )
+            labels = {c.label() for c in self.study.candidates}
+            renamed = [c["label"] for c in self.repo.candidates(prev["id"]) if c["label"] not in labels]
+            if renamed:  # a servelab whose labels were derived differently started it (same file)
+                raise ConfigError(
+                    f"study {prev['uid']} names candidates this servelab does not derive from the file "
+                    f"({', '.join(map(repr, renamed[:3]))})",
+                    hint="give those candidates a `name` that matches, finish the study with the servelab "
+                    "that started it, or run without --resume to start a new study.",
+                )
             # Before anything is swept: the processes of a live driver are not leftovers.
             self._lease = (prev["id"], leases.acquire(self.store, prev["id"], prev["uid"]))
             swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:")

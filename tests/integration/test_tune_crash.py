@@ -223,3 +223,50 @@ def test_a_second_driver_is_refused_and_the_first_finishes_undisturbed(
     assert sorted(_trials(home)) == [("a", "measured"), ("b", "measured")]
     assert _db(home, "SELECT * FROM study_leases") == []
     assert markers_alive(f"servelab-study:{result['study']}:") == []
+
+
+# The CLI as an older servelab ran it: the same code, but unnamed candidates labelled the way it did
+# (only tp and max_concurrency's value as a bare suffix, which the matrix-label change replaced).
+_OLDER_SERVELAB = (
+    "import sys, servelab.config as c\n"
+    "c.CandidateSpec.label = lambda self: self.name or f'tp{self.tp}-{self.max_concurrency}'\n"
+    "from servelab.cli.main import main\n"
+    "sys.argv[0] = 'servelab'\n"
+    "main()\n"
+)
+
+
+def test_resume_of_a_study_an_older_labelling_started_is_refused_naming_the_candidate(tmp_path: Path) -> None:
+    """Labels derived differently (a servelab upgrade between kill and resume) must not end in a KeyError
+    with servers swept: the resume refuses before it touches anything and says what to do."""
+    home = tmp_path / "home"
+    study = write_study(
+        tmp_path / "old.toml",
+        "old",
+        [{"name": "a", "baseline": True}, {"max_concurrency": 1}],
+        levels=[1],
+        speed=5,
+    )
+    env = {**os.environ, "SERVELAB_HOME": str(home), "SERVELAB_TEST_CRASH_AT": "level-started"}
+    killed = subprocess.run(
+        [sys.executable, "-c", _OLDER_SERVELAB, "tune", str(study), "--quiet"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    left = _trials(home)
+    assert [label for label, _ in left] == ["a"]
+    uid = _db(home, "SELECT uid FROM studies")[0][0]
+    try:
+        res = servelab("tune", str(study), "--resume", home=home, check=False)
+        assert res.returncode == 2, res.stderr
+        assert "'tp1-1'" in res.stderr and "hint:" in res.stderr and "Traceback" not in res.stderr
+        # refused before touching anything: the trial as the kill left it, its server not swept
+        assert _trials(home) == left
+        assert markers_alive(f"servelab-study:{uid}:"), "the refusal swept the killed run's server"
+    finally:
+        for pid in markers_alive(f"servelab-study:{uid}:"):
+            os.kill(pid, 9)
