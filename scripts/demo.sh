@@ -2,7 +2,7 @@
 # The main job on a fresh machine: install servelab, then run the GLM-5 deployment study on the
 # built-in simulator (no GPU needed): GLM-5 NVFP4 on 8x RTX PRO 6000 over PCIe Gen5, SGLang,
 # comparing MoE runner backends, TP8 against TP4+PP2 and the allreduce-fusion flag, at concurrency
-# 1 to 1,024 (examples/glm5-pcie.toml), two trials each, then the findings report. About 2.5 minutes.
+# 1 to 1,024 (examples/glm5-pcie.toml), two trials each, then the findings report. About 3 minutes on 2 cores (README.md).
 #
 #   bash scripts/demo.sh            # results in $SERVELAB_HOME (default: a fresh temporary directory)
 #   bash scripts/demo.sh --json     # the study's result as JSON on stdout
