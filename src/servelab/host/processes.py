@@ -30,6 +30,24 @@ MARKER_ENV = "SERVELAB_RUN"
 _PROC = Path("/proc")
 
 
+START_TOLERANCE_S = 0.05  # one process's start time read twice differs by less than this
+
+
+def alive(pid: int, create_time: float) -> bool:
+    """The process `pid` that started at `create_time` still runs: a reused pid is another process, and a
+    zombie is not running (it holds no memory, port or GPU, and init reaps it). One we may not inspect
+    (another user's) counts as running."""
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > START_TOLERANCE_S:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
 @dataclass(frozen=True)
 class ProcInfo:
     """A process as we saw it; `create_time` tells it apart from a later process with a reused pid."""
@@ -46,16 +64,7 @@ class ProcInfo:
         return asdict(self)
 
     def alive(self) -> bool:
-        """Still running (a zombie is not: it holds no memory, port or GPU, and init reaps it)."""
-        try:
-            p = psutil.Process(self.pid)
-            if abs(p.create_time() - self.create_time) > 0.05:
-                return False  # the pid was reused
-            return p.status() != psutil.STATUS_ZOMBIE
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return False
-        except psutil.AccessDenied:
-            return True
+        return alive(self.pid, self.create_time)
 
 
 @dataclass(frozen=True)

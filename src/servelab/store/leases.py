@@ -20,9 +20,8 @@ from typing import Any
 import psutil
 
 from servelab.errors import StudyBusy
+from servelab.host import processes
 from servelab.store.db import Store, utcnow
-
-START_TOLERANCE_S = 0.05  # the same process's start time read twice differs by less than this
 
 
 @dataclass(frozen=True)
@@ -42,15 +41,7 @@ class Owner:
         host it cannot be checked and counts as alive."""
         if self.host != socket.gethostname():
             return True
-        try:
-            p = psutil.Process(self.pid)
-            if abs(p.create_time() - self.started) > START_TOLERANCE_S:
-                return False  # the pid was reused
-            return p.status() != psutil.STATUS_ZOMBIE
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return False
-        except psutil.AccessDenied:
-            return True
+        return processes.alive(self.pid, self.started)
 
     def since(self) -> str:
         return datetime.fromtimestamp(self.started, UTC).isoformat(timespec="seconds")
