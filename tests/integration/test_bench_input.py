@@ -25,6 +25,15 @@ def _servelab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     )
 
 
+def _against_sim(tmp_path: Path, sim_args: tuple[str, ...], *args: str) -> subprocess.CompletedProcess[str]:
+    """`servelab ARGS --url SIM --model MODEL` against a simulator started with `sim_args`, then stopped."""
+    sim = start_sim(tmp_path, *SIM, *sim_args, speed=1.0)
+    try:
+        return _servelab(args[0], "--url", sim.url, "--model", MODEL, *args[1:])
+    finally:
+        sim.stop()
+
+
 def _runs() -> list[str]:
     db = Path(os.environ["SERVELAB_HOME"]) / "servelab.db"
     if not db.exists():
@@ -72,16 +81,12 @@ def test_runs_list_rejects_a_huge_limit() -> None:
 def test_a_stalled_stream_is_cut_by_the_idle_timeout_and_an_all_failed_level_fails(tmp_path: Path) -> None:
     """Every stream stalls after 6 tokens (the probes ask for at most 4): the idle timeout (1 s) frees each slot long before the
     whole-request timeout (600 s), the level measured nothing, so bench exits 1 and says why."""
-    sim = start_sim(tmp_path, *SIM, "--fault", "stall_stream:6", speed=1.0)
-    try:
-        t0 = time.monotonic()
-        p = _servelab(
-            "bench", "--url", sim.url, "--model", MODEL, "--concurrency", "2", "--num-requests", "4",
-            "--warmup", "0", "--output-len", "16", "--idle-timeout", "1", "--json",
-        )  # fmt: skip
-        took = time.monotonic() - t0
-    finally:
-        sim.stop()
+    t0 = time.monotonic()
+    p = _against_sim(
+        tmp_path, ("--fault", "stall_stream:6"), "bench", "--concurrency", "2", "--num-requests", "4",
+        "--warmup", "0", "--output-len", "16", "--idle-timeout", "1", "--json",
+    )  # fmt: skip
+    took = time.monotonic() - t0  # the simulator's start and stop included: well under the 60 s asked
     assert p.returncode == 1, p.stderr
     assert took < 60, took  # 4 stalls at c=2 under a 600 s timeout would take 20 minutes
     assert "stalled" in p.stderr and "every request" in p.stderr, p.stderr
@@ -91,14 +96,10 @@ def test_a_stalled_stream_is_cut_by_the_idle_timeout_and_an_all_failed_level_fai
 
 def test_a_server_that_dies_after_ready_fails_the_bench(tmp_path: Path) -> None:
     # The probe and the two calibration requests come first; the engine dies at the first measured one.
-    sim = start_sim(tmp_path, *SIM, "--fault", "die_after_ready:3", speed=1.0)
-    try:
-        p = _servelab(
-            "bench", "--url", sim.url, "--model", MODEL, "--concurrency", "1,2", "--num-requests", "3",
-            "--warmup", "0", "--output-len", "4",
-        )  # fmt: skip
-    finally:
-        sim.stop()
+    p = _against_sim(
+        tmp_path, ("--fault", "die_after_ready:3"), "bench", "--concurrency", "1,2", "--num-requests", "3",
+        "--warmup", "0", "--output-len", "4",
+    )  # fmt: skip
     assert p.returncode == 1, p.stderr + p.stdout
     assert "every request of level c=1 failed" in p.stderr and "later levels were not run" in p.stderr
     assert _runs() == ["failed"]
@@ -168,11 +169,7 @@ def test_sigterm_while_the_prompts_are_built_stops_at_once() -> None:
 
 
 def test_verify_words_a_stall_as_a_stall_not_as_unreachable(tmp_path: Path) -> None:
-    sim = start_sim(tmp_path, *SIM, "--fault", "stall_stream:2", speed=1.0)
-    try:
-        p = _servelab("verify-output", "--url", sim.url, "--model", MODEL, "--timeout", "2")
-    finally:
-        sim.stop()
+    p = _against_sim(tmp_path, ("--fault", "stall_stream:2"), "verify-output", "--timeout", "2")
     assert p.returncode == 1, p.stderr
     assert "cannot reach" not in p.stderr and "--url" not in p.stderr, p.stderr
     assert "took the request" in p.stderr and "Traceback" not in p.stderr
@@ -195,14 +192,10 @@ def test_a_study_whose_workload_bench_refuses_stops_before_anything_launches(
 
 
 def test_lengths_beyond_the_servers_context_are_refused_before_measuring(tmp_path: Path) -> None:
-    sim = start_sim(tmp_path, *SIM, "--max-model-len", "4096", speed=1.0)
-    try:
-        p = _servelab(
-            "bench", "--url", sim.url, "--model", MODEL, "--concurrency", "1", "--num-requests", "2",
-            "--input-len", "4000", "--output-len", "200",
-        )  # fmt: skip
-    finally:
-        sim.stop()
+    p = _against_sim(
+        tmp_path, ("--max-model-len", "4096"), "bench", "--concurrency", "1", "--num-requests", "2",
+        "--input-len", "4000", "--output-len", "200",
+    )  # fmt: skip
     assert p.returncode == 2, p.stderr
     assert "max_model_len 4096" in p.stderr and "--input-len" in p.stderr and "Traceback" not in p.stderr
     assert _runs() == []
