@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from servelab.errors import ConfigError
+from servelab.errors import ConfigError, ServelabError
 from servelab.redact import redact_argv, redact_env
 
 OBJECTIVES: dict[str, Literal["max", "min"]] = {
@@ -75,6 +75,28 @@ class ModelSpec(_Strict):
 class HostSpec(_Strict):
     gpu: str | None = Field(default=None, description="GPU kind from the catalog; None on a CPU host")
     num_gpus: int = Field(default=1, ge=1)
+    ssh: str | None = Field(
+        default=None,
+        description="run on this machine over SSH: ssh://[user@]host[:port] or an alias from ~/.ssh/config",
+    )
+    python: str = Field(
+        default="python3", min_length=1, description="the interpreter that has servelab on the SSH host"
+    )
+    workdir: str | None = Field(
+        default=None, description="where the SSH host keeps server logs (default ~/.servelab/remote there)"
+    )
+
+    @field_validator("ssh")
+    @classmethod
+    def _target(cls, v: str | None) -> str | None:
+        if v is not None:
+            from servelab.host.transport import SshTarget
+
+            try:
+                SshTarget.parse(v)
+            except ServelabError as exc:
+                raise ValueError(f"{exc.message}; {exc.hint}") from None
+        return v
 
 
 class EngineSpec(_Strict):

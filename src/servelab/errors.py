@@ -107,7 +107,19 @@ class ServerError(ServelabError):
 
 
 class HostError(ServelabError):
-    """The host (GPUs, drivers, /dev/shm, systemd) is not in a usable state."""
+    """The host (GPUs, drivers, /dev/shm, systemd; an SSH target, its agent) is not in a usable state."""
+
+
+class HostUnusable(HostError):
+    """The host target cannot work as given (unknown host, refused key, changed host key, no servelab
+    there): the user must fix it, so exit code 2."""
+
+    exit_code = USAGE
+
+
+class HostLost(HostError):
+    """The connection to a host dropped while servelab worked on it: what finished is stored, and the
+    same command (`tune --resume`) succeeds once the host is back. Exit code 1."""
 
 
 class Interrupted(ServelabError):

@@ -38,12 +38,13 @@ import orjson
 
 from servelab import crashpoint
 from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
-from servelab.errors import ConfigError, EngineError, LaunchFailed, NotReady
+from servelab.errors import ConfigError, EngineError, HostLost, LaunchFailed, NotReady
 from servelab.host import processes
 from servelab.host.gpu_memory import GpuMemoryReport, GpuReader, nvidia_smi_reader, wait_for_baseline
 from servelab.host.ports import WILDCARDS, Listener, listeners, port_is_free
 from servelab.host.processes import MARKER_ENV, KilledProcess, ProcInfo
 from servelab.host.shm import ShmCleanup, ShmLedger
+from servelab.host.transport import Host, SshHost, unb64
 from servelab.redact import redact_argv
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
@@ -88,14 +89,7 @@ class Server:
 
     def log_text(self, max_bytes: int = LOG_DIAGNOSE_BYTES) -> str:
         """The end of the server's log."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - max_bytes))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return _log_tail(self.log_path, max_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +107,17 @@ class Server:
             "exit_code": self.exit_code(),
             "gpu_baseline_mib": self.gpu_baseline_mib,
         }
+
+
+def _log_tail(path: Path, max_bytes: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def check_marker(marker: str) -> None:
@@ -209,6 +214,165 @@ def launch(
 
 
 @dataclass
+class RemoteServer:
+    """A server the agent of a remote host launched and watches there (servelab.host.agent): its log is
+    mirrored into `log_path` here on every poll, and `url` is a local port forwarded to where it listens
+    (it may bind the remote's loopback only). What readiness, benchmarks and diagnosis need of a `Server`."""
+
+    spec: LaunchSpec  # as launched over there: host and port are the remote's
+    host: SshHost
+    log_path: Path  # the local mirror
+    remote_log: str
+    run_marker: str
+    remote_pid: int
+    started_at: float
+    started_mono: float
+    local_port: int
+    gpu_baseline_mib: list[int] | None = None
+    teardown_report: TeardownReport | None = None
+    offset: int = 0  # bytes of the remote log mirrored so far
+    rc: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.remote_pid
+
+    @property
+    def pgid(self) -> int:
+        return self.remote_pid
+
+    @property
+    def url(self) -> str:
+        return f"{self.spec.scheme}://127.0.0.1:{self.local_port}"
+
+    def _mirror(self, data: str, offset: int) -> None:
+        raw = unb64(data)
+        if raw:
+            with open(self.log_path, "ab") as f:
+                f.write(raw)
+        self.offset = offset
+
+    def exit_code(self) -> int | None:
+        """The leader's exit code over there (None while it runs); mirrors the log. Raises HostLost."""
+        if self.rc is not None:
+            return self.rc
+        got = self.host.call("poll", marker=self.run_marker, offset=self.offset)
+        self._mirror(got["log"], got["offset"])
+        self.rc = got["rc"]
+        return self.rc
+
+    def log_text(self, max_bytes: int = LOG_DIAGNOSE_BYTES) -> str:
+        """The end of the server's log (as mirrored by the last poll)."""
+        return _log_tail(self.log_path, max_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "url": self.url,
+            "host": self.spec.host,
+            "port": self.spec.port,
+            "remote": self.host.name,
+            "remote_log": self.remote_log,
+            "served_model": self.spec.served_model,
+            "command": shlex.join(redact_argv(self.spec.argv)),
+            "env": sorted(self.spec.env),
+            "log_path": str(self.log_path),
+            "run_marker": self.run_marker,
+            "started_at": self.started_at,
+            "exit_code": self.rc,
+            "gpu_baseline_mib": self.gpu_baseline_mib,
+        }
+
+
+AnyServer = Server | RemoteServer
+
+
+def launch_on(
+    host: Host,
+    spec: LaunchSpec,
+    log_path: Path,
+    run_marker: str,
+    *,
+    cpus: set[int] | None = None,
+    check_port: bool = True,
+) -> AnyServer:
+    """`launch` on `host`: here directly, on an SSH host through its agent (the spec, environment and keys
+    included, travels on the agent's stdin, never on a command line). `sys.executable` in the argv (the
+    simulator's default interpreter) becomes the remote host's python."""
+    if not isinstance(host, SshHost):
+        return launch(spec, log_path, run_marker, cpus=cpus, check_port=check_port)
+    check_marker(run_marker)
+    import dataclasses
+    import sys
+
+    if spec.argv and spec.argv[0] == sys.executable:
+        spec = dataclasses.replace(spec, argv=[host.python, *spec.argv[1:]])
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+    started_mono = time.monotonic()
+    got = host.call(
+        "launch",
+        spec=dataclasses.asdict(spec),
+        log_name=log_path.name,
+        marker=run_marker,
+        cpus=sorted(cpus) if cpus else None,
+        check_port=check_port,
+    )
+    server = RemoteServer(
+        spec,
+        host,
+        log_path,
+        got["log_path"],
+        run_marker,
+        int(got["pid"]),
+        float(got["started_at"]),
+        started_mono,
+        0,
+        got.get("gpu_baseline_mib"),
+    )
+    try:
+        server.local_port = host.open_forward(spec.host, spec.port)
+    except BaseException:
+        _remote_teardown(server, 10.0)
+        raise
+    return server
+
+
+def _remote_teardown(server: RemoteServer, grace_s: float) -> TeardownReport:
+    """The agent's teardown over there, its report brought back; a host that is gone gives a report that
+    says so (not clean) instead of an error: its agent ends the server when the link drops."""
+    from pydantic import TypeAdapter
+
+    server.host.close_forward(server.spec.host, server.spec.port)
+    try:
+        got = server.host.call(
+            "teardown",
+            marker=server.run_marker,
+            grace_s=grace_s,
+            offset=server.offset,
+            _timeout=grace_s + 180,
+        )
+    except HostLost as exc:
+        report = TeardownReport(
+            pid=server.pid,
+            run_marker=server.run_marker,
+            exit_code=server.rc,
+            stopped_by="host lost",
+            stop_s=0.0,
+            shm=ShmCleanup(errors=[f"{exc.message}: not checked; `tune --resume` ends what is left there"]),
+            port_free=False,
+        )
+    else:
+        server._mirror(got["log"], got["offset"])
+        report = TypeAdapter(TeardownReport).validate_python(got["report"])
+        server.rc = report.exit_code
+    server.teardown_report = report
+    return report
+
+
+@dataclass
 class ReadyReport:
     """How the server became ready. Times are seconds since launch."""
 
@@ -284,7 +448,7 @@ class _LogWatcher:
         return _fatal_in(text, self.engine)
 
 
-def _failed(server: Server | Endpoint, what: str, diag: Diagnosis) -> LaunchFailed:
+def _failed(server: AnyServer | Endpoint, what: str, diag: Diagnosis) -> LaunchFailed:
     evidence = f": {diag.evidence}" if diag.evidence else ""
     tail = ""
     if diag.klass == "unknown" and diag.tail:
@@ -297,7 +461,7 @@ def _failed(server: Server | Endpoint, what: str, diag: Diagnosis) -> LaunchFail
     return exc
 
 
-def _exited(server: Server, engine: str | None, rc: int) -> LaunchFailed:
+def _exited(server: AnyServer, engine: str | None, rc: int) -> LaunchFailed:
     diag = _diagnose(server.log_text(), engine)
     how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
     return _failed(server, f"{engine or 'the server'} {how} before it was ready", diag)
@@ -308,7 +472,7 @@ class _Probe:
 
     def __init__(
         self,
-        server: Server | Endpoint,
+        server: AnyServer | Endpoint,
         readiness: Readiness,
         api_key: str | None,
         request_timeout_s: float,
@@ -332,6 +496,13 @@ class _Probe:
     async def _port_open(self) -> bool:
         spec = self.server.spec
         host = "127.0.0.1" if spec.host in WILDCARDS else spec.host
+        if isinstance(self.server, RemoteServer):
+            # The forwarded local port always accepts (ssh listens): ask over there.
+            remote = self.server.host
+            if not await asyncio.to_thread(remote.call, "port_open", host=host, port=spec.port):
+                self.last = "port not open yet"
+                return False
+            return True
         try:
             _, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, spec.port), self.request_timeout_s
@@ -420,6 +591,10 @@ class _Probe:
         """One round; True once every phase of the rule has passed."""
         self.polls += 1
         if "health" not in self.phases:
+            if isinstance(self.server, RemoteServer) and "port" not in self.phases:
+                if not await self._port_open():  # before HTTP: through a forward, "refused" reads otherwise
+                    return False
+                self._passed("port")
             if self.r.health_path is None:
                 if not await self._port_open():
                     return False
@@ -462,6 +637,14 @@ def record_shm(server: Server, procs: list[ProcInfo] | None = None) -> None:
     server.shm.record(pids)
 
 
+def record_shm_of(server: AnyServer) -> None:
+    """`record_shm`, on whichever host the server runs."""
+    if isinstance(server, RemoteServer):
+        server.host.call("record_shm", marker=server.run_marker)
+    else:
+        record_shm(server)
+
+
 def check_port_owner(server: Server) -> tuple[list[Listener], list[Listener]]:
     """(ours, foreign): the sockets listening on the server's port, split by whether a process of this
     run (`run_processes`) holds them. A socket nobody of ours holds is foreign."""
@@ -473,9 +656,19 @@ def check_port_owner(server: Server) -> tuple[list[Listener], list[Listener]]:
     return ours, foreign
 
 
-def _guard_port(server: Server) -> tuple[list[Listener], list[str]]:
+def _port_owners(server: AnyServer) -> tuple[list[Listener], list[Listener]]:
+    if not isinstance(server, RemoteServer):
+        return check_port_owner(server)
+    from pydantic import TypeAdapter
+
+    got = server.host.call("port_owners", marker=server.run_marker)
+    read = TypeAdapter(list[Listener]).validate_python
+    return read(got["ours"]), read(got["foreign"])
+
+
+def _guard_port(server: AnyServer) -> tuple[list[Listener], list[str]]:
     """The SO_REUSEPORT guard: the port must be ours alone."""
-    ours, foreign = check_port_owner(server)
+    ours, foreign = _port_owners(server)
     port = f"{server.spec.host}:{server.spec.port}"
     if foreign:
         who = "; ".join(x.describe() for x in foreign)
@@ -501,7 +694,7 @@ def _guard_port(server: Server) -> tuple[list[Listener], list[str]]:
 
 
 async def wait_ready(
-    server: Server,
+    server: AnyServer,
     readiness: Readiness,
     timeout_s: float,
     engine: str | None = None,
@@ -527,12 +720,12 @@ async def wait_ready(
             diag = watcher.fatal()
             if diag is not None:
                 raise _failed(server, f"{engine or 'the server'} logged a fatal error while starting", diag)
-            record_shm(server)  # while its processes live: what they hold is theirs to clean up later
+            record_shm_of(server)  # while its processes live: what they hold is theirs to clean up later
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             if await probe.step(remaining):
-                record_shm(server)
+                record_shm_of(server)
                 rc = server.exit_code()  # a server that answered and died at once is not ready
                 if rc is not None:
                     raise _exited(server, engine, rc)
@@ -647,7 +840,7 @@ def _timeout_line(timeout_s: float, last: str) -> str:
     return timeout_marker(timeout_s, last)
 
 
-def _timed_out(server: Server, engine: str | None, timeout_s: float, last: str) -> NotReady:
+def _timed_out(server: AnyServer, engine: str | None, timeout_s: float, last: str) -> NotReady:
     """NotReady, after appending the timeout marker to the log so that a later `diagnose` of the log
     (servelab logs, the store) tells a timeout from a crash."""
     before = server.log_text()
@@ -756,7 +949,7 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> str:
 
 
 def teardown(
-    server: Server,
+    server: AnyServer,
     grace_s: float = 15.0,
     *,
     orphan_grace_s: float = 5.0,
@@ -770,7 +963,10 @@ def teardown(
     3. Remove the /dev/shm segments this run's processes created (`server.shm`: new since launch and
        seen held by them while they lived) once nothing holds them; never another job's.
     4. Wait until GPU memory is back at its launch baseline ("no GPUs" where there are none).
-    Idempotent: calling it again on a stopped server only re-checks."""
+    Idempotent: calling it again on a stopped server only re-checks. A server on a remote host is torn
+    down by that host's agent, the same steps over there."""
+    if isinstance(server, RemoteServer):
+        return _remote_teardown(server, grace_s)
     t0 = time.monotonic()
     tree = processes.process_tree(server.pid)  # before the signal: once the parent dies, the tree is gone
     record_shm(server, run_processes(server, tree))
@@ -804,15 +1000,20 @@ def teardown(
     return report
 
 
-def sweep_orphans(marker_prefix: str, grace_s: float = 5.0) -> list[KilledProcess]:
+def sweep_orphans(marker_prefix: str, grace_s: float = 5.0, host: Host | None = None) -> list[KilledProcess]:
     """Kill every live process whose SERVELAB_RUN starts with `marker_prefix`, and the other members of
     their sessions (an interrupted run's leftovers, before `tune --resume` starts again); returns what
-    was killed."""
+    was killed. With an SSH `host`, over there (its agent runs this very function)."""
     if not marker_prefix:
         raise ConfigError(
             "an empty marker prefix would sweep every servelab-launched process on this host",
             hint="pass the study's marker prefix, e.g. 'study-7/'",
         )
+    if isinstance(host, SshHost):
+        from pydantic import TypeAdapter
+
+        got = host.call("sweep", prefix=marker_prefix, grace_s=grace_s)
+        return TypeAdapter(list[KilledProcess]).validate_python(got)
     marked = processes.with_marker(prefix=marker_prefix)
     # Their sessions too: a worker whose marker is hidden still shares its server's session.
     sessions = {p.sid for p in marked if p.sid is not None}
@@ -832,9 +1033,10 @@ async def serving(
     api_key: str | None = None,
     cpus: set[int] | None = None,
     grace_s: float = 15.0,
-    on_launch: Callable[[Server], None] | None = None,
-    on_not_ready: Callable[[Server, EngineError], None] | None = None,
-) -> AsyncIterator[tuple[Server, ReadyReport]]:
+    on_launch: Callable[[AnyServer], None] | None = None,
+    on_not_ready: Callable[[AnyServer, EngineError], None] | None = None,
+    host: Host | None = None,
+) -> AsyncIterator[tuple[AnyServer, ReadyReport]]:
     """launch + wait_ready, then always teardown (in a thread: it sleeps); the report lands on
     `server.teardown_report`.
 
@@ -842,7 +1044,11 @@ async def serving(
     exc)` runs when it cannot become ready, before the teardown (while its log and processes are still
     there), and the error is raised after the teardown. A second cancellation during the teardown does not
     cut it short: the processes are always gone when this returns."""
-    server = launch(spec, log_path, run_marker, cpus=cpus)
+    server = (
+        launch(spec, log_path, run_marker, cpus=cpus)
+        if host is None
+        else launch_on(host, spec, log_path, run_marker, cpus=cpus)
+    )
     try:
         if on_launch is not None:
             on_launch(server)

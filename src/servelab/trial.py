@@ -43,6 +43,7 @@ from servelab.config import CandidateSpec, Study
 from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError
+from servelab.host import transport
 from servelab.host.ports import free_port
 from servelab.results import Clock, Host, Layout, Level, RunContext
 from servelab.store.db import Store
@@ -287,7 +288,7 @@ class Target:
     url: str
     served_model: str
     api_key: str | None = None
-    server: lifecycle.Server | None = None
+    server: lifecycle.AnyServer | None = None
     log_path: Path | None = None
 
 
@@ -412,7 +413,7 @@ class TrialObserver:
     def launching(self, launch: LaunchSpec, log_path: Path) -> None:
         """The command line is built (before anything starts)."""
 
-    def launched(self, server: lifecycle.Server) -> None:
+    def launched(self, server: lifecycle.AnyServer) -> None:
         """The server process started (not ready yet)."""
 
     def ready(self, url: str, ready_s: float) -> None:
@@ -454,12 +455,18 @@ class Trial:
     teardown, and each step (`applied_check`, `verify`, `bench`) can be run alone against a `Target`."""
 
     def __init__(
-        self, study: Study, engine: Engine, store: Store, observer: TrialObserver | None = None
+        self,
+        study: Study,
+        engine: Engine,
+        store: Store,
+        observer: TrialObserver | None = None,
+        host: transport.Host | None = None,
     ) -> None:
         self.study = study
         self.engine = engine
         self.store = store
         self.observer = observer or TrialObserver()
+        self.host = host  # None: this machine; an SshHost: the server runs there, we bench through a forward
 
     async def run(
         self,
@@ -477,7 +484,12 @@ class Trial:
         `done`: levels already measured (an interrupted trial's, kept by a resume), not run again."""
         launches = self.engine.capabilities.launches
         if launches and not settings.port:
-            settings = dataclasses.replace(settings, port=free_port(settings.host))
+            port = (
+                free_port(settings.host)
+                if self.host is None
+                else self.host.call("free_port", host=settings.host)
+            )
+            settings = dataclasses.replace(settings, port=int(port))
         api_key: str | None = None
         try:
             launch = self.engine.command(settings)
@@ -526,14 +538,14 @@ class Trial:
     ) -> TrialOutcome:
         """`api_key`: the key the server demands (moved from its argv), sent by every request of ours."""
         cpus = settings.options.get("cpus")
-        started: list[lifecycle.Server] = []
+        started: list[lifecycle.AnyServer] = []
         outcome: TrialOutcome | None = None
 
-        def on_launch(server: lifecycle.Server) -> None:
+        def on_launch(server: lifecycle.AnyServer) -> None:
             started.append(server)
             self.observer.launched(server)
 
-        def on_not_ready(_server: lifecycle.Server, exc: EngineError) -> None:
+        def on_not_ready(_server: lifecycle.AnyServer, exc: EngineError) -> None:
             nonlocal outcome
             outcome = self._finish(self._not_started(exc, log_path))
 
@@ -549,9 +561,10 @@ class Trial:
                 cpus=set(cpus) if cpus else None,
                 on_launch=on_launch,
                 on_not_ready=on_not_ready,
+                host=self.host,
             ) as (server, _ready):
                 target = Target(
-                    launch.url, launch.served_model, api_key=api_key, server=server, log_path=log_path
+                    server.url, launch.served_model, api_key=api_key, server=server, log_path=log_path
                 )
                 ready_s = time.monotonic() - t0
                 outcome = self._finish(await self._measure(target, settings, ready_s, baseline, done))

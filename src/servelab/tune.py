@@ -25,7 +25,8 @@ from servelab import analyze, crashpoint, lifecycle, naming
 from servelab.config import CandidateSpec, Study
 from servelab.engines import registry
 from servelab.engines.base import Engine, LaunchSpec
-from servelab.errors import ConfigError, Interrupted, ServelabError, UserError
+from servelab.errors import ConfigError, HostLost, Interrupted, ServelabError, UserError
+from servelab.host import transport
 from servelab.paths import data_home
 from servelab.store import leases
 from servelab.store.bench import BenchRepo
@@ -59,6 +60,7 @@ class TuneOptions:
     retry_failed: bool = False
     observe: Observer | None = None
     startup_timeout_s: float | None = None  # overrides the study's and the engine's
+    host: str | None = None  # --host: overrides $SERVELAB_HOST and the study's [host] ssh
 
 
 @dataclass
@@ -194,6 +196,15 @@ class Tuner:
         self._current: tuple[str, str, int] = ("", "", 0)  # (study uid, label, trial id) of the running trial
         self._sid = 0
         self._lease: tuple[int, leases.Owner] | None = None  # (study id, us) while we hold its lease
+        target = transport.target_of(opts.host, study.host.ssh)
+        # None: this machine. An SSH host runs every server (and its sweep) over there.
+        self.host: transport.SshHost | None = (
+            transport.SshHost(
+                transport.SshTarget.parse(target), python=study.host.python, workdir=study.host.workdir
+            )
+            if target is not None
+            else None
+        )
 
     # -- study bookkeeping ------------------------------------------------------------------------
     def _open(self) -> tuple[int, str, list[dict[str, Any]]]:
@@ -221,12 +232,15 @@ class Tuner:
                 )
             # Before anything is swept: the processes of a live driver are not leftovers.
             self._lease = (prev["id"], leases.acquire(self.store, prev["id"], prev["uid"]))
-            swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:")
+            swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:", host=self.host)
             self.swept = [s.to_dict() for s in swept]
             if swept:  # what the killed servers left in /dev/shm, once nothing holds it
                 from servelab.host import shm
 
-                shm.remove_orphaned(min_age_s=5)
+                if self.host is None:
+                    shm.remove_orphaned(min_age_s=5)
+                else:
+                    self.host.call("shm_remove_orphaned", min_age_s=5)
             bench = BenchRepo(self.store)
             for t in self.repo.open_trials(prev["id"]):
                 if t["bench_open"]:  # the level the kill cut short
@@ -261,6 +275,8 @@ class Tuner:
             if self._lease is not None:
                 leases.release(self.store, *self._lease)
                 self._lease = None
+            if self.host is not None:
+                self.host.close()
 
     async def _drive(self) -> StudyOutcome:
         sid, uid, cands = self._open()
@@ -270,19 +286,30 @@ class Tuner:
             for cand in cands:
                 await self._run_candidate(uid, cand, specs[cand["label"]])
         except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
-            for t in self.repo.open_trials(sid):
-                self.repo.update_trial(t["id"], status="interrupted", error="interrupted by the user")
-                label = next((c["label"] for c in cands if c["id"] == t["candidate_id"]), None)
-                if label:
-                    self._plan(uid, label, "interrupted", {"trial": t["id"]})
-            self.repo.set_study_status(sid, "interrupted")
+            self._interrupted(sid, uid, cands, "interrupted by the user")
             raise Interrupted(
                 f"study {uid} interrupted; every finished step is stored",
                 hint=f"`servelab tune {self.source or 'STUDY.toml'} --resume` continues it.",
             ) from None
+        except HostLost as exc:  # the link to the GPU box dropped: interrupted, not failed
+            self._interrupted(sid, uid, cands, exc.message)
+            raise HostLost(
+                f"study {uid} interrupted: {exc.message}; every finished step is stored",
+                hint=f"once the host is back, `servelab tune {self.source or 'STUDY.toml'} --resume` continues "
+                "it (ending first what the interrupted trial left running there).",
+            ) from None
         outcome = self.finish(sid, uid)
         self.notify("study_finished", outcome.to_dict())
         return outcome
+
+    def _interrupted(self, sid: int, uid: str, cands: list[dict[str, Any]], why: str) -> None:
+        """Open trials and the study become `interrupted` (a resume redoes those trials)."""
+        for t in self.repo.open_trials(sid):
+            self.repo.update_trial(t["id"], status="interrupted", error=why)
+            label = next((c["label"] for c in cands if c["id"] == t["candidate_id"]), None)
+            if label:
+                self._plan(uid, label, "interrupted", {"trial": t["id"]})
+        self.repo.set_study_status(sid, "interrupted")
 
     def finish(self, sid: int, uid: str) -> StudyOutcome:
         """Combine repeats, flag anomalies against the baseline, rank, and store the result."""
@@ -426,7 +453,7 @@ class Tuner:
             self.notify("levels_kept", {"label": label, "levels": [lv.value for lv in kept]})
         last = repeat == self.study.repeats - 1
         recorder = _TrialRecorder(self, tid, label, cand["id"], last)
-        outcome = await Trial(self.study, self.engine, self.store, recorder).run(
+        outcome = await Trial(self.study, self.engine, self.store, recorder, self.host).run(
             settings_for(self.study, spec),
             marker,
             log_path,
@@ -515,7 +542,7 @@ class _TrialRecorder(TrialObserver):
         )
         crashpoint.reached("launching")
 
-    def launched(self, server: lifecycle.Server) -> None:
+    def launched(self, server: lifecycle.AnyServer) -> None:
         self.repo.update_trial(self.tid, pid=server.pid)
         crashpoint.reached("launched")
 

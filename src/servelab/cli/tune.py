@@ -15,9 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.cli import aio
-from servelab.cli.output import emit, fit_labels, printable, progress_enabled, stderr, stdout
+from servelab.cli.output import emit, fit_labels, host_option, printable, progress_enabled, stderr, stdout
 from servelab.config import load_study
 from servelab.engines import registry
+from servelab.host import transport
 from servelab.store import open_store
 from servelab.tune import StudyOutcome, TuneOptions, order_candidates, preflight, tune
 
@@ -237,6 +238,7 @@ async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
     "--dry-run", is_flag=True, help="Validate the study and print the candidates in the order they would run."
 )
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@host_option
 @click.option("--json", "as_json", is_flag=True)
 def tune_cmd(
     study_file: str,
@@ -245,10 +247,14 @@ def tune_cmd(
     startup_timeout: float | None,
     dry_run: bool,
     quiet: bool,
+    host: str | None,
     as_json: bool,
 ) -> None:
     """Launch, verify, benchmark and rank every candidate of STUDY_FILE (see docs/study.md)."""
     study = load_study(study_file)
+    target = transport.target_of(host, study.host.ssh)
+    if target is not None:
+        transport.SshTarget.parse(target)  # a bad --host fails the dry run as it would the real one
     if dry_run:
         preflight(study, registry.get(study.engine.name))
         plan = [
@@ -284,6 +290,7 @@ def tune_cmd(
         retry_failed=retry_failed,
         observe=_Progress(quiet),
         startup_timeout_s=startup_timeout,
+        host=host,
     )
     outcome = aio.run(_main(study, study_file, opts))
     emit(outcome.to_dict(), as_json, render)

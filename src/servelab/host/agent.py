@@ -1,0 +1,332 @@
+"""The servelab agent: the host-side half of a remote host, run as `python -m servelab.host.agent`.
+
+The control machine starts it over SSH (servelab.host.transport.SshHost) and sends one JSON request per
+line on its stdin, `{"id": N, "op": "...", "args": {...}}`; it answers one line each on its stdout,
+`{"id": N, "ok": true, "result": ...}` or `{"id": N, "ok": false, "error": {...}}`. Every operation is
+the function servelab runs on a local host (lifecycle, processes, shm, ports), so the remote side is the
+same code path as the local one. Stray prints of imported libraries go to stderr: stdout is ours.
+
+When stdin ends (the connection dropped, the control-side servelab was killed) or on SIGTERM/SIGHUP, it
+tears down every server it launched before it exits: a server of ours never outlives its driver's link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servelab import __version__, errors
+from servelab.errors import ConfigError, NotFoundError, ServelabError
+
+PROTOCOL = 1
+READ_MAX = 4 * 1024 * 1024
+
+
+@dataclass
+class AgentState:
+    """The servers this agent launched (by run marker) and where their logs go."""
+
+    servers: dict[str, Any] = field(default_factory=dict)  # marker -> lifecycle.Server
+    workdir: Path | None = None
+
+
+def _workdir(state: AgentState) -> Path:
+    if state.workdir is None:
+        state.workdir = Path(os.environ.get("SERVELAB_HOME") or Path.home() / ".servelab") / "remote"
+    state.workdir.mkdir(parents=True, exist_ok=True)
+    return state.workdir
+
+
+def _server(state: AgentState, marker: str) -> Any:
+    try:
+        return state.servers[marker]
+    except KeyError:
+        raise NotFoundError(
+            f"no server launched by this agent carries the marker {marker!r}",
+            hint="it was torn down already, or launched by another agent (a dropped connection's)",
+        ) from None
+
+
+def _read(path: Path, offset: int, max_bytes: int) -> tuple[bytes, int]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(max_bytes)
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)
+
+
+# -- operations ------------------------------------------------------------------------------------
+def op_hello(state: AgentState, workdir: str | None = None) -> dict[str, Any]:
+    if workdir:
+        state.workdir = Path(workdir).expanduser()
+    return {
+        "version": __version__,
+        "protocol": PROTOCOL,
+        "hostname": socket.gethostname(),
+        "python": sys.executable,
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "workdir": str(_workdir(state)),
+    }
+
+
+def op_launch(
+    state: AgentState,
+    spec: dict[str, Any],
+    log_name: str,
+    marker: str,
+    cpus: list[int] | None = None,
+    check_port: bool = True,
+) -> dict[str, Any]:
+    from servelab import lifecycle
+    from servelab.engines.base import LaunchSpec
+
+    if marker in state.servers:
+        raise ConfigError(f"a server marked {marker!r} already runs", hint="tear it down first")
+    name = Path(log_name).name
+    if not name or name in (".", ".."):
+        raise ConfigError(f"invalid log name {log_name!r}", hint="a file name, no directory")
+    log_path = _workdir(state) / "logs" / name
+    server = lifecycle.launch(
+        LaunchSpec(**spec), log_path, marker, cpus=set(cpus) if cpus else None, check_port=check_port
+    )
+    state.servers[marker] = server
+    return {
+        "pid": server.pid,
+        "started_at": server.started_at,
+        "log_path": str(log_path),
+        "gpu_baseline_mib": server.gpu_baseline_mib,
+    }
+
+
+def op_poll(state: AgentState, marker: str, offset: int = 0) -> dict[str, Any]:
+    """The leader's exit code and the log written since `offset`."""
+    from servelab.host.transport import b64
+
+    server = _server(state, marker)
+    rc = server.exit_code()
+    data, end = _read(server.log_path, offset, READ_MAX)
+    return {"rc": rc, "log": b64(data), "offset": end}
+
+
+def op_record_shm(state: AgentState, marker: str) -> None:
+    from servelab import lifecycle
+
+    lifecycle.record_shm(_server(state, marker))
+
+
+def op_port_owners(state: AgentState, marker: str) -> dict[str, Any]:
+    from servelab import lifecycle
+
+    ours, foreign = lifecycle.check_port_owner(_server(state, marker))
+    return {
+        "ours": [dataclasses.asdict(x) for x in ours],
+        "foreign": [dataclasses.asdict(x) for x in foreign],
+    }
+
+
+def op_append_log(state: AgentState, marker: str, text: str) -> None:
+    """A line of servelab's own in the server's log (the start-up timeout marker)."""
+    server = _server(state, marker)
+    with open(server.log_path, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
+def op_teardown(state: AgentState, marker: str, grace_s: float = 15.0, offset: int = 0) -> dict[str, Any]:
+    from servelab import lifecycle
+    from servelab.host.transport import b64
+
+    server = _server(state, marker)
+    report = lifecycle.teardown(server, grace_s)
+    state.servers.pop(marker, None)
+    data, end = _read(server.log_path, offset, READ_MAX)
+    return {"report": dataclasses.asdict(report), "log": b64(data), "offset": end}
+
+
+def op_sweep(state: AgentState, prefix: str, grace_s: float = 5.0) -> list[dict[str, Any]]:
+    from servelab import lifecycle
+
+    live = {m for m in state.servers}
+    return [
+        dataclasses.asdict(k)
+        for k in lifecycle.sweep_orphans(prefix, grace_s)
+        if k.marker is None or k.marker not in live
+    ]
+
+
+def op_shm_remove_orphaned(state: AgentState, min_age_s: float = 5.0) -> dict[str, Any]:
+    from servelab.host import shm
+
+    return dataclasses.asdict(shm.remove_orphaned(min_age_s=min_age_s))
+
+
+def op_free_port(state: AgentState, host: str = "127.0.0.1") -> int:
+    from servelab.host.ports import free_port
+
+    return free_port(host)
+
+
+def op_port_is_free(state: AgentState, host: str, port: int) -> bool:
+    from servelab.host.ports import port_is_free
+
+    return port_is_free(host, port)
+
+
+def op_port_open(state: AgentState, host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether `host:port` accepts a TCP connection here."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def op_gpu_memory(state: AgentState) -> list[int] | None:
+    from servelab.host.gpu_memory import nvidia_smi_reader
+
+    return nvidia_smi_reader()
+
+
+def op_read(state: AgentState, path: str, offset: int = 0, max_bytes: int = READ_MAX) -> dict[str, Any]:
+    """Bytes of a file on this host; a negative offset counts from the end."""
+    from servelab.host.transport import b64
+
+    p = Path(path).expanduser()
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        return {"exists": False, "error": exc.strerror or str(exc), "data": "", "size": 0, "offset": 0}
+    start = max(0, size + offset) if offset < 0 else offset
+    data, end = _read(p, start, min(max_bytes, READ_MAX))
+    return {"exists": True, "data": b64(data), "size": size, "offset": end}
+
+
+OPS: dict[str, Callable[..., Any]] = {
+    "hello": op_hello,
+    "launch": op_launch,
+    "poll": op_poll,
+    "record_shm": op_record_shm,
+    "port_owners": op_port_owners,
+    "append_log": op_append_log,
+    "teardown": op_teardown,
+    "sweep": op_sweep,
+    "shm_remove_orphaned": op_shm_remove_orphaned,
+    "free_port": op_free_port,
+    "port_is_free": op_port_is_free,
+    "port_open": op_port_open,
+    "gpu_memory": op_gpu_memory,
+    "read": op_read,
+}
+
+
+def register(name: str, fn: Callable[..., Any]) -> None:
+    """Add an operation (rooms that observe a host register theirs: status, doctor, logs)."""
+    OPS[name] = fn
+
+
+def _load_ops() -> None:
+    """Operations other rooms define, imported on first use (they import heavier modules)."""
+    from servelab.host import agent_ops  # noqa: F401
+
+
+def dispatch(state: AgentState, op: str, args: dict[str, Any]) -> Any:
+    if op not in OPS:
+        _load_ops()
+    fn = OPS.get(op)
+    if fn is None:
+        raise ConfigError(
+            f"unknown agent operation {op!r}", hint="servelab versions differ on the two machines"
+        )
+    return fn(state, **args)
+
+
+def shutdown(state: AgentState) -> None:
+    """Tear down every server still running: the driver that owned them is gone."""
+    from servelab import lifecycle
+
+    for marker in list(state.servers):
+        server = state.servers.pop(marker)
+        try:
+            lifecycle.teardown(server, 10.0, gpu_timeout_s=10.0)
+        except Exception as exc:
+            print(f"servelab agent: teardown of {marker} failed: {exc}", file=sys.stderr)
+
+
+# -- errors across the wire ------------------------------------------------------------------------
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, ServelabError):
+        out: dict[str, Any] = {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        diag = getattr(exc, "diagnosis", None)
+        if dataclasses.is_dataclass(diag) and not isinstance(diag, type):
+            out["diagnosis"] = dataclasses.asdict(diag)
+        return out
+    return {"type": "HostError", "message": f"the agent failed: {type(exc).__name__}: {exc}", "hint": ""}
+
+
+def rebuild_error(payload: dict[str, Any]) -> ServelabError:
+    """The servelab error an agent reported, as its own class (a diagnosis included)."""
+    cls = getattr(errors, str(payload.get("type")), None)
+    if not (isinstance(cls, type) and issubclass(cls, ServelabError)):
+        cls = errors.HostError
+    exc = cls(str(payload.get("message") or "the agent failed"), hint=payload.get("hint"))
+    diag = payload.get("diagnosis")
+    if isinstance(diag, dict):
+        from servelab.engines.base import Diagnosis
+
+        exc.diagnosis = Diagnosis(**{**diag, "tail": tuple(diag.get("tail") or ())})  # type: ignore[attr-defined]
+    return exc
+
+
+# -- the loop --------------------------------------------------------------------------------------
+def serve(stdin: Any, out: Any) -> None:
+    state = AgentState()
+
+    def stop(_sig: int, _frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    try:
+        for line in stdin:
+            if not line.strip():
+                continue
+            rid = None
+            try:
+                req = orjson.loads(line)
+                rid = req.get("id")
+                result = dispatch(state, str(req.get("op")), dict(req.get("args") or {}))
+                answer = {"id": rid, "ok": True, "result": result}
+            except Exception as exc:
+                answer = {"id": rid, "ok": False, "error": error_payload(exc)}
+            try:
+                out.write(orjson.dumps(answer, default=str) + b"\n")
+                out.flush()
+            except (BrokenPipeError, OSError):
+                break
+    finally:
+        shutdown(state)
+
+
+def main() -> None:
+    if "--check" in sys.argv[1:]:
+        print(orjson.dumps(op_hello(AgentState())).decode())
+        return
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what anything else prints lands on stderr, never in the protocol
+    sys.stdout = sys.stderr
+    serve(sys.stdin.buffer, out)
+
+
+if __name__ == "__main__":
+    main()

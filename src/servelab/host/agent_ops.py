@@ -1,0 +1,4 @@
+"""Agent operations that observe a host for status, doctor and logs: registered on import (the agent
+imports this module on the first operation it does not know)."""
+
+from __future__ import annotations
