@@ -24,6 +24,23 @@ if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && comma
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
+# tests/support/sshd.py runs a real Debian sshd on 127.0.0.1 for the remote-host tests (and `ip netns` for
+# the namespace one). /etc/ssh/sshd_not_to_be_run, written before the install, keeps the package from
+# starting a system sshd on port 22 (Debian's unit and init script honour it): the tests start their own.
+if [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "error: /usr/sbin/sshd (or ip) is missing and installing it needs root:" >&2
+        echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends openssh-server iproute2" >&2
+        exit 1
+    fi
+    mkdir -p /etc/ssh
+    touch /etc/ssh/sshd_not_to_be_run
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server iproute2
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+    fi
+fi
 .venv/bin/ruff check src tests benchmarks examples
 .venv/bin/ruff format --check src tests benchmarks examples scripts
 .venv/bin/mypy --strict src

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from tests.support import engines
 from tests.support.fault_server import FaultServerHandle, fault_server
+from tests.support.sshd import SshdHandle, sshd_server
 
 VLLM_MODEL_NAME = "tiny-qwen3-moe"
 _ALL_CPUS = sorted(os.sched_getaffinity(0))
@@ -62,3 +63,11 @@ def fault_server_factory() -> Iterator[Callable[..., FaultServerHandle]]:
             return stack.enter_context(fault_server(**opts))
 
         yield start
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdHandle]:
+    """One real sshd on 127.0.0.1 per session (~0.5 s to start); tests that stop it start it again before they
+    end. Closed at session end (sshd, its sessions, ssh masters), before the leftover-process check runs."""
+    with sshd_server(tmp_path_factory.mktemp("sshd")) as handle:
+        yield handle
