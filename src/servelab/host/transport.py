@@ -393,7 +393,8 @@ class SshHost:
         return ch
 
     def _agent_missing(self, ch: _Channel, exc: HostLost) -> HostError:
-        text = ch.stderr_path.read_text(errors="replace") if ch.stderr_path.exists() else ""
+        # What the agent printed (its stderr file; `_gone` quoted its last line when it removed the file).
+        text = ch.stderr_path.read_text(errors="replace") if ch.stderr_path.exists() else exc.message
         if "No module named" in text or "not found" in text or "No such file" in text:
             return HostUnusable(
                 f"servelab is not installed on {self.target.raw} for {self.python} ({text.strip()[-160:]})",
