@@ -300,6 +300,9 @@ def serve(stdin: Any, out: Any) -> None:
 
 
 def main() -> None:
+    # Run as `python -m servelab.host.agent` this module is __main__: the rooms' `register` calls (from
+    # agent_ops) must reach this OPS, not a second copy of the module.
+    sys.modules.setdefault("servelab.host.agent", sys.modules[__name__])
     if "--check" in sys.argv[1:]:
         print(orjson.dumps(op_hello(AgentState())).decode())
         return
