@@ -139,9 +139,9 @@ def test_glm5_study_over_ssh_has_the_local_outcomes_and_leaves_nothing(
 
 
 def _master_pid(sshd: SshdHandle, env: dict[str, str]) -> int:
+    control = f"ControlPath={env['SERVELAB_SSH_CONTROL_DIR']}/%C"
     out = subprocess.run(
-        ["ssh", "-F", str(sshd.config_path), "-o", f"ControlPath={env['SERVELAB_SSH_CONTROL_DIR']}/%C"]
-        + ["-O", "check", sshd.alias],
+        ["ssh", "-F", str(sshd.config_path), "-o", control, "-O", "check", sshd.alias],
         capture_output=True,
         text=True,
         timeout=10,
