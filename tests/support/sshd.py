@@ -307,7 +307,9 @@ def server_config(port: int, workdir: Path, host_key: Path) -> str:
             # it is nested. This machine's root .bashrc runs `pyenv init`, whose rehash takes a lock file:
             # a session killed mid-rehash (the tests kill SSH masters) leaves it, and every later shell
             # waits 60 s for it. Remote sessions of the tests run commands, not an interactive setup.
-            "SetEnv SHLVL=1",
+            # PATH: `python3` over there is this venv's, which has servelab (the remote side of a real
+            # deployment has it installed; `[host] python` names another interpreter).
+            f"SetEnv SHLVL=1 PATH={Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             "Subsystem sftp internal-sftp",
             "",
         ]
