@@ -329,4 +329,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # `python -m servelab.host.agent` runs this file as __main__; the modules that register operations
+    # (agent_ops) import servelab.host.agent, which must be this very module (its OPS), not a second copy.
+    sys.modules.setdefault("servelab.host.agent", sys.modules[__name__])
     main()
