@@ -264,3 +264,34 @@ def test_host_faults_are_clear_errors_before_anything_is_stored(
         con = sqlite3.connect(home / "servelab.db")
         assert con.execute("SELECT count(*) FROM studies").fetchone()[0] == 0
         con.close()
+
+
+def test_ctrl_c_tears_the_remote_server_down_before_servelab_exits(tmp_path: Path, sshd: SshdHandle) -> None:
+    home = tmp_path / "home"
+    env = sshd.env()
+    study = _two_candidates(tmp_path, sshd.alias)
+    proc = _start(study, home, env)
+    wait_benchmarking(proc, home, "first")
+    uid = study_uid(home)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert markers_alive(f"servelab-study:{uid}:") == []  # gone by the time servelab exited
+    assert ("first", "interrupted") in trials(home)
+
+
+def test_a_study_on_a_host_whose_loopback_is_its_own(tmp_path: Path) -> None:
+    """The remote side in its own network namespace (loopback only): its servers bind 127.0.0.1 there,
+    which nothing on this side can reach but the SSH forward, and the study still measures them."""
+    from tests.support.sshd import sshd_server
+
+    with sshd_server(tmp_path / "sshd-ns", netns=True) as ns:
+        home = tmp_path / "home"
+        study = remote_study(
+            tmp_path / "ns.toml", "netns", ns.alias, [{"name": "only"}], levels=[1], speed=50
+        )
+        res = run("tune", str(study), "--json", home=home, env=ns.env())
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = json.loads(res.stdout)
+        assert [c["status"] for c in out["candidates"]] == ["measured"]
+        assert markers_alive(f"servelab-study:{out['study']}:") == []
