@@ -85,6 +85,11 @@ class HostSpec(_Strict):
     workdir: str | None = Field(
         default=None, description="where the SSH host keeps server logs (default ~/.servelab/remote there)"
     )
+    bench_from: Literal["control", "remote"] = Field(
+        default="control",
+        description="where the benchmark client runs: this machine through an SSH port forward (control), "
+        "or the SSH host itself, next to the server (remote; its numbers come back into this store)",
+    )
 
     @field_validator("ssh")
     @classmethod

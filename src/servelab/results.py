@@ -249,9 +249,10 @@ class Host(_Model):
 
 
 class NetPath(_Model):
-    """How the benchmark client reached the server: `direct`, or `ssh-forward` through a port forwarded over
-    the SSH connection to `target`; `rtt_ms`: the median of 5 `GET /v1/models` over that path right before
-    the run (the network's round trip plus the server's answer to a trivial request)."""
+    """How the benchmark client reached the server: `direct`, `ssh-forward` through a port forwarded over
+    the SSH connection to `target`, or `remote`: the client ran on `target` itself, next to the server
+    (`[host] bench_from = "remote"`); `rtt_ms`: the path's round trip right before the run, the median of
+    5 probes (TCP connects to the server when direct or remote, no-op agent calls over SSH)."""
 
     via: str | None = None
     target: str | None = None

@@ -45,6 +45,7 @@ from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
+from servelab.host.ops_bench import bench_remote
 from servelab.host.ports import free_port
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.db import Store
@@ -624,7 +625,8 @@ class Trial:
                 if not vres.ok:
                     return TrialOutcome("failed", "verify", _wrong_output(vres), check, vres, ready_s=ready_s)
             stage = "bench"
-            context = run_context(self.study, settings, await measure_path(self.host))
+            path = self._remote_path() if self._remote_url(target) else await measure_path(self.host)
+            context = run_context(self.study, settings, path)
             run = await self.bench(target, baseline=baseline, context=context, done=done)
         except (ServerError, EngineError) as exc:
             if self.host is not None:
@@ -684,7 +686,11 @@ class Trial:
         collapsed against `baseline` at `anomalies.stop_after_collapses` levels. Levels in `done` (measured
         before a kill) are kept as they are and count towards the collapses as if just measured."""
         self.observer.benchmarking()
-        base_cfg = bench_config(self.study, target.url, target.served_model, target.api_key, context)
+        remote_url = self._remote_url(target)
+        if remote_url is not None and (context is None or context.path.via != "remote"):
+            context = (context or RunContext()).model_copy(update={"path": self._remote_path()})
+        url = remote_url or target.url
+        base_cfg = bench_config(self.study, url, target.served_model, target.api_key, context)
         path = self.engine.capabilities.telemetry_path
         tele = Telemetry(http_telemetry(target.url, path) if path else None)
         spec = self.study.anomalies
@@ -703,7 +709,10 @@ class Trial:
             cfg = base_cfg.model_copy(update={"levels": [value]})
             tele.start()
             try:
-                res = await run_bench(cfg, self.store, self.observer.bench_event)
+                if remote_url is not None and self.host is not None:
+                    res = await bench_remote(self.host, cfg, self.store, self.observer.bench_event)
+                else:
+                    res = await run_bench(cfg, self.store, self.observer.bench_event)
             finally:
                 power = await tele.stop()
             digest = level_digest(res.levels[0], res.context.clock)
@@ -724,6 +733,19 @@ class Trial:
                 if spec.stop_after_collapses and collapses >= spec.stop_after_collapses:
                     return BenchRun(measured, stopped_early=self._stop_early(collapses))
         return BenchRun(measured)
+
+    def _remote_url(self, target: Target) -> str | None:
+        """With `[host] bench_from = "remote"` and a server of ours over SSH: its URL over there, where the
+        benchmark then runs (None: the benchmark runs here, through the forward in `target.url`)."""
+        if self.study.host.bench_from != "remote" or self.host is None or self.host.is_local:
+            return None
+        server = target.server
+        return server.spec.url if isinstance(server, lifecycle.RemoteServer) else None
+
+    def _remote_path(self) -> NetPath:
+        """How a benchmark run on the remote reaches the server; its rtt is measured over there."""
+        assert self.host is not None
+        return NetPath(via="remote", target=self.host.name)
 
     def _collapsed(self, level: LevelResult, baseline: list[Digest] | None) -> bool:
         return bool(baseline) and any(

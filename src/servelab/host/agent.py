@@ -12,6 +12,7 @@ tears down every server it launched before it exits: a server of ours never outl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -38,6 +39,8 @@ class AgentState:
 
     servers: dict[str, Any] = field(default_factory=dict)  # marker -> lifecycle.Server
     workdir: Path | None = None
+    # The request pipe (serve's stdin): a long operation watches it, to stop when the driver is gone.
+    stdin_fd: int | None = None
 
 
 def _workdir(state: AgentState) -> Path:
@@ -272,6 +275,8 @@ def shutdown(state: AgentState) -> None:
 # -- the loop --------------------------------------------------------------------------------------
 def serve(stdin: Any, out: Any) -> None:
     state = AgentState()
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        state.stdin_fd = stdin.fileno()
 
     def stop(_sig: int, _frame: Any) -> None:
         raise SystemExit(0)

@@ -165,6 +165,7 @@ class LocalHost:
 
         if self._state is None:
             self._state = agent.AgentState()
+        args.pop("_timeout", None)  # an SshHost's answer deadline; nothing to wait for in-process
         return agent.dispatch(self._state, op, args)
 
     @contextlib.contextmanager

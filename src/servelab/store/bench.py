@@ -31,13 +31,27 @@ class BenchRepo:
         config: dict[str, Any],
         dataset_hash: str | None,
         context: RunContext | None = None,
+        *,
+        uid: str | None = None,
+        created_at: str | None = None,
     ) -> tuple[int, str]:
-        uid = "b-" + uuid.uuid4().hex[:10]
+        """A new run, `running`. `uid`/`created_at`: a run measured elsewhere keeps its own (an import)."""
+        uid = uid or "b-" + uuid.uuid4().hex[:10]
         ctx = context or RunContext()
         cur = self.db.execute(
             "INSERT INTO bench_runs (uid, created_at, status, url, model, api, engine, dataset_hash, config_json,"
             " context_json) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-            (uid, utcnow(), url, model, api, ctx.engine, dataset_hash, _j(redact(config)), _j(ctx.to_json())),
+            (
+                uid,
+                created_at or utcnow(),
+                url,
+                model,
+                api,
+                ctx.engine,
+                dataset_hash,
+                _j(redact(config)),
+                _j(ctx.to_json()),
+            ),
         )
         return int(cur.lastrowid or 0), uid
 
@@ -170,6 +184,11 @@ class BenchRepo:
         ).fetchall():
             by_run[lv["run_id"]].append(lv)
         return [_run(r, by_run[r["id"]]) for r in rows]
+
+    def level_ids(self, run_id: int) -> dict[int, int]:
+        """The stored levels of run `run_id`: index → level id (what `requests` takes)."""
+        rows = self.db.execute("SELECT idx, id FROM bench_levels WHERE run_id = ?", (run_id,)).fetchall()
+        return {int(r["idx"]): int(r["id"]) for r in rows}
 
     def requests(self, level_id: int) -> list[RequestRecord]:
         rows = self.db.execute(
