@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from servelab.cli.output import emit, printable, stdout
+from servelab.cli.output import emit, host_option, printable, stdout
+from servelab.host.transport import Host
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
@@ -59,7 +62,40 @@ def _render_gpus(g: dict[str, Any]) -> None:
     stdout.print(t)
 
 
+def remote_python_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--remote-python PATH`: the interpreter with servelab on the --host machine (commands without a study)."""
+    return click.option(
+        "--remote-python",
+        "remote_python",
+        envvar="SERVELAB_REMOTE_PYTHON",
+        default=None,
+        metavar="PATH",
+        help="With --host: the python that has servelab over there (default: python3; "
+        "env SERVELAB_REMOTE_PYTHON).",
+    )(fn)
+
+
+@contextmanager
+def opened_host(flag: str | None, python: str | None) -> Iterator[Host]:
+    """The machine a command observes (--host, else $SERVELAB_HOST, else this one), closed afterwards
+    (its agent ends; an SSH master stays for the next command)."""
+    from servelab.host import transport
+
+    host = transport.open_host(transport.target_of(flag), python=python)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def _host_line(h: dict[str, Any]) -> str:
+    return f"[bold]host:[/bold] {escape(h['hostname'])}" + (
+        f" (via ssh {escape(h['target'])})" if h["via"] == "ssh" else ""
+    )
+
+
 def _render_status(obs: dict[str, Any]) -> None:
+    stdout.print(_host_line(obs["host"]))
     stdout.print(f"[bold]verdict:[/bold] {escape(obs['verdict'])}")
     for s in obs["servers"]:
         if s["up"]:
@@ -139,17 +175,30 @@ def _render_status(obs: dict[str, Any]) -> None:
     default=None,
     help="auto (default: a simulator among --url, else NVML, else nvidia-smi), nvml, nvidia-smi, or sim:URL.",
 )
+@host_option
+@remote_python_option
 @click.option("--json", "as_json", is_flag=True, help="The observation as JSON (keys: docs/cli/status.md).")
 def status_cmd(
-    urls: tuple[str, ...], units: tuple[str, ...], log: str | None, gpu_source: str | None, as_json: bool
+    urls: tuple[str, ...],
+    units: tuple[str, ...],
+    log: str | None,
+    gpu_source: str | None,
+    host: str | None,
+    remote_python: str | None,
+    as_json: bool,
 ) -> None:
-    """What is true right now: GPUs, topology, servers, services, leftovers and the last log, with a verdict."""
+    """What is true right now: GPUs, topology, servers, services, leftovers and the last log, with a verdict.
+
+    With --host, all of it about that machine: --url and --log are as seen from there."""
     from servelab.status import observe
 
-    emit(observe(list(urls) or None, list(units) or None, log, gpu_source), as_json, _render_status)
+    with opened_host(host, remote_python) as h:
+        obs = observe(list(urls) or None, list(units) or None, log, gpu_source, host=h)
+    emit(obs, as_json, _render_status)
 
 
 def _render_doctor(rep: dict[str, Any]) -> None:
+    stdout.print(_host_line(rep["host"]))
     g = rep["gpus"]
     stdout.print(
         f"[bold]GPUs:[/bold] {g['count']} via {g['source']}"
@@ -169,19 +218,22 @@ def _render_doctor(rep: dict[str, Any]) -> None:
 @click.option(
     "--gpu-source", default=None, help="auto, nvml, nvidia-smi, or sim:URL (see `servelab status`)."
 )
+@host_option
+@remote_python_option
 @click.option(
-    "--json", "as_json", is_flag=True, help='{"gpus", "checks": [{name, status, evidence, fix}], "worst"}.'
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='{"host", "gpus", "checks": [{name, status, evidence, fix}], "worst"}.',
 )
-def doctor_cmd(gpu_source: str | None, as_json: bool) -> None:
+def doctor_cmd(gpu_source: str | None, host: str | None, remote_python: str | None, as_json: bool) -> None:
     """Host checks with fixes: nvidia_uvm HMM, /dev/shm, open files, P2P, PCIe link, power limits, ECC, persistence.
 
-    Exits 1 when a check fails."""
-    from servelab.host import doctor, topology
-    from servelab.status import _gpu_report
+    With --host, the facts are read on that machine and checked here. Exits 1 when a check fails."""
+    from servelab.host import doctor
 
-    rep = _gpu_report(gpu_source, [])
-    topo = topology.read() if not rep.source.startswith("sim:") else {}
-    result = doctor.report(doctor.gather(rep, topo))
+    with opened_host(host, remote_python) as h:
+        result = doctor.diagnose(h, gpu_source)
     emit(result, as_json, _render_doctor)
     if result["worst"] == "fail":
         raise SystemExit(1)

@@ -329,4 +329,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as servelab.host.agent, not as __main__: the ops other rooms register (agent_ops) go into that
+    # module's OPS, which a __main__ copy of this file would never see.
+    from servelab.host import agent as _agent
+
+    _agent.main()

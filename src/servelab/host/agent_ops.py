@@ -2,3 +2,5 @@
 imports this module on the first operation it does not know)."""
 
 from __future__ import annotations
+
+from servelab.host import ops_observe  # noqa: F401  (status, doctor)

@@ -385,6 +385,7 @@ class SshHost:
 
     def _agent_missing(self, ch: _Channel, exc: HostLost) -> HostError:
         text = ch.stderr_path.read_text(errors="replace") if ch.stderr_path.exists() else ""
+        text = text or exc.message  # _lost has read (and removed) the stderr file already
         if "No module named" in text or "not found" in text or "No such file" in text:
             return HostUnusable(
                 f"servelab is not installed on {self.target.raw} for {self.python} ({text.strip()[-160:]})",
