@@ -4,7 +4,7 @@ Setup: the real sshd of the tests (tests/support/sshd.py) on 127.0.0.1, this ven
 python, a simulator (`servelab sim`) on loopback given with --url (so the server is probed, through a port
 forward on the remote side). One `status --host` first starts the ControlMaster (not timed); then each
 command is a fresh `python -m servelab status --json` process, timed end to end (interpreter start and
-imports included, as a user sees it), 5 runs each; the medians are printed.
+imports included, as a user sees it), 5 runs each, interleaved; the medians are printed.
 
 Usage: .venv/bin/python benchmarks/status_remote.py [--runs 5]
 """
@@ -50,8 +50,11 @@ def main() -> None:
                 base = [sys.executable, "-m", "servelab", "status", "--json", "--url", sim.url]
                 remote = [*base, "--host", sshd.url, "--remote-python", sys.executable]
                 timed(remote, env)  # the master connection starts here; it persists between commands
-                local_s = [timed(base, env) for _ in range(opts.runs)]
-                remote_s = [timed(remote, env) for _ in range(opts.runs)]
+                local_s: list[float] = []
+                remote_s: list[float] = []
+                for _ in range(opts.runs):  # interleaved: a busy moment of the box hits both alike
+                    local_s.append(timed(base, env))
+                    remote_s.append(timed(remote, env))
         finally:
             sim.stop()
     lm, rm = statistics.median(local_s), statistics.median(remote_s)

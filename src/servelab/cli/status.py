@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import click
@@ -11,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from servelab.cli.output import emit, host_option, printable, stdout
-from servelab.host.transport import Host
+from servelab.host.transport import Completed, Host
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
@@ -75,15 +76,63 @@ def remote_python_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+class _Warming:
+    """A remote host whose agent starts in the background (SSH session, interpreter, imports: most of a
+    `status --host`) while this process imports and reads its store; the first use waits for it and
+    raises what the start raised (a bad target fails once, not twice)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="servelab-agent-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.host.call("observe_ready")
+        except BaseException as exc:  # re-raised in the command's thread by _ready
+            self._error = exc
+
+    def _ready(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def is_local(self) -> bool:
+        return self.host.is_local
+
+    def run(self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0) -> Completed:
+        self._ready()
+        return self.host.run(argv, input=input, timeout=timeout)
+
+    def call(self, op: str, **args: Any) -> Any:
+        self._ready()
+        return self.host.call(op, **args)
+
+    def forward(self, host: str, port: int) -> AbstractContextManager[tuple[str, int]]:
+        self._ready()
+        return self.host.forward(host, port)
+
+    def close(self) -> None:
+        self._thread.join()
+        self.host.close()
+
+
 @contextmanager
 def opened_host(flag: str | None, python: str | None) -> Iterator[Host]:
     """The machine a command observes (--host, else $SERVELAB_HOST, else this one), closed afterwards
-    (its agent ends; an SSH master stays for the next command)."""
+    (its agent ends; an SSH master stays for the next command). A remote one's agent starts at once."""
     from servelab.host import transport
 
     host = transport.open_host(transport.target_of(flag), python=python)
     try:
-        yield host
+        yield host if host.is_local else _Warming(host)
     finally:
         host.close()
 
@@ -190,9 +239,9 @@ def status_cmd(
     """What is true right now: GPUs, topology, servers, services, leftovers and the last log, with a verdict.
 
     With --host, all of it about that machine: --url and --log are as seen from there."""
-    from servelab.status import observe
-
     with opened_host(host, remote_python) as h:
+        from servelab.status import observe  # imported while a remote agent starts
+
         obs = observe(list(urls) or None, list(units) or None, log, gpu_source, host=h)
     emit(obs, as_json, _render_status)
 
@@ -230,9 +279,9 @@ def doctor_cmd(gpu_source: str | None, host: str | None, remote_python: str | No
     """Host checks with fixes: nvidia_uvm HMM, /dev/shm, open files, P2P, PCIe link, power limits, ECC, persistence.
 
     With --host, the facts are read on that machine and checked here. Exits 1 when a check fails."""
-    from servelab.host import doctor
-
     with opened_host(host, remote_python) as h:
+        from servelab.host import doctor
+
         result = doctor.diagnose(h, gpu_source)
     emit(result, as_json, _render_doctor)
     if result["worst"] == "fail":

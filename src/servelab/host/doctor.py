@@ -324,7 +324,8 @@ def report(facts: Facts) -> dict[str, Any]:
 def diagnose(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
     """`servelab doctor` about `host`: the facts gathered there (agent op `doctor_facts`), checked here.
     A simulator's GPUs (`sim:URL`, the URL as the host sees it) are read through a forward."""
-    from servelab.status import sim_gpus, sim_report
+    from servelab.host.observe import sim_report
+    from servelab.status import sim_gpus
 
     sim = sim_gpus(gpu_source, [], host)
     gpus = sim_report(*sim).to_dict() if sim is not None else None

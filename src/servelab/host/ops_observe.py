@@ -10,8 +10,8 @@ from servelab.host import agent
 
 
 def op_observe_host(state: agent.AgentState, **kwargs: Any) -> dict[str, Any]:
-    """status's host-side half: servelab.status.observe_host (GPUs, topology, units, leftovers, the log)."""
-    from servelab.status import observe_host
+    """status's host-side half: servelab.host.observe.observe_host (GPUs, topology, units, leftovers, the log)."""
+    from servelab.host.observe import observe_host
 
     return observe_host(**kwargs)
 
@@ -27,12 +27,23 @@ def op_doctor_facts(
 
     from servelab.host import doctor, topology
     from servelab.host import gpus as gpumod
-    from servelab.status import read_gpus
+    from servelab.host.observe import read_gpus
 
     rep = gpumod.GpuReport.from_dict(gpus) if gpus is not None else read_gpus(gpu_source)
     topo = topology.read() if not rep.source.startswith("sim:") else {}
     return {"hostname": socket.gethostname(), "facts": doctor.gather(rep, topo).to_dict()}
 
 
+def op_observe_ready(state: agent.AgentState) -> str:
+    """Nothing but the imports status needs here, ahead of the call (the control side is busy meanwhile):
+    this host's name."""
+    import socket
+
+    import servelab.host.observe  # noqa: F401
+
+    return socket.gethostname()
+
+
+agent.register("observe_ready", op_observe_ready)
 agent.register("observe_host", op_observe_host)
 agent.register("doctor_facts", op_doctor_facts)
