@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -117,6 +118,10 @@ def test_status_host_reads_the_log_over_there(sshd: SshdHandle, tmp_path: Path) 
     assert obs["host"]["via"] == "ssh" and obs["host"]["target"] == "gpubox"
     assert obs["log"]["available"] and obs["log"]["clean_shutdown"]
     assert obs["servers"] == []
+    if shutil.which("nvidia-smi") is None:  # this box is the remote: no nvidia-smi there either
+        assert not obs["gpus"]["available"]
+        assert "nvidia-smi is not installed" in obs["gpus"]["note"]
+        assert any(f["what"] == "no GPUs on this host" for f in obs["findings"])
 
 
 def test_doctor_host_returns_its_checks(sshd: SshdHandle, tmp_path: Path) -> None:
