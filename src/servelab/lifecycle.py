@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -44,8 +44,11 @@ from servelab.host.gpu_memory import GpuMemoryReport, GpuReader, nvidia_smi_read
 from servelab.host.ports import WILDCARDS, Listener, listeners, port_is_free
 from servelab.host.processes import MARKER_ENV, KilledProcess, ProcInfo
 from servelab.host.shm import ShmCleanup, ShmLedger
-from servelab.host.transport import Host, SshHost, unb64
+from servelab.host.wire import unb64
 from servelab.redact import redact_argv
+
+if TYPE_CHECKING:  # the transport imports the agent, which runs this module over there
+    from servelab.host.transport import Host, SshHost
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
 LOG_DIAGNOSE_BYTES = 512 * 1024  # how much of the log's end a diagnosis reads
@@ -300,8 +303,9 @@ def launch_on(
     """`launch` on `host`: here directly, on an SSH host through its agent (the spec, environment and keys
     included, travels on the agent's stdin, never on a command line). `sys.executable` in the argv (the
     simulator's default interpreter) becomes the remote host's python."""
-    if not isinstance(host, SshHost):
+    if host.is_local:
         return launch(spec, log_path, run_marker, cpus=cpus, check_port=check_port)
+    host = cast("SshHost", host)
     check_marker(run_marker)
     import dataclasses
     import sys
@@ -1009,7 +1013,7 @@ def sweep_orphans(marker_prefix: str, grace_s: float = 5.0, host: Host | None = 
             "an empty marker prefix would sweep every servelab-launched process on this host",
             hint="pass the study's marker prefix, e.g. 'study-7/'",
         )
-    if isinstance(host, SshHost):
+    if host is not None and not host.is_local:
         from pydantic import TypeAdapter
 
         got = host.call("sweep", prefix=marker_prefix, grace_s=grace_s)

@@ -248,6 +248,16 @@ class Host(_Model):
     source: str | None = None  # where these facts came from: server | study | flags
 
 
+class NetPath(_Model):
+    """How the benchmark client reached the server: `direct`, or `ssh-forward` through a port forwarded over
+    the SSH connection to `target`; `rtt_ms`: the median of 5 `GET /v1/models` over that path right before
+    the run (the network's round trip plus the server's answer to a trivial request)."""
+
+    via: str | None = None
+    target: str | None = None
+    rtt_ms: float | None = None
+
+
 class Layout(_Model):
     """How the model was split over the host's devices."""
 
@@ -289,6 +299,7 @@ class RunContext(_Model):
     quant: str | None = None
     kv_dtype: str | None = None
     clock: Clock = Field(default_factory=Clock)
+    path: NetPath = Field(default_factory=NetPath)
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, protected_namespaces=())
 
@@ -301,6 +312,7 @@ class RunContext(_Model):
         host = Host(**pick(self.host, over.host))
         layout = Layout(**pick(self.layout, over.layout))
         clock = over.clock if over.clock.source else self.clock
+        path = NetPath(**pick(self.path, over.path))
         return RunContext(
             engine=over.engine or self.engine,
             personality=over.personality or self.personality,
@@ -310,6 +322,7 @@ class RunContext(_Model):
             quant=over.quant or self.quant,
             kv_dtype=over.kv_dtype or self.kv_dtype,
             clock=clock,
+            path=path,
         )
 
     def to_json(self) -> dict[str, Any]:

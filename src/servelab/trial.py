@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
 from servelab.host.ports import free_port
-from servelab.results import Clock, Host, Layout, Level, RunContext
+from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.db import Store
 
 if TYPE_CHECKING:
@@ -98,7 +99,21 @@ def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
     )
 
 
-def run_context(study: Study, settings: Settings) -> RunContext:
+async def measure_path(host: transport.Host | None, n: int = 5) -> NetPath:
+    """Over SSH, the bench path's round trip: the median of `n` no-op requests to the agent on the
+    connection that carries the forward (a TCP connect to the forward's local end measures ssh alone).
+    Direct: left to the bench, which times TCP connects to the server (`bench.runner.direct_path`)."""
+    if host is None or host.is_local:
+        return NetPath()
+    times: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await asyncio.to_thread(host.call, "ping")
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return NetPath(via="ssh-forward", target=host.name, rtt_ms=round(statistics.median(times), 3))
+
+
+def run_context(study: Study, settings: Settings, path: NetPath | None = None) -> RunContext:
     """What a trial's bench runs are of, as the study declares it: engine, model config, host, layout,
     formats, and the simulator's clock speed (so its runs are shown in simulated GPU time everywhere)."""
     simulated = study.engine.name == "sim"
@@ -111,6 +126,7 @@ def run_context(study: Study, settings: Settings) -> RunContext:
         quant=settings.quantization,
         kv_dtype=settings.kv_cache_dtype,
         clock=Clock(speed=sim_speed(study), source="study") if simulated else Clock(),
+        path=path or NetPath(),
     )
 
 
@@ -608,9 +624,11 @@ class Trial:
                 if not vres.ok:
                     return TrialOutcome("failed", "verify", _wrong_output(vres), check, vres, ready_s=ready_s)
             stage = "bench"
-            context = run_context(self.study, settings)
+            context = run_context(self.study, settings, await measure_path(self.host))
             run = await self.bench(target, baseline=baseline, context=context, done=done)
         except (ServerError, EngineError) as exc:
+            if self.host is not None:
+                self.host.check()  # a dropped link is no finding about the server
             # The server stopped answering (hung, died, refused): a finding about this candidate, not a
             # reason to stop the study.
             found = Finding.of(signatures.diagnose(read_log(target.log_path), self.engine.name), exc.message)
@@ -690,6 +708,8 @@ class Trial:
                 power = await tele.stop()
             digest = level_digest(res.levels[0], res.context.clock)
             level = LevelResult(value, digest, power, res.uid, bench_run_id(self.store, res.uid))
+            if self.host is not None and digest["failed"]:
+                self.host.check()  # failed requests: the link, or the server?
             died = target.server is not None and target.server.exit_code() is not None
             if not died and digest["failed"]:
                 text = read_log(target.log_path)

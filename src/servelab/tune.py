@@ -267,6 +267,8 @@ class Tuner:
 
     async def run(self) -> StudyOutcome:
         preflight(self.study, self.engine)
+        if self.host is not None:  # an unusable host fails before anything is stored
+            await asyncio.to_thread(self.host.call, "ping")
         self.swept = []
         self._current = ("", "", 0)
         try:

@@ -303,6 +303,11 @@ def server_config(port: int, workdir: Path, host_key: Path) -> str:
             "X11Forwarding no",
             "AllowTcpForwarding yes",
             "PermitUserEnvironment no",
+            # Debian's bash sources ~/.bashrc for a command sshd runs (SSH_SOURCE_BASHRC) unless SHLVL says
+            # it is nested. This machine's root .bashrc runs `pyenv init`, whose rehash takes a lock file:
+            # a session killed mid-rehash (the tests kill SSH masters) leaves it, and every later shell
+            # waits 60 s for it. Remote sessions of the tests run commands, not an interactive setup.
+            "SetEnv SHLVL=1",
             "Subsystem sftp internal-sftp",
             "",
         ]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -22,7 +24,7 @@ from servelab.bench.config import BenchConfig
 from servelab.bench.load import LevelSpec, PreparedRequest, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.errors import ConfigError, Interrupted, ServerError
-from servelab.results import Clock, Host, Layout, Level, RequestRecord, RunContext
+from servelab.results import Clock, Host, Layout, Level, NetPath, RequestRecord, RunContext
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 
@@ -177,6 +179,26 @@ def fault_hint(kind: str | None) -> str | None:
     if kind in ("disconnected", "http_500", "server_error_event"):
         return "the server answered, then failed the request: check its log (`servelab logs diagnose`)"
     return None  # unreachable, or a wrong URL/model: the default hint says what to check
+
+
+async def direct_path(url: str, n: int = 5) -> NetPath:
+    """The path's round trip to a server reached directly: the median of `n` TCP connects to its port
+    (one SYN/SYN-ACK each, no request the server would count)."""
+    parts = urlsplit(url)
+    times: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 80), 5.0
+            )
+        except (OSError, TimeoutError):
+            continue
+        times.append((time.perf_counter() - t0) * 1000.0)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return NetPath(via="direct", rtt_ms=round(statistics.median(times), 3) if times else None)
 
 
 async def learn_context(client: Client, caps: Capabilities) -> RunContext:
@@ -409,6 +431,8 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         prepared = await _prepare(client, cfg, caps, wl)
         warm = await _prepare(client, cfg, caps, warm_wl)
         context = (await learn_context(metrics_client, caps)).merged(cfg.context)
+        if context.path.via is None:
+            context = context.merged(RunContext(path=await direct_path(cfg.url)))
         config = cfg.model_dump(exclude={"context"}) | {
             "workload_info": wl.describe(),
             "capabilities": caps.__dict__,

@@ -6,41 +6,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from servelab.cli.output import emit, printable, stdout
-from servelab.errors import ConfigError, NotFoundError
+from servelab.cli.output import emit, host_option, printable, stdout, warn
+from servelab.cli.remote import open_cli_host, remote_python_option
+from servelab.errors import ConfigError
+from servelab.host.ops_logs import JOURNAL_LINES
+from servelab.host.transport import Host
 from servelab.redact import redact
 
 
-def _read(path: str) -> str:
-    p = Path(path)
-    if p.is_dir():
+def _source(host: Host, file: str | None, unit: str | None, lines: int, keep: Literal["head", "tail"]) -> str:
+    """The log's text: FILE on the host, or the journal of --unit there."""
+    from servelab.host import ops_logs
+
+    if (file is None) == (unit is None):
         raise ConfigError(
-            f"{path} is a directory, not a log file",
-            hint="pass one log file from it (a study keeps one per candidate: `ls` the directory)",
+            "pass either a log FILE or --unit NAME"
+            if file is None
+            else "pass a log FILE or --unit, not both",
+            hint="`servelab logs diagnose server.log`, or `servelab logs diagnose --unit servelab-glm5`",
         )
-    if not p.is_file():
-        raise NotFoundError(f"log file {path} does not exist", hint="pass the path of a server's log file")
-    try:
-        return p.read_text(errors="replace")
-    except OSError as exc:
-        raise NotFoundError(
-            f"cannot read {path}: {exc.strerror}", hint="check the file's permissions"
-        ) from exc
+    got = (
+        ops_logs.read_unit(host, unit, lines)
+        if unit is not None
+        else ops_logs.read_log(host, str(file), keep)
+    )
+    if got.cut:
+        end = "first" if keep == "head" else "last"
+        warn(f"{file} holds {got.size} bytes; read its {end} {ops_logs.LIMIT // (1024 * 1024)} MiB")
+    return got.text
 
 
-def _server_info(path: str | None) -> dict[str, Any] | None:
+def _server_info(host: Host, path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
+    from servelab.host import ops_logs
+
     try:
-        data = json.loads(_read(path))
+        data = json.loads(ops_logs.read_log(host, path).text)
     except ValueError as exc:
         raise ConfigError(
             f"{path} is not JSON: {exc}", hint="save the output of GET /get_server_info"
@@ -50,6 +61,15 @@ def _server_info(path: str | None) -> dict[str, Any] | None:
             f"{path} holds JSON but not an object", hint="save the output of GET /get_server_info"
         )
     return data
+
+
+@contextlib.contextmanager
+def _on_host(host: str | None, remote_python: str | None) -> Iterator[Host]:
+    h = open_cli_host(host, remote_python)
+    try:
+        yield h
+    finally:
+        h.close()
 
 
 def _short(text: str, width: int = 100) -> str:
@@ -82,6 +102,33 @@ def _render_diagnosis(data: dict[str, Any]) -> None:
             stdout.print(f"  {escape(printable(line))}")
 
 
+def _source_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """FILE or --unit, and the host both are on."""
+    for deco in reversed(
+        (
+            click.argument("file", required=False),
+            click.option(
+                "--unit",
+                default=None,
+                metavar="NAME",
+                help="Read the systemd journal of unit NAME instead of a FILE (e.g. the unit "
+                "`servelab deploy --install` made).",
+            ),
+            click.option(
+                "--lines",
+                type=int,
+                default=JOURNAL_LINES,
+                show_default=True,
+                help="With --unit: how many of the journal's last lines to read.",
+            ),
+            host_option,
+            remote_python_option,
+        )
+    ):
+        fn = deco(fn)
+    return fn
+
+
 @click.group()
 def logs() -> None:
     """Read server logs: effective configuration (`parse`) and failure diagnosis (`diagnose`)."""
@@ -98,14 +145,25 @@ def logs() -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='{"effective": {...}, "evidence": {key: line}} as JSON.'
 )
-@click.argument("file")
-def parse(engine_name: str, info_path: str | None, as_json: bool, file: str) -> None:
+@_source_options
+def parse(
+    engine_name: str,
+    info_path: str | None,
+    as_json: bool,
+    file: str | None,
+    unit: str | None,
+    lines: int,
+    host: str | None,
+    remote_python: str | None,
+) -> None:
     """The effective configuration FILE (a server's log) shows, each key with the line that proves it."""
     from servelab.engines import registry
 
     engine = registry.get(engine_name)
-    text = _read(file)
-    data = redact(engine.effective_config(text, _server_info(info_path)).to_dict())
+    with _on_host(host, remote_python) as h:
+        text = _source(h, file, unit, lines, "head")
+        info = _server_info(h, info_path)
+    data = redact(engine.effective_config(text, info).to_dict())
     emit(data, as_json, _render_parse)
 
 
@@ -116,14 +174,23 @@ def parse(engine_name: str, info_path: str | None, as_json: bool, file: str) -> 
 @click.option(
     "--json", "as_json", is_flag=True, help='{"class", "evidence", "advice", "fatal"[, "tail"]} as JSON.'
 )
-@click.argument("file")
-def diagnose(engine_name: str | None, as_json: bool, file: str) -> None:
+@_source_options
+def diagnose(
+    engine_name: str | None,
+    as_json: bool,
+    file: str | None,
+    unit: str | None,
+    lines: int,
+    host: str | None,
+    remote_python: str | None,
+) -> None:
     """Why the server that wrote FILE failed: a failure class, the line that shows it, and what to do."""
     from servelab.engines import registry, signatures
 
     if engine_name is not None:
         registry.get(engine_name)  # an unknown name fails here, listing the known ones
-    text = _read(file)
+    with _on_host(host, remote_python) as h:
+        text = _source(h, file, unit, lines, "tail")
     diag = signatures.diagnose(text, engine_name)
     if diag.klass == "unknown":
         diag = signatures.healthy(text) or diag

@@ -14,8 +14,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from servelab import plan as P
-from servelab.cli.output import dumps_json, emit, stdout
-from servelab.errors import ConfigError, NotFoundError, ServelabError
+from servelab.cli.output import dumps_json, emit, host_option, stdout
+from servelab.cli.remote import remote_python_option
+from servelab.errors import ConfigError, NotFoundError
+from servelab.host import transport
 from servelab.store import Store, open_store
 from servelab.store.db import utcnow
 from servelab.store.plans import WORKSPACE, PlanRepo
@@ -515,16 +517,18 @@ def export(fmt: str, output: str | None, plan_ref: str | None) -> None:
 
 
 # -- check ------------------------------------------------------------------------------------------
-def _observe(urls: tuple[str, ...], units: tuple[str, ...]) -> dict[str, Any]:
+def _observe(
+    urls: tuple[str, ...], units: tuple[str, ...], host: str | None, remote_python: str | None
+) -> dict[str, Any]:
+    """What `servelab status` observes, on this machine or (--host) on the remote one through its agent:
+    the URLs are probed from there, the units are its own."""
+    from servelab.cli.remote import open_cli_host
+
+    h = open_cli_host(host, remote_python)
     try:
-        from servelab.status import observe  # type: ignore[attr-defined,import-not-found,unused-ignore]
-    except ImportError:
-        raise ServelabError(
-            "servelab status is not available in this installation, so there is no observed "
-            "state to check the plan against",
-            hint="save an observation as JSON and pass --observation FILE.",
-        ) from None
-    obs: dict[str, Any] = observe(urls=list(urls) or None, units=list(units) or None)
+        obs: dict[str, Any] = h.call("plan_observe", urls=list(urls), units=list(units))
+    finally:
+        h.close()
     return obs
 
 
@@ -547,12 +551,16 @@ def _observe(urls: tuple[str, ...], units: tuple[str, ...]) -> dict[str, Any]:
     metavar="FILE",
     help="Use this observation (the JSON `servelab status --json` prints) instead of observing now.",
 )
+@host_option
+@remote_python_option
 @_plan_option
 @_json_option
 def check(
     urls: tuple[str, ...],
     units: tuple[str, ...],
     observation: str | None,
+    host: str | None,
+    remote_python: str | None,
     plan_ref: str | None,
     as_json: bool,
 ) -> None:
@@ -560,6 +568,11 @@ def check(
     with open_store() as store:
         name, _ = _plan_name(store, plan_ref)
         p = PlanRepo(store).load(name)
+    if observation and host:
+        raise ConfigError(
+            "--observation and --host both say where the observed state comes from",
+            hint="pass one: --observation FILE (saved before) or --host TARGET (observed there now).",
+        )
     if observation:
         obs = _read_json(observation)
         if not isinstance(obs, dict):
@@ -568,19 +581,23 @@ def check(
             )
     else:
         named_urls, named_units = P.referenced(p.items)
-        obs = _observe(urls or tuple(named_urls), units or tuple(named_units))
+        obs = _observe(urls or tuple(named_urls), units or tuple(named_units), host, remote_python)
     found = P.check(p.items, obs)
-    data = {
+    data: dict[str, Any] = {
         "plan": name,
         "checked": sum(1 for i in p.items if i.is_open),
         "observed": {"servers": len(obs.get("servers") or []), "services": len(obs.get("services") or [])},
         "findings": [f.to_dict() for f in found],
     }
+    if obs.get("observed_on") and not observation and transport.target_of(host) is not None:
+        data["observed"]["host"] = transport.target_of(host)
+        data["observed"]["hostname"] = obs["observed_on"]
 
     def render(d: dict[str, Any]) -> None:
+        where = f" on {d['observed']['host']}" if d["observed"].get("host") else ""
         head = (
             f"plan {d['plan']}: {d['checked']} open item(s) checked against {d['observed']['servers']} "
-            f"server(s) and {d['observed']['services']} service(s)"
+            f"server(s) and {d['observed']['services']} service(s){where}"
         )
         stdout.print(head)
         if not d["findings"]:

@@ -9,8 +9,10 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from servelab.cli.output import emit, stdout
+from servelab.cli.output import emit, host_option, stdout
+from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.errors import UserError
+from servelab.host import transport
 from servelab.redact import redact
 from servelab.store import open_store
 
@@ -24,6 +26,18 @@ def _write(path: Path, text: str) -> None:
             f"cannot write {path}: {exc.strerror or exc}",
             hint="choose a file in a directory you can write to",
         ) from exc
+
+
+def _remote_facts(target: str, remote_python: str | None, spec_host: dict[str, Any]) -> dict[str, Any] | None:
+    """`servelab doctor`'s findings on the SSH host `target`, gathered there by its agent."""
+    h = open_cli_host(
+        target, remote_python, study_python=spec_host.get("python"), workdir=spec_host.get("workdir")
+    )
+    try:
+        facts: dict[str, Any] | None = h.call("host_facts")
+    finally:
+        h.close()
+    return None if facts is None else {**facts, "host": target}
 
 
 @click.command("report")
@@ -44,14 +58,21 @@ def _write(path: Path, text: str) -> None:
 )
 @click.option(
     "--host-checks/--no-host-checks",
-    default=False,
-    show_default=True,
-    help="Add `servelab doctor`'s findings on this machine, apart from the study's host (which may be "
-    "another machine).",
+    default=None,
+    help="Add `servelab doctor`'s findings on the study's host when it ran over SSH ([host] ssh, or "
+    "--host), else on this machine  [default: on with --host, else off].",
 )
+@host_option
+@remote_python_option
 @click.option("--json", "as_json", is_flag=True, help="The report model as JSON (see docs/cli/report.md).")
 def report(
-    study: str, html_file: Path | None, md_file: Path | None, host_checks: bool, as_json: bool
+    study: str,
+    html_file: Path | None,
+    md_file: Path | None,
+    host_checks: bool | None,
+    host: str | None,
+    remote_python: str | None,
+    as_json: bool,
 ) -> None:
     """The findings of STUDY (uid, name or `last`): host, every candidate tried, performance at every load level
     with plots, the decode step measured against predicted, the winner and why, and the plan's state.
@@ -61,10 +82,15 @@ def report(
     from servelab.report import html as html_report
     from servelab.report import markdown as md_report
     from servelab.report.host import gather
+    from servelab.store.studies import StudyRepo
 
-    host = gather() if host_checks else None
     with open_store() as store:
-        model = redact(data.load(store, study, host=host))  # what the files and JSON publish: no secret
+        spec_host = (StudyRepo(store).resolve(study).get("spec") or {}).get("host") or {}
+        target = transport.target_of(host, spec_host.get("ssh"))
+        facts: dict[str, Any] | None = None
+        if host_checks if host_checks is not None else host is not None:
+            facts = gather() if target is None else _remote_facts(target, remote_python, spec_host)
+        model = redact(data.load(store, study, host=facts))  # what the files and JSON publish: no secret
     written: list[str] = []
     if html_file is not None:
         _write(html_file, html_report.render(model))

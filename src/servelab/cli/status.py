@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from servelab.cli.output import emit, host_option, printable, stdout
+from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.host.transport import Completed, Host
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
@@ -63,19 +64,6 @@ def _render_gpus(g: dict[str, Any]) -> None:
     stdout.print(t)
 
 
-def remote_python_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`--remote-python PATH`: the interpreter with servelab on the --host machine (commands without a study)."""
-    return click.option(
-        "--remote-python",
-        "remote_python",
-        envvar="SERVELAB_REMOTE_PYTHON",
-        default=None,
-        metavar="PATH",
-        help="With --host: the python that has servelab over there (default: python3; "
-        "env SERVELAB_REMOTE_PYTHON).",
-    )(fn)
-
-
 class _Warming:
     """A remote host whose agent starts in the background (SSH session, interpreter, imports: most of a
     `status --host`) while this process imports and reads its store; the first use waits for it and
@@ -119,6 +107,10 @@ class _Warming:
         self._ready()
         return self.host.forward(host, port)
 
+    def check(self) -> None:
+        self._ready()
+        self.host.check()
+
     def close(self) -> None:
         self._thread.join()
         self.host.close()
@@ -128,9 +120,7 @@ class _Warming:
 def opened_host(flag: str | None, python: str | None) -> Iterator[Host]:
     """The machine a command observes (--host, else $SERVELAB_HOST, else this one), closed afterwards
     (its agent ends; an SSH master stays for the next command). A remote one's agent starts at once."""
-    from servelab.host import transport
-
-    host = transport.open_host(transport.target_of(flag), python=python)
+    host = open_cli_host(flag, python)
     try:
         yield host if host.is_local else _Warming(host)
     finally:

@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
-from servelab import __version__, errors
-from servelab.errors import ConfigError, NotFoundError, ServelabError
+from servelab import __version__
+from servelab.errors import ConfigError, NotFoundError
+from servelab.host.wire import error_payload
 
 PROTOCOL = 1
 READ_MAX = 4 * 1024 * 1024
@@ -81,6 +82,10 @@ def op_hello(state: AgentState, workdir: str | None = None) -> dict[str, Any]:
     }
 
 
+def op_ping(state: AgentState) -> None:
+    """Nothing: its round trip is the SSH path's (the bench records it with every run)."""
+
+
 def op_launch(
     state: AgentState,
     spec: dict[str, Any],
@@ -112,7 +117,7 @@ def op_launch(
 
 def op_poll(state: AgentState, marker: str, offset: int = 0) -> dict[str, Any]:
     """The leader's exit code and the log written since `offset`."""
-    from servelab.host.transport import b64
+    from servelab.host.wire import b64
 
     server = _server(state, marker)
     rc = server.exit_code()
@@ -145,7 +150,7 @@ def op_append_log(state: AgentState, marker: str, text: str) -> None:
 
 def op_teardown(state: AgentState, marker: str, grace_s: float = 15.0, offset: int = 0) -> dict[str, Any]:
     from servelab import lifecycle
-    from servelab.host.transport import b64
+    from servelab.host.wire import b64
 
     server = _server(state, marker)
     report = lifecycle.teardown(server, grace_s)
@@ -200,7 +205,7 @@ def op_gpu_memory(state: AgentState) -> list[int] | None:
 
 def op_read(state: AgentState, path: str, offset: int = 0, max_bytes: int = READ_MAX) -> dict[str, Any]:
     """Bytes of a file on this host; a negative offset counts from the end."""
-    from servelab.host.transport import b64
+    from servelab.host.wire import b64
 
     p = Path(path).expanduser()
     try:
@@ -214,6 +219,7 @@ def op_read(state: AgentState, path: str, offset: int = 0, max_bytes: int = READ
 
 OPS: dict[str, Callable[..., Any]] = {
     "hello": op_hello,
+    "ping": op_ping,
     "launch": op_launch,
     "poll": op_poll,
     "record_shm": op_record_shm,
@@ -263,31 +269,6 @@ def shutdown(state: AgentState) -> None:
             print(f"servelab agent: teardown of {marker} failed: {exc}", file=sys.stderr)
 
 
-# -- errors across the wire ------------------------------------------------------------------------
-def error_payload(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, ServelabError):
-        out: dict[str, Any] = {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}
-        diag = getattr(exc, "diagnosis", None)
-        if dataclasses.is_dataclass(diag) and not isinstance(diag, type):
-            out["diagnosis"] = dataclasses.asdict(diag)
-        return out
-    return {"type": "HostError", "message": f"the agent failed: {type(exc).__name__}: {exc}", "hint": ""}
-
-
-def rebuild_error(payload: dict[str, Any]) -> ServelabError:
-    """The servelab error an agent reported, as its own class (a diagnosis included)."""
-    cls = getattr(errors, str(payload.get("type")), None)
-    if not (isinstance(cls, type) and issubclass(cls, ServelabError)):
-        cls = errors.HostError
-    exc = cls(str(payload.get("message") or "the agent failed"), hint=payload.get("hint"))
-    diag = payload.get("diagnosis")
-    if isinstance(diag, dict):
-        from servelab.engines.base import Diagnosis
-
-        exc.diagnosis = Diagnosis(**{**diag, "tail": tuple(diag.get("tail") or ())})  # type: ignore[attr-defined]
-    return exc
-
-
 # -- the loop --------------------------------------------------------------------------------------
 def serve(stdin: Any, out: Any) -> None:
     state = AgentState()
@@ -319,6 +300,9 @@ def serve(stdin: Any, out: Any) -> None:
 
 
 def main() -> None:
+    # Run as `python -m servelab.host.agent` this module is __main__: the rooms' `register` calls (from
+    # agent_ops) must reach this OPS, not a second copy of the module.
+    sys.modules.setdefault("servelab.host.agent", sys.modules[__name__])
     if "--check" in sys.argv[1:]:
         print(orjson.dumps(op_hello(AgentState())).decode())
         return
@@ -329,8 +313,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Run as servelab.host.agent, not as __main__: the ops other rooms register (agent_ops) go into that
-    # module's OPS, which a __main__ copy of this file would never see.
-    from servelab.host import agent as _agent
-
-    _agent.main()
+    main()

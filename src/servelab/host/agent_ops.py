@@ -3,4 +3,7 @@ imports this module on the first operation it does not know)."""
 
 from __future__ import annotations
 
-from servelab.host import ops_observe  # noqa: F401  (status, doctor)
+from servelab.host import (
+    ops_logs,  # noqa: F401  (log_read, plan_observe, host_facts)
+    ops_observe,  # noqa: F401  (status, doctor)
+)

@@ -22,7 +22,6 @@ the agent's stdin closes and it tears down every server it launched.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import re
@@ -44,6 +43,9 @@ import orjson
 
 from servelab import __version__
 from servelab.errors import HostError, HostLost, HostUnusable
+from servelab.host.wire import b64 as b64  # re-exported: callers decode what `call("read")` returns
+from servelab.host.wire import rebuild_error
+from servelab.host.wire import unb64 as unb64
 
 PROTOCOL = 1
 CONTROL_PERSIST_S = 600  # a warm master serves the next command of the user (status --host) at once
@@ -118,6 +120,7 @@ class Host(Protocol):
     def run(self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0) -> Completed: ...
     def call(self, op: str, **args: Any) -> Any: ...
     def forward(self, host: str, port: int) -> contextlib.AbstractContextManager[tuple[str, int]]: ...
+    def check(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -167,6 +170,9 @@ class LocalHost:
     @contextlib.contextmanager
     def forward(self, host: str, port: int) -> Iterator[tuple[str, int]]:
         yield ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host, port)
+
+    def check(self) -> None:
+        """This machine is always there."""
 
     def close(self) -> None:
         if self._state is not None:
@@ -293,6 +299,9 @@ class SshHost:
         self._channel: _Channel | None = None
         self._forwards: dict[tuple[str, int], int] = {}
         self.hello: dict[str, Any] = {}
+        # Set when an agent died under us: the servers it held went with it, so a new agent must not
+        # quietly take its place (it would know none of them). close() clears it.
+        self._lost: HostLost | None = None
 
     @property
     def name(self) -> str:
@@ -384,8 +393,8 @@ class SshHost:
         return ch
 
     def _agent_missing(self, ch: _Channel, exc: HostLost) -> HostError:
-        text = ch.stderr_path.read_text(errors="replace") if ch.stderr_path.exists() else ""
-        text = text or exc.message  # _lost has read (and removed) the stderr file already
+        # What the agent printed (its stderr file; `_gone` quoted its last line when it removed the file).
+        text = ch.stderr_path.read_text(errors="replace") if ch.stderr_path.exists() else exc.message
         if "No module named" in text or "not found" in text or "No such file" in text:
             return HostUnusable(
                 f"servelab is not installed on {self.target.raw} for {self.python} ({text.strip()[-160:]})",
@@ -414,15 +423,16 @@ class SshHost:
         with contextlib.suppress(OSError):
             ch.stderr_path.unlink()
 
-    def _lost(self, ch: _Channel, why: str) -> HostLost:
+    def _gone(self, ch: _Channel, why: str) -> HostLost:
         text = ch.stderr_path.read_text(errors="replace").strip() if ch.stderr_path.exists() else ""
         self._drop(ch)
         detail = f": {text.splitlines()[-1]}" if text else ""
-        return HostLost(
+        self._lost = HostLost(
             f"the connection to {self.target.raw} dropped ({why}{detail})",
             hint="check the host and the network; `servelab tune STUDY --resume` continues a study once it "
             "is back, ending what the interrupted trial left running there",
         )
+        return self._lost
 
     def _readline(self, ch: _Channel, timeout: float) -> bytes:
         assert ch.proc.stdout is not None
@@ -431,13 +441,13 @@ class SshHost:
         while b"\n" not in ch.buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._lost(ch, f"no answer within {timeout:g} s")
+                raise self._gone(ch, f"no answer within {timeout:g} s")
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                raise self._lost(ch, "the agent's output ended")
+                raise self._gone(ch, "the agent's output ended")
             ch.buf += chunk
         line, _, rest = bytes(ch.buf).partition(b"\n")
         ch.buf = bytearray(rest)
@@ -451,21 +461,21 @@ class SshHost:
             ch.proc.stdin.write(orjson.dumps({"id": rid, "op": op, "args": args}) + b"\n")
             ch.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise self._lost(ch, "the agent is gone") from None
+            raise self._gone(ch, "the agent is gone") from None
         while True:
             answer = orjson.loads(self._readline(ch, timeout))
             if answer.get("id") == rid:
                 break
         if answer.get("ok"):
             return answer.get("result")
-        from servelab.host.agent import rebuild_error
-
         raise rebuild_error(answer.get("error") or {})
 
     def call(self, op: str, **args: Any) -> Any:
         """Run agent operation `op` on the remote host (servelab.host.agent.OPS)."""
         timeout = float(args.pop("_timeout", CALL_TIMEOUT_S))
         with self._lock:
+            if self._lost is not None:
+                raise HostLost(self._lost.message, hint=self._lost.hint)
             ch = self._channel if self._channel is not None and self._channel.proc.poll() is None else None
             if ch is None:
                 ch = self._open_channel()
@@ -510,9 +520,21 @@ class SshHost:
             spec = f"127.0.0.1:{local}:{remote}:{port}"
             _run_local([*self._base(), "-O", "cancel", "-L", spec, *self.target.destination()], None, 10)
 
+    def check(self) -> None:
+        """Raise HostLost when the connection (or the agent on it) dropped."""
+        with self._lock:
+            if self._lost is not None:
+                raise HostLost(self._lost.message, hint=self._lost.hint)
+            ch = self._channel
+            if ch is not None and ch.proc.poll() is not None:
+                raise self._gone(ch, "the agent's ssh exited")
+            if ch is not None and self.master_pid() is None:
+                raise self._gone(ch, "the master connection is gone")
+
     def close(self) -> None:
         """Cancel our forwards and end the agent (the master stays, for the user's next command)."""
         with self._lock:
+            self._lost = None
             for h, p in list(self._forwards):
                 self.close_forward(h, p)
             if self._channel is not None:
@@ -528,14 +550,6 @@ def _free_local_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def unb64(text: str) -> bytes:
-    return base64.b64decode(text.encode())
 
 
 # -- choosing the host -----------------------------------------------------------------------------

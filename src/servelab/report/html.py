@@ -178,10 +178,17 @@ def host_section(hst: dict[str, Any]) -> str:
     here = hst.get("this_machine")
     if not here:
         return "\n".join(out)
-    out.append(
-        '<h3 id="this-machine">This machine (where the report was written, not the study\'s host)</h3>'
-        f"<p><code>servelab doctor</code> here: {h(here.get('summary') or '')}</p>"
-    )
+    if here.get("host"):
+        out.append(
+            f'<h3 id="this-machine">The study\'s host {h(here["host"])} ({h(here.get("hostname") or "?")}), '
+            "over SSH when the report was written</h3>"
+            f"<p><code>servelab doctor</code> there: {h(here.get('summary') or '')}</p>"
+        )
+    else:
+        out.append(
+            '<h3 id="this-machine">This machine (where the report was written, not the study\'s host)</h3>'
+            f"<p><code>servelab doctor</code> here: {h(here.get('summary') or '')}</p>"
+        )
     if here.get("checks"):
         out.append(
             table(

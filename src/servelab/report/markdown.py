@@ -149,12 +149,22 @@ def _host(hst: dict[str, Any]) -> list[str]:
         )
     here = hst.get("this_machine")
     if here:
-        L += [
-            "### This machine (where the report was written, not the study's host)",
-            "",
-            f"`servelab doctor` here: {md(here.get('summary') or '')}",
-            "",
-        ]
+        L += (
+            [
+                f"### The study's host {md(here['host'])} ({md(here.get('hostname') or '?')}), over SSH "
+                "when the report was written",
+                "",
+                f"`servelab doctor` there: {md(here.get('summary') or '')}",
+                "",
+            ]
+            if here.get("host")
+            else [
+                "### This machine (where the report was written, not the study's host)",
+                "",
+                f"`servelab doctor` here: {md(here.get('summary') or '')}",
+                "",
+            ]
+        )
         if here.get("checks"):
             L += _table(
                 ("check", "status", "finding", "fix"),

@@ -1,0 +1,43 @@
+"""What crosses the SSH connection between servelab and its agent, besides plain JSON: errors (as their own
+servelab class, a diagnosis included) and bytes (base64)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any
+
+from servelab import errors
+from servelab.errors import ServelabError
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode())
+
+
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, ServelabError):
+        out: dict[str, Any] = {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        diag = getattr(exc, "diagnosis", None)
+        if dataclasses.is_dataclass(diag) and not isinstance(diag, type):
+            out["diagnosis"] = dataclasses.asdict(diag)
+        return out
+    return {"type": "HostError", "message": f"the agent failed: {type(exc).__name__}: {exc}", "hint": ""}
+
+
+def rebuild_error(payload: dict[str, Any]) -> ServelabError:
+    """The servelab error an agent reported, as its own class (a diagnosis included)."""
+    cls = getattr(errors, str(payload.get("type")), None)
+    if not (isinstance(cls, type) and issubclass(cls, ServelabError)):
+        cls = errors.HostError
+    exc = cls(str(payload.get("message") or "the agent failed"), hint=payload.get("hint"))
+    diag = payload.get("diagnosis")
+    if isinstance(diag, dict):
+        from servelab.engines.base import Diagnosis
+
+        exc.diagnosis = Diagnosis(**{**diag, "tail": tuple(diag.get("tail") or ())})  # type: ignore[attr-defined]
+    return exc
