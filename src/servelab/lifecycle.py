@@ -95,21 +95,7 @@ class Server:
         return _log_tail(self.log_path, max_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "url": self.url,
-            "host": self.spec.host,
-            "port": self.spec.port,
-            "served_model": self.spec.served_model,
-            "command": shlex.join(redact_argv(self.spec.argv)),
-            "env": sorted(self.spec.env),  # names only: values may be secrets
-            "log_path": str(self.log_path),
-            "run_marker": self.run_marker,
-            "started_at": self.started_at,
-            "exit_code": self.exit_code(),
-            "gpu_baseline_mib": self.gpu_baseline_mib,
-        }
+        return _describe(self, {})
 
 
 def _log_tail(path: Path, max_bytes: int) -> str:
@@ -121,6 +107,26 @@ def _log_tail(path: Path, max_bytes: int) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _describe(server: Server | RemoteServer, extra: dict[str, Any]) -> dict[str, Any]:
+    """A launched server as the store and `--json` show it (env: names only, values may be secrets)."""
+    return {
+        "pid": server.pid,
+        "pgid": server.pgid,
+        "url": server.url,
+        "host": server.spec.host,
+        "port": server.spec.port,
+        **extra,
+        "served_model": server.spec.served_model,
+        "command": shlex.join(redact_argv(server.spec.argv)),
+        "env": sorted(server.spec.env),
+        "log_path": str(server.log_path),
+        "run_marker": server.run_marker,
+        "started_at": server.started_at,
+        "exit_code": server.rc if isinstance(server, RemoteServer) else server.exit_code(),
+        "gpu_baseline_mib": server.gpu_baseline_mib,
+    }
 
 
 def check_marker(marker: str) -> None:
@@ -269,23 +275,7 @@ class RemoteServer:
         return _log_tail(self.log_path, max_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "url": self.url,
-            "host": self.spec.host,
-            "port": self.spec.port,
-            "remote": self.host.name,
-            "remote_log": self.remote_log,
-            "served_model": self.spec.served_model,
-            "command": shlex.join(redact_argv(self.spec.argv)),
-            "env": sorted(self.spec.env),
-            "log_path": str(self.log_path),
-            "run_marker": self.run_marker,
-            "started_at": self.started_at,
-            "exit_code": self.rc,
-            "gpu_baseline_mib": self.gpu_baseline_mib,
-        }
+        return _describe(self, {"remote": self.host.name, "remote_log": self.remote_log})
 
 
 AnyServer = Server | RemoteServer

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import engines
+from tests.support import engines, fake_systemctl, leftovers
 from tests.support.fault_server import FaultServerHandle, fault_server
 from tests.support.sshd import SshdHandle, sshd_server
 
@@ -69,5 +69,15 @@ def fault_server_factory() -> Iterator[Callable[..., FaultServerHandle]]:
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdHandle]:
     """One real sshd on 127.0.0.1 per session (~0.5 s to start); tests that stop it start it again before they
     end. Closed at session end (sshd, its sessions, ssh masters), before the leftover-process check runs."""
-    with sshd_server(tmp_path_factory.mktemp("sshd")) as handle:
+    root = tmp_path_factory.mktemp("sshd")
+    units = root / "units"  # the "remote" unit directory of deploy --install --host
+    units.mkdir()
+    set_env = {
+        # a stand-in systemctl on the "remote" (no systemd here): a monkeypatch does not cross SSH
+        "SERVELAB_SYSTEMCTL": str(fake_systemctl.write_executable(root / "systemctl")),
+        "SERVELAB_UNIT_DIR": str(units),
+        # what servers that leave their sessions carry, so the run's leftover check finds them
+        leftovers.SESSION_ENV: leftovers.TOKEN,
+    }
+    with sshd_server(root / "server", set_env=set_env) as handle:
         yield handle

@@ -292,8 +292,8 @@ def test_unit_commands_run_for_real(sims: list[subprocess.Popen[bytes]], tmp_pat
 
 class FakeSystemd:
     """Stands in for systemctl only (this host runs no systemd): `start` does what systemd does with the
-    written unit — ExecStartPre, ExecStart (in its own session, with Environment=), ExecStartPost with
-    $MAINPID — so everything after it (wait-ready, verify-output, the benchmark, the check) is real."""
+    written unit (tests/support/fake_systemctl.py, the same code the remote tests run as an executable), so
+    everything after it (wait-ready, verify-output, the benchmark, the check) is real."""
 
     def __init__(self, unit_dir: Path) -> None:
         self.unit_dir = unit_dir
@@ -301,40 +301,15 @@ class FakeSystemd:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        from tests.unit.deploy.systemd_reader import unquote_words
+        from tests.support.fake_systemctl import start_unit
 
         self.calls.append(args)
         if args[0] != "start":
             return subprocess.CompletedProcess(list(args), 0, "ActiveState=active\nSubState=running\n", "")
-        text = (self.unit_dir / args[1]).read_text()
-        env = dict(os.environ)
-        cmds: dict[str, list[str]] = {}
-        for ln in text.splitlines():
-            key, _, value = ln.partition("=")
-            if key == "Environment":
-                k, _, v = unquote_words(value, dollar=False)[0].partition("=")
-                env[k] = v
-            elif key.startswith("ExecStart"):
-                cmds[key] = unquote_words(value, dollar=True)
-        pre = subprocess.run(cmds["ExecStartPre"], env=env, capture_output=True, text=True, timeout=60)
-        if pre.returncode:
-            return subprocess.CompletedProcess(list(args), 1, "", pre.stdout)
-        server = subprocess.Popen(
-            [*cmds["ExecStart"], "--cpu", "0"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self.procs.append(server)
-        post = subprocess.run(
-            cmds["ExecStartPost"],
-            env={**env, "MAINPID": str(server.pid)},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        return subprocess.CompletedProcess(list(args), post.returncode, "", post.stderr)
+        res, server = start_unit(self.unit_dir / args[1], timeout)
+        if server is not None:
+            self.procs.append(server)
+        return res
 
     @classmethod
     def installed(cls, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeSystemd, Path]:

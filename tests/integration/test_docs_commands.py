@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 from tests.support import doccommands, simruns
+from tests.support.sshd import SshdHandle
 
 from servelab import naming
 from servelab.cli.main import cli
@@ -101,6 +102,16 @@ class World:
             "S": "30",
             "PORT": str(free_port()),
         }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ssh_host(sshd: SshdHandle) -> Iterator[None]:
+    """The docs' `--host gpubox` is the test sshd: its client config names that alias (a user's would
+    be ~/.ssh/config), and `python3` in its sessions has servelab."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in sshd.env().items():
+            mp.setenv(k, v)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,7 @@ class SshdHandle:
     user: str
     netns: str | None = None
     alias: str = ALIAS
+    set_env: dict[str, str] = field(default_factory=dict)  # what every remote session gets (sshd SetEnv)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _orphans: list[psutil.Process] = field(default_factory=list, repr=False)
 
@@ -278,11 +279,30 @@ def client_config(port: int, *, user: str, identity: Path, known_hosts: Path, ne
     return "\n".join(lines)
 
 
-def server_config(port: int, workdir: Path, host_key: Path) -> str:
+def server_config(port: int, workdir: Path, host_key: Path, set_env: dict[str, str] | None = None) -> str:
     """Loopback only, keys only, root allowed by key; no PAM (no login stack in a container), no StrictModes
-    (pytest's tmp dirs are not the 0700 ~/.ssh sshd insists on), no environment accepted from clients."""
+    (pytest's tmp dirs are not the 0700 ~/.ssh sshd insists on), no environment accepted from clients.
+    ``set_env``: variables every session gets (sshd's ``SetEnv``, OpenSSH >= 7.8), e.g. the stand-in
+    systemctl the deploy tests name with ``SERVELAB_SYSTEMCTL``."""
+    # Debian's bash sources ~/.bashrc for a command sshd runs (SSH_SOURCE_BASHRC) unless SHLVL says it is
+    # nested. This machine's root .bashrc runs `pyenv init`, whose rehash takes a lock file: a session
+    # killed mid-rehash (the tests kill SSH masters) leaves it, and every later shell waits 60 s for it.
+    # Remote sessions of the tests run commands, not an interactive setup. PATH: `python3` over there is
+    # this venv's, which has servelab (a real remote has it installed; `[host] python` names another).
+    env = {
+        "SHLVL": "1",
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        **(set_env or {}),
+    }
+    env_lines = []
+    for name, value in env.items():
+        if not name.isidentifier() or any(c in value for c in '"\\\n'):
+            raise ValueError(f"SetEnv cannot carry {name}={value!r}")
+        env_lines.append(f'"{name}={value}"')
+    env_lines = ["SetEnv " + " ".join(env_lines)]  # one line: only the first SetEnv line counts
     return "\n".join(
         [
+            *env_lines,
             f"ListenAddress {HOST}",
             f"Port {port}",
             f"HostKey {host_key}",
@@ -303,11 +323,6 @@ def server_config(port: int, workdir: Path, host_key: Path) -> str:
             "X11Forwarding no",
             "AllowTcpForwarding yes",
             "PermitUserEnvironment no",
-            # Debian's bash sources ~/.bashrc for a command sshd runs (SSH_SOURCE_BASHRC) unless SHLVL says
-            # it is nested. This machine's root .bashrc runs `pyenv init`, whose rehash takes a lock file:
-            # a session killed mid-rehash (the tests kill SSH masters) leaves it, and every later shell
-            # waits 60 s for it. Remote sessions of the tests run commands, not an interactive setup.
-            "SetEnv SHLVL=1",
             "Subsystem sftp internal-sftp",
             "",
         ]
@@ -337,9 +352,10 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def start_sshd(workdir: Path, *, netns: bool = False) -> SshdHandle:
+def start_sshd(workdir: Path, *, netns: bool = False, set_env: dict[str, str] | None = None) -> SshdHandle:
     """Generate keys and configs in ``workdir`` and start sshd on a free port of 127.0.0.1 (inside a fresh
-    network namespace with ``netns=True``). The caller owns the handle: :meth:`SshdHandle.close` it."""
+    network namespace with ``netns=True``; every session with ``set_env`` in its environment). The caller
+    owns the handle: :meth:`SshdHandle.close` it."""
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     if not os.access(SSHD, os.X_OK):
@@ -375,8 +391,9 @@ def start_sshd(workdir: Path, *, netns: bool = False) -> SshdHandle:
             control_dir=control_dir,
             user=getpass.getuser(),
             netns=ns,
+            set_env=dict(set_env or {}),
         )
-        handle.server_config.write_text(server_config(port, workdir, host_key))
+        handle.server_config.write_text(server_config(port, workdir, host_key, set_env))
         handle._write_client(None, identity=identity, known_hosts=known_hosts)
         try:
             handle.start()
@@ -389,9 +406,11 @@ def start_sshd(workdir: Path, *, netns: bool = False) -> SshdHandle:
 
 
 @contextlib.contextmanager
-def sshd_server(workdir: Path, *, netns: bool = False) -> Iterator[SshdHandle]:
+def sshd_server(
+    workdir: Path, *, netns: bool = False, set_env: dict[str, str] | None = None
+) -> Iterator[SshdHandle]:
     """:func:`start_sshd`, closed (sshd, sessions, masters, control dir) on exit."""
-    handle = start_sshd(workdir, netns=netns)
+    handle = start_sshd(workdir, netns=netns, set_env=set_env)
     try:
         yield handle
     finally:

@@ -18,6 +18,17 @@ from servelab.redact import redact
 TARGETS = ("systemd", "compose", "kubernetes")
 
 
+def remote_python_option(fn: Any) -> Any:
+    return click.option(
+        "--remote-python",
+        envvar="SERVELAB_REMOTE_PYTHON",
+        default=None,
+        metavar="PATH",
+        help="With --host: the interpreter that has servelab on that host (default: the study's "
+        "[host] python, else python3).",
+    )(fn)
+
+
 def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
     out = {}
     for v in values:
@@ -93,6 +104,8 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
     show_default=True,
     help="--install: largest relative shortfall against the tuned result that still passes.",
 )
+@host_option
+@remote_python_option
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON (keys in docs/cli/deploy.md).")
 def deploy_cmd(
     run: str, target: str, out_dir: Path | None, install: bool, dry_run: bool, as_json: bool, **opts: Any
@@ -101,8 +114,7 @@ def deploy_cmd(
     service or a Kubernetes Deployment + Service, from the exact command line and environment it ran with."""
     from servelab.deploy import install as inst
     from servelab.deploy import source
-    from servelab.deploy import spec as specmod
-    from servelab.paths import data_home
+    from servelab.host import transport
     from servelab.store import open_store
 
     if install and target != "systemd":
@@ -110,74 +122,142 @@ def deploy_cmd(
             f"--install installs systemd units, not {target}",
             hint="apply the file yourself: `docker compose -f FILE up -d` / `kubectl apply -f FILE`",
         )
-    if install and not dry_run:
-        inst.require_systemd()  # before anything is read, written or recorded
+    if opts["host"] and not install:
+        raise ConfigError(
+            "--host applies to --install (the unit file is written here)",
+            hint="add --install to install and check the unit on that host, or copy the file there yourself",
+        )
     if not 0 <= opts["tolerance"] < 1:
         raise ConfigError(f"--tolerance must be in [0, 1) (got {opts['tolerance']})")
+    host: transport.Host | None = None
     with open_store() as store:
         stored = source.resolve(store, run)  # as stored: secrets masked, so safe to show and record
-        rec = source.apply_overrides(
-            stored,
-            env=_pairs(opts["env_values"], "--env"),
-            args=_pairs(opts["arg_values"], "--arg"),
-            port=opts["port"],
-            env_file=opts["env_file"] is not None,
-        )
-        spec = specmod.build(
-            rec,
-            opts["name"],
-            user=opts["user"],
-            start_timeout_s=opts["start_timeout"],
-            stop_timeout_s=opts["stop_timeout"],
-            env_file=opts["env_file"],
-        )
-        text, filename, notes = _render(spec, target, opts)
-        out = (out_dir or data_home() / "deployments" / spec.name) / filename
-        result: dict[str, Any] = {
-            "name": spec.name,
-            "target": target,
-            "source": redact(stored.to_dict()),
-            "file": str(out),
-            "dry_run": dry_run,
-            "start_timeout_s": spec.start_timeout_s,
-            "stop_timeout_s": spec.stop_timeout_s,
-            "url": spec.local_url,
-            "notes": notes,
-            "verify": None,
-            "install": None,
-        }
-        if dry_run:
-            result["content"] = text
-            result["actions"] = _actions(spec, target, out, install)
-            emit(result, as_json, _render_result)
-            return
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        if target == "systemd":
-            result["verify"] = _verify(out)
-        from servelab.deploy.records import DeploymentRepo
-
-        dep_id = DeploymentRepo(store).add(
-            spec.name,
-            target,
-            f"{rec.study_uid}:{rec.candidate}",
-            rec.trial_id,
-            str(out),
-            {**result, "argv": stored.argv, "env": sorted(spec.env)},
-        )
-        result["deployment_id"] = dep_id
-        if install:
-
-            def observe(event: str, data: dict[str, Any]) -> None:
-                if not as_json and event == "systemctl":
-                    stderr.print(f"systemctl {' '.join(data['args'])}")
-
-            result["install"] = asyncio.run(
-                inst.install(spec, text, store, dep_id, tolerance=opts["tolerance"], observe=observe)
+        study_host = _study_host(stored.study)
+        where = transport.target_of(opts["host"], study_host.get("ssh")) if install else None
+        if install and not dry_run and where is None:
+            inst.require_systemd()  # before anything is written or recorded
+        try:
+            servelab_cmd = None
+            if where is not None and not dry_run:
+                host = transport.open_host(
+                    where,
+                    python=opts["remote_python"] or study_host.get("python"),
+                    workdir=study_host.get("workdir"),
+                )
+                inst.require_systemd(reason=host.call("deploy_systemd_missing"), where=host.name)
+                servelab_cmd = [str(host.call("hello")["python"]), "-m", "servelab"]
+            result = _deploy(
+                store, stored, target, out_dir, install, dry_run, opts, host, where, servelab_cmd, as_json
             )
+        finally:
+            if host is not None:
+                host.close()
     emit(result, as_json, _render_result)
     if result["install"] and not result["install"]["check"]["ok"]:
         sys.exit(1)
+
+
+def _study_host(study: dict[str, Any]) -> dict[str, Any]:
+    """The stored study's [host] table (ssh, python, workdir), as stored."""
+    h = study.get("host") if isinstance(study, dict) else None
+    return h if isinstance(h, dict) else {}
+
+
+def _deploy(
+    store: Any,
+    stored: Any,
+    target: str,
+    out_dir: Path | None,
+    install: bool,
+    dry_run: bool,
+    opts: dict[str, Any],
+    host: Any,
+    where: str | None,
+    servelab_cmd: list[str] | None,
+    as_json: bool,
+) -> dict[str, Any]:
+    from servelab.deploy import install as inst
+    from servelab.deploy import source
+    from servelab.deploy import spec as specmod
+    from servelab.deploy.records import DeploymentRepo
+    from servelab.paths import data_home
+
+    rec = source.apply_overrides(
+        stored,
+        env=_pairs(opts["env_values"], "--env"),
+        args=_pairs(opts["arg_values"], "--arg"),
+        port=opts["port"],
+        env_file=opts["env_file"] is not None,
+    )
+    spec = specmod.build(
+        rec,
+        opts["name"],
+        user=opts["user"],
+        start_timeout_s=opts["start_timeout"],
+        stop_timeout_s=opts["stop_timeout"],
+        env_file=opts["env_file"],
+        servelab=servelab_cmd,
+    )
+    text, filename, notes = _render(spec, target, opts)
+    out = (out_dir or data_home() / "deployments" / spec.name) / filename
+    env_content = None
+    if where is not None and spec.env_file:
+        try:
+            env_content = Path(spec.env_file).read_bytes()
+            notes.append(f"--env-file {spec.env_file}: copied to {where} (mode 0600)")
+        except OSError:
+            notes.append(f"--env-file {spec.env_file} is not readable here: it must exist on {where}")
+    result: dict[str, Any] = {
+        "name": spec.name,
+        "target": target,
+        "host": where,
+        "source": redact(stored.to_dict()),
+        "file": str(out),
+        "dry_run": dry_run,
+        "start_timeout_s": spec.start_timeout_s,
+        "stop_timeout_s": spec.stop_timeout_s,
+        "url": spec.local_url,
+        "notes": notes,
+        "verify": None,
+        "install": None,
+    }
+    if dry_run:
+        result["content"] = text
+        result["actions"] = _actions(spec, target, out, install, where)
+        return result
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if target == "systemd":
+        result["verify"] = _verify(out)
+    dep_id = DeploymentRepo(store).add(
+        spec.name,
+        target,
+        f"{rec.study_uid}:{rec.candidate}",
+        rec.trial_id,
+        str(out),
+        {**result, "argv": stored.argv, "env": sorted(spec.env)},
+    )
+    result["deployment_id"] = dep_id
+    if install:
+
+        def observe(event: str, data: dict[str, Any]) -> None:
+            if not as_json and event == "systemctl":
+                on = f" (on {where})" if where else ""
+                stderr.print(f"systemctl {' '.join(data['args'])}{escape(on)}")
+
+        result["install"] = asyncio.run(
+            inst.install(
+                spec,
+                text,
+                store,
+                dep_id,
+                tolerance=opts["tolerance"],
+                observe=observe,
+                host=host,
+                env_content=env_content,
+            )
+        )
+    return result
 
 
 def _render(spec: Any, target: str, opts: dict[str, Any]) -> tuple[str, str, list[str]]:
@@ -209,17 +289,27 @@ def _verify(path: Path) -> dict[str, Any]:
     return {"ok": not problems, "problems": problems}
 
 
-def _actions(spec: Any, target: str, out: Path, install: bool) -> list[str]:
+def _actions(spec: Any, target: str, out: Path, install: bool, where: str | None = None) -> list[str]:
     acts = [f"write {out}", "record the deployment in the store"]
     if target == "systemd":
         acts.append(f"systemd-analyze verify {out}")
     if install:
+        on = f" on {where}" if where else ""
+        remote = [
+            *(
+                [f"write the EnvironmentFile {spec.env_file}{on} (mode 0600)"]
+                if where and spec.env_file
+                else []
+            ),
+            f"write /etc/systemd/system/{spec.name}.service{on}",
+            f"systemctl daemon-reload{on}",
+            f"systemctl enable {spec.name}.service{on}",
+            f"systemctl start {spec.name}.service{on}",
+        ]
+        via = f" through a port forward to {where}" if where else ""
         acts += [
-            f"write /etc/systemd/system/{spec.name}.service",
-            "systemctl daemon-reload",
-            f"systemctl enable {spec.name}.service",
-            f"systemctl start {spec.name}.service",
-            f"wait-ready {spec.local_url}",
+            *remote,
+            f"wait-ready {spec.local_url}{via}",
             "verify-output",
             f"benchmark at the study's main level ({spec.record.main_level})",
             "compare with the tuned result and record the check",
@@ -259,7 +349,10 @@ def _render_result(d: dict[str, Any]) -> None:
     if ins:
         c = ins["check"]
         color = "green" if c["ok"] else "red"
-        stdout.print(f"installed {escape(ins['unit'])}; state {escape(str(ins['status'].get('state')))}")
+        on = f" on {ins['host']}" if ins.get("host") else ""
+        stdout.print(
+            f"installed {escape(ins['unit'])}{escape(on)}; state {escape(str(ins['status'].get('state')))}"
+        )
         stdout.print(f"deployment check: [{color}]{escape(c['verdict'])}[/{color}]")
     elif d["target"] == "systemd":
         stdout.print(
@@ -269,7 +362,9 @@ def _render_result(d: dict[str, Any]) -> None:
 
 
 @click.command("preflight")
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--address", default="127.0.0.1", show_default=True, help="The address the server will listen on."
+)
 @click.option(
     "--port", type=click.IntRange(1, 65535), required=True, help="The port the server will listen on."
 )
@@ -287,25 +382,40 @@ def _render_result(d: dict[str, Any]) -> None:
 @click.option(
     "--compile-cache", "compile_caches", multiple=True, help="A compile cache directory (repeatable)."
 )
+@host_option
+@remote_python_option
 @click.option("--json", "as_json", is_flag=True)
-def preflight_cmd(as_json: bool, **opts: Any) -> None:
+def preflight_cmd(as_json: bool, host: str | None, remote_python: str | None, **opts: Any) -> None:
     """Refuse to start a server while its port or GPUs are held, and clean stale /dev/shm segments.
 
-    Exits 1 with the reasons when the server must not start (systemd's ExecStartPre then stops the start)."""
-    from servelab.deploy.preflight import preflight
+    Exits 1 with the reasons when the server must not start (systemd's ExecStartPre then stops the start).
+    With --host, everything is checked (and with --kill-stale cleaned) on that host, by the same rules."""
+    from servelab.host import transport
 
-    report = preflight(
-        opts["host"],
-        opts["port"],
-        gpus=opts["gpus"],
-        marker=opts["marker"] or os.environ.get("SERVELAB_RUN", ""),
-        kill_stale=opts["kill_stale"],
-        engine=opts["engine"],
-        reset_compile_cache=opts["reset_compile_cache"],
-        compile_caches=opts["compile_caches"],
-    )
-    emit(report.to_dict(), as_json, _render_preflight)
-    if not report.ok:
+    args = {
+        "address": opts["address"],
+        "port": opts["port"],
+        "gpus": opts["gpus"],
+        "marker": opts["marker"] or os.environ.get("SERVELAB_RUN", ""),
+        "kill_stale": opts["kill_stale"],
+        "engine": opts["engine"],
+        "reset_compile_cache": opts["reset_compile_cache"],
+        "compile_caches": list(opts["compile_caches"]),
+    }
+    where = transport.target_of(host)
+    if where is None:
+        from servelab.deploy.preflight import preflight
+
+        report: dict[str, Any] = preflight(args.pop("address"), args.pop("port"), **args).to_dict()
+    else:
+        box = transport.open_host(where, python=remote_python)
+        try:
+            report = dict(box.call("preflight", **args))
+        finally:
+            box.close()
+        report["on"] = where
+    emit(report, as_json, _render_preflight)
+    if not report["ok"]:
         sys.exit(1)
 
 

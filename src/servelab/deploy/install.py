@@ -8,6 +8,7 @@ Without a running systemd (a container, CI) it says so before anything is writte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -20,12 +21,19 @@ from typing import Any
 from servelab import lifecycle
 from servelab.config import parse_study
 from servelab.deploy.records import DeploymentRepo
-from servelab.deploy.spec import DeploySpec
-from servelab.deploy.unit_state import SYSTEMD_RUNTIME, unit_status
+from servelab.deploy.spec import DeploySpec, api_key_in
+from servelab.deploy.unit_state import (
+    SYSTEMCTL_ENV,
+    SYSTEMD_RUNTIME,
+    UNIT_DIR_ENV,
+    systemctl_override,
+    unit_status,
+)
 from servelab.deploy.unit_state import systemctl as _systemctl
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError, HostError, ServelabError
+from servelab.host.transport import Host, b64, unb64
 from servelab.store.db import Store
 from servelab.trial import Target, Trial, TrialObserver, run_context, settings_for
 
@@ -36,23 +44,38 @@ DEFAULT_TOLERANCE = 0.10
 CHECKED: dict[str, int] = {"output_throughput": 1, "tpot_ms_p50": -1, "ttft_ms_p50": -1}
 
 
+def default_unit_dir() -> Path:
+    """Where units go on this host: $SERVELAB_UNIT_DIR (tests, containers), else /etc/systemd/system."""
+    env = os.environ.get(UNIT_DIR_ENV)
+    return Path(env) if env else UNIT_DIR
+
+
 def systemd_missing(unit_dir: Path | None = None, runtime: Path | None = None) -> str | None:
-    """Why units cannot be installed here (None: they can)."""
-    unit_dir, runtime = unit_dir or UNIT_DIR, runtime or SYSTEMD_RUNTIME
-    if not runtime.is_dir():
+    """Why units cannot be installed here (None: they can). $SERVELAB_SYSTEMCTL (a stand-in) counts as a
+    running systemd."""
+    unit_dir, runtime = unit_dir or default_unit_dir(), runtime or SYSTEMD_RUNTIME
+    override = systemctl_override()
+    if override is not None:
+        if not os.access(override, os.X_OK):
+            return f"${SYSTEMCTL_ENV} names {override}, which is not an executable"
+    elif not runtime.is_dir():
         return f"systemd is not running on this host ({runtime} does not exist: a container or CI?)"
-    if shutil.which("systemctl") is None:
+    elif shutil.which("systemctl") is None:
         return "systemctl is not installed"
     if not os.access(unit_dir, os.W_OK):
         return f"{unit_dir} is not writable (run as root)"
     return None
 
 
-def require_systemd(unit_dir: Path | None = None, runtime: Path | None = None) -> None:
-    reason = systemd_missing(unit_dir, runtime)
+def require_systemd(
+    unit_dir: Path | None = None, runtime: Path | None = None, *, reason: str | None = None, where: str = ""
+) -> None:
+    """Refuse (HostError) when units cannot be installed; `reason`: one found on another host (`where`)."""
+    reason = reason if where else systemd_missing(unit_dir, runtime)
     if reason:
         raise HostError(
-            f"--install needs systemd: {reason}; nothing was written, installed or started",
+            f"--install needs systemd{' on ' + where if where else ''}: {reason}; nothing was written, "
+            "installed or started",
             hint="write the unit with `servelab deploy RUN --out DIR` and install it on a host that "
             "runs systemd, or use --target compose / --target kubernetes",
         )
@@ -128,6 +151,7 @@ def journal_tail(name: str, lines: int = 40) -> str:
     try:
         return subprocess.run(
             [exe, "-u", f"{name}.service", "-n", str(lines), "--no-pager"],
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=30,
@@ -135,6 +159,84 @@ def journal_tail(name: str, lines: int = 40) -> str:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
+
+
+def write_unit(unit_dir: Path, name: str, text: str) -> Path:
+    """NAME.service in `unit_dir`, mode 0644 (a unit holds no secret: those are in its EnvironmentFile)."""
+    path = unit_dir / f"{name}.service"
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+def write_env_file(path: Path, content: bytes) -> None:
+    """The unit's EnvironmentFile, mode 0600 from its creation on (never readable by others, not even
+    briefly): written to a private temporary file next to it, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.servelab-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class UnitHost:
+    """Where the unit is installed: this machine (the module's UNIT_DIR / SYSTEMD_RUNTIME / _systemctl, which
+    the tests replace) or a remote host, through its agent's `deploy_*` operations (servelab.host.ops_deploy).
+    The server is reached from here: directly, or through a port forward."""
+
+    def __init__(self, host: Host | None = None, unit_dir: Path | None = None) -> None:
+        self.host = host if host is not None and not host.is_local else None
+        self.unit_dir = unit_dir
+
+    @property
+    def where(self) -> str:
+        return "" if self.host is None else self.host.name
+
+    def missing(self) -> str | None:
+        if self.host is None:
+            return systemd_missing(self.unit_dir)
+        reason = self.host.call("deploy_systemd_missing")
+        return None if reason is None else str(reason)
+
+    def write_unit(self, name: str, text: str) -> str:
+        if self.host is None:
+            return str(write_unit(self.unit_dir or default_unit_dir(), name, text))
+        return str(self.host.call("deploy_write_unit", name=name, text=text))
+
+    def write_env_file(self, path: str, content: bytes) -> None:
+        """Only for a remote host (locally the file is the user's own): its content travels in the agent's
+        request on its stdin, never on a command line."""
+        assert self.host is not None
+        self.host.call("deploy_write_env_file", path=path, data=b64(content))
+
+    def systemctl(self, *args: str, timeout: float) -> tuple[int, str, str]:
+        if self.host is None:
+            res = _systemctl(*args, timeout=timeout)
+            return res.returncode, res.stdout, res.stderr
+        out = self.host.call("deploy_systemctl", args=list(args), timeout=timeout, _timeout=timeout + 30)
+        return int(out["rc"]), str(out["stdout"]), str(out["stderr"])
+
+    def journal(self, name: str) -> str:
+        if self.host is None:
+            return journal_tail(name)
+        return str(self.host.call("deploy_journal", name=name))
+
+    def status(self, name: str) -> dict[str, Any]:
+        if self.host is None:
+            return unit_status(name, runtime=SYSTEMD_RUNTIME, run=_systemctl)
+        return dict(self.host.call("deploy_unit_status", name=name))
+
+    def reach(self, host: str, port: int) -> contextlib.AbstractContextManager[tuple[str, int]]:
+        """host:port as the machine the unit runs on sees it, reachable from here."""
+        if self.host is None:
+            return contextlib.nullcontext(("127.0.0.1" if host in ("0.0.0.0", "", "::") else host, port))
+        return self.host.forward(host, port)
 
 
 async def install(
@@ -146,59 +248,72 @@ async def install(
     tolerance: float = DEFAULT_TOLERANCE,
     unit_dir: Path | None = None,
     observe: Observer | None = None,
+    host: Host | None = None,
+    env_content: bytes | None = None,
 ) -> dict[str, Any]:
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
     The verify and benchmark steps are the trial pipeline's (`servelab.trial.Trial`), attached to the server
     systemd started: the same verify-output arguments, workload, telemetry and level digest the study
-    measured the tuned result with. The unit holds no secret (they are in its EnvironmentFile): mode 0644."""
-    require_systemd(unit_dir)
-    unit_dir = unit_dir or UNIT_DIR
+    measured the tuned result with. The unit holds no secret (they are in its EnvironmentFile): mode 0644.
+
+    `host` (remote): the unit file, the EnvironmentFile (`env_content`, mode 0600) and systemctl are over
+    there; the checks run from here through a port forward; the records land in this machine's store."""
+    box = UnitHost(host, unit_dir)
+    require_systemd(unit_dir, reason=box.missing(), where=box.where)
     notify: Observer = observe or (lambda _e, _d: None)
     repo = DeploymentRepo(store)
     steps: list[dict[str, Any]] = []
-    path = unit_dir / f"{spec.name}.service"
-    path.write_text(unit_text)
-    path.chmod(0o644)
-    steps.append({"step": "write", "path": str(path)})
+    api_key = spec.api_key
+    if box.host is not None and spec.env_file:
+        if env_content is not None:
+            box.write_env_file(spec.env_file, env_content)
+            steps.append({"step": "write", "path": spec.env_file, "mode": "0600"})
+            api_key = api_key_in(env_content.decode("utf-8", "replace"), spec.api_key_env)
+        else:  # the user's file over there: read it for the key the checks need, when we may
+            got = box.host.call("read", path=spec.env_file)
+            text = unb64(got["data"]).decode("utf-8", "replace") if got.get("exists") else ""
+            api_key = api_key_in(text, spec.api_key_env)
+    path = box.write_unit(spec.name, unit_text)
+    steps.append({"step": "write", "path": path})
     for args in (("daemon-reload",), ("enable", f"{spec.name}.service"), ("start", f"{spec.name}.service")):
         notify("systemctl", {"args": list(args)})
-        res = _systemctl(*args, timeout=spec.start_timeout_s + 60 if args[0] == "start" else 120)
-        steps.append(
-            {"step": "systemctl " + " ".join(args), "rc": res.returncode, "stderr": res.stderr.strip()}
-        )
-        if res.returncode != 0:
+        rc, _out, err = box.systemctl(*args, timeout=spec.start_timeout_s + 60 if args[0] == "start" else 120)
+        steps.append({"step": "systemctl " + " ".join(args), "rc": rc, "stderr": err.strip()})
+        if rc != 0:
             repo.set_status(dep_id, "failed", installed=args[0] != "daemon-reload")
+            on = f" on {box.where}" if box.where else ""
             raise HostError(
-                f"systemctl {' '.join(args)} failed: {res.stderr.strip()}\n{journal_tail(spec.name)}",
-                hint=f"`journalctl -u {spec.name}` shows the unit's log; the ExecStartPre/ExecStartPost "
+                f"systemctl {' '.join(args)} failed{on}: {err.strip()}\n{box.journal(spec.name)}",
+                hint=f"`journalctl -u {spec.name}`{on} shows the unit's log; the ExecStartPre/ExecStartPost "
                 "lines say whether preflight or wait-ready refused",
             )
     repo.set_status(dep_id, "installed", installed=True)
     engine = registry.get(spec.record.engine)
-    endpoint = lifecycle.Endpoint(
-        LaunchSpec([], {}, spec.host, spec.port, spec.served_model),
-        time.monotonic(),
-        log_path=f"`journalctl -u {spec.name}`",
-    )
-    ready = await lifecycle.wait_url_ready(
-        endpoint, engine.readiness, spec.wait_timeout_s, engine.name, spec.api_key
-    )
-    steps.append({"step": "wait-ready", **ready.to_dict()})
     try:
         study = parse_study(spec.record.study)
     except ServelabError as exc:
         raise ConfigError(
             f"the stored study of {spec.record.ref} no longer validates: {exc.message}"
         ) from exc
-    target = Target(spec.local_url, spec.served_model, api_key=spec.api_key)
-    trial = Trial(study, engine, store, _Forward(notify))
-    vres = await trial.verify(target)
-    steps.append({"step": "verify-output", "ok": vres.ok})
-    level = spec.record.main_level
-    cand = next((c for c in study.candidates if c.label() == spec.record.candidate), None)
-    context = run_context(study, settings_for(study, cand)) if cand is not None else None
-    (main,) = (await trial.bench(target, [level or 0.0], context=context)).levels
+    with box.reach(spec.host, spec.port) as (h, p):
+        endpoint = lifecycle.Endpoint(
+            LaunchSpec([], {}, h, p, spec.served_model),
+            time.monotonic(),
+            log_path=f"`journalctl -u {spec.name}`" + (f" on {box.where}" if box.where else ""),
+        )
+        ready = await lifecycle.wait_url_ready(
+            endpoint, engine.readiness, spec.wait_timeout_s, engine.name, api_key
+        )
+        steps.append({"step": "wait-ready", **ready.to_dict()})
+        target = Target(f"http://{h}:{p}", spec.served_model, api_key=api_key)
+        trial = Trial(study, engine, store, _Forward(notify))
+        vres = await trial.verify(target)
+        steps.append({"step": "verify-output", "ok": vres.ok})
+        level = spec.record.main_level
+        cand = next((c for c in study.candidates if c.label() == spec.record.candidate), None)
+        context = run_context(study, settings_for(study, cand)) if cand is not None else None
+        (main,) = (await trial.bench(target, [level or 0.0], context=context)).levels
     measured = main.digest
     check = compare(spec.record.main_digest(), measured, tolerance, level)
     if not vres.ok:
@@ -222,11 +337,12 @@ async def install(
     )
     repo.set_status(dep_id, "ready" if check.ok else "degraded", installed=True)
     return {
-        "unit": str(path),
+        "unit": path,
+        "host": box.where or None,
         "steps": steps,
         "check": check.to_dict(),
         "bench_run": main.bench_uid,
-        "status": unit_status(spec.name, runtime=SYSTEMD_RUNTIME, run=_systemctl),
+        "status": box.status(spec.name),
     }
 
 

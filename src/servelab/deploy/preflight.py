@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.deploy.spec import MARKER_PREFIX, defaults
+from servelab.deploy.unit_state import systemctl_exe, systemd_running
 from servelab.host import processes, shm
 from servelab.host.ports import listeners, port_is_free
 from servelab.host.processes import ProcInfo
@@ -133,12 +134,17 @@ class PreflightReport:
 
 def unit_state(name: str) -> str | None:
     """systemctl is-active of NAME.service (None: no systemd here to ask)."""
-    exe = shutil.which("systemctl")
-    if exe is None or not Path("/run/systemd/system").is_dir():
+    exe = systemctl_exe()
+    if exe is None or not systemd_running():
         return None
     try:
         out = subprocess.run(
-            [exe, "is-active", f"{name}.service"], capture_output=True, text=True, timeout=10, check=False
+            [exe, "is-active", f"{name}.service"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -120,15 +120,22 @@ class DeploymentRepo:
 def installed_units(store: Store) -> list[dict[str, Any]]:
     """Each installed deployment (latest per name) with what systemd says of it now and its latest check:
     what `servelab status` shows. Keys: name, source, target, status, check, unit ({unit, state, sub,
-    main_pid, restarts, since})."""
+    main_pid, restarts, since}), host (None: this machine)."""
     seen: set[str] = set()
     out = []
     for d in DeploymentRepo(store).list(installed_only=True):
         if d["name"] in seen:
             continue
         seen.add(d["name"])
+        host = (d["spec"] or {}).get("host") if isinstance(d["spec"], dict) else None
+        # a unit on another host: this machine's systemd knows nothing of it (`status --host` asks there)
+        unit = (
+            {"unit": f"{d['name']}.service", "state": f"unknown (on {host})"}
+            if host
+            else unit_status(d["name"])
+        )
         out.append(
             {k: d[k] for k in ("name", "source", "target", "status", "check", "created_at")}
-            | {"unit": unit_status(d["name"])}
+            | {"host": host, "unit": unit}
         )
     return out

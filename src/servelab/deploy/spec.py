@@ -69,15 +69,10 @@ class DeploySpec:
         if not (self.api_key_env and self.env_file):
             return None
         try:
-            lines = Path(self.env_file).read_text().splitlines()
+            text = Path(self.env_file).read_text()
         except OSError:
             return None
-        found = None
-        for line in lines:
-            name, eq, value = line.strip().removeprefix("export ").partition("=")
-            if eq and name.strip() == self.api_key_env:
-                found = value.strip().strip("'\"")
-        return found or None
+        return api_key_in(text, self.api_key_env)
 
     @property
     def wait_timeout_s(self) -> int:
@@ -92,7 +87,7 @@ class DeploySpec:
             gpus = ",".join(str(i) for i in range(max(1, self.gpu_count)))
         args = [
             "preflight",
-            "--host",
+            "--address",
             self.host,
             "--port",
             str(self.port),
@@ -117,6 +112,18 @@ class DeploySpec:
             str(self.wait_timeout_s),
             *(["--api-key-env", self.api_key_env] if self.api_key_env else []),
         ]
+
+
+def api_key_in(text: str, name: str | None) -> str | None:
+    """The value of `name` in an EnvironmentFile's text (`NAME=value` lines, `export ` and quotes allowed)."""
+    if not name:
+        return None
+    found = None
+    for line in text.splitlines():
+        key, eq, value = line.strip().removeprefix("export ").partition("=")
+        if eq and key.strip() == name:
+            found = value.strip().strip("'\"")
+    return found or None
 
 
 def start_timeout(ready_s: float | None, override: float | None = None) -> int:

@@ -4,6 +4,7 @@ imports this module on the first operation it does not know)."""
 from __future__ import annotations
 
 from servelab.host import (
+    ops_deploy,  # noqa: F401  (deploy --install --host, preflight --host)
     ops_logs,  # noqa: F401  (log_read, plan_observe, host_facts)
     ops_observe,  # noqa: F401  (status, doctor)
 )

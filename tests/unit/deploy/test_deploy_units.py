@@ -35,7 +35,7 @@ def test_unit_for_each_engine(engine: str, store: Store, make_study: MakeStudy, 
     assert "SERVELAB_RUN=servelab-deploy:llm-api" in env
     (pre,) = _lines(text, "ExecStartPre")
     pre_words = unquote_words(pre, dollar=True)
-    assert pre_words[2:5] == ["servelab", "preflight", "--host"] and "--port" in pre_words
+    assert pre_words[2:5] == ["servelab", "preflight", "--address"] and "--port" in pre_words
     assert pre_words[pre_words.index("--gpus") + 1] == ("none" if engine == "sim" else "0,1")  # tp2
     (post,) = _lines(text, "ExecStartPost")
     post_words = unquote_words(post, dollar=True)
