@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -23,38 +20,25 @@ from servelab.bench.client import Client
 from servelab.bench.scrape import detect_engine, parse_prometheus, pick
 from servelab.errors import ConfigError, ServelabError
 from servelab.host import gpus as gpumod
-from servelab.host import ports, processes, shm, systemd, topology
+from servelab.host import processes
+from servelab.host.observe import (  # noqa: F401  (the host-side half, re-exported)
+    CACHE_DIRS,
+    CLEAN_SHUTDOWN,
+    LOCAL_HOSTS,
+    SIM_TELEMETRY,
+    STALE_CACHE_DAYS,
+    THROUGHPUT_PATTERNS,
+    compile_caches,
+    observe_host,
+    read_gpus,
+    read_log,
+    sim_report,
+)
+from servelab.host.observe import leftovers as host_leftovers
+from servelab.host.transport import Host, LocalHost
 from servelab.redact import redact
 
-SIM_TELEMETRY = "/servelab/gpus"
 INFO_PATHS = ("/version", "/get_server_info", "/servelab/state")
-STALE_CACHE_DAYS = 14.0
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
-# Compile caches engines keep between runs; a stale or half-written one breaks the next start-up.
-CACHE_DIRS: tuple[str, ...] = (
-    "~/.cache/vllm/torch_compile_cache",
-    "~/.cache/flashinfer",
-    "~/.triton/cache",
-    "~/.cache/sglang",
-    "/tmp/torchinductor_{user}",
-)
-# The engines' periodic throughput lines (vLLM's "Avg ... throughput", SGLang's "Decode batch").
-THROUGHPUT_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    (
-        "vllm",
-        re.compile(
-            r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: "
-            r"(?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
-        ),
-    ),
-    (
-        "sglang",
-        re.compile(
-            r"#running-req: (?P<running>\d+).*gen throughput \(token/s\): (?P<gen>[\d.]+), "
-            r"#queue-req: (?P<waiting>\d+)"
-        ),
-    ),
-)
 # normalized key -> the simulator's /servelab/state "effective" key
 SIM_STATE_KEYS: dict[str, str] = {
     "tp_size": "tp",
@@ -68,8 +52,8 @@ SIM_STATE_KEYS: dict[str, str] = {
     "mem_fraction": "mem_fraction",
     "max_model_len": "max_model_len",
 }
-CLEAN_SHUTDOWN = ("Application shutdown complete", "Shutting down")
 KEY_SETTINGS = ("moe_runner_backend", "attention_backend", "quantization", "kv_cache_dtype")
+GPU_SOURCES = (None, "auto", "local", "nvml", "nvidia-smi")
 
 
 # -- the last run, from the store ------------------------------------------------------------------
@@ -205,34 +189,68 @@ def _effective(server: dict[str, Any], log_text: str) -> None:
     server["version"] = eff.effective.get("version") or info.get("version")
 
 
-def servers(urls: list[str], log_for: dict[str, str]) -> list[dict[str, Any]]:
-    async def all_() -> list[dict[str, Any]]:
-        return [await _probe(u) for u in urls]
+@contextlib.contextmanager
+def _reach(host: Host, urls: list[str]) -> Any:
+    """{url: the URL this process can open}: each URL as the observed host sees it (its loopback is its
+    own), reached through a port forward of `host` when it is remote; the URL itself when it is local."""
+    with contextlib.ExitStack() as stack:
+        out: dict[str, str] = {}
+        for u in urls:
+            parts = urlsplit(u)
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+            except ValueError:
+                port = None
+            if host.is_local or not parts.hostname or port is None:
+                out[u] = u
+                continue
+            h, p = stack.enter_context(host.forward(parts.hostname, port))
+            out[u] = urlunsplit((parts.scheme, f"{h}:{p}", parts.path, parts.query, parts.fragment))
+        yield out
 
-    found = asyncio.run(all_())
+
+def probe_servers(urls: list[str], host: Host | None = None) -> list[dict[str, Any]]:
+    """Each server's health, models, metrics and self-description (`_info`, `_telemetry` kept for
+    `finish_servers` and the GPU section), probed from here through `host`'s forwards."""
+    host = host or LocalHost()
+
+    async def all_(reach: dict[str, str]) -> list[dict[str, Any]]:
+        return [{**await _probe(reach[u]), "url": u} for u in urls]
+
+    with _reach(host, urls) as reach:
+        return asyncio.run(all_(reach))
+
+
+def finish_servers(found: list[dict[str, Any]], log_for: dict[str, str]) -> None:
+    """The effective configuration of each server that is up, from its self-description and its log."""
     for s in found:
         if s["up"]:
             _effective(s, log_for.get(s["url"], ""))
         else:
             s.pop("_info", None)
+
+
+def servers(urls: list[str], log_for: dict[str, str], host: Host | None = None) -> list[dict[str, Any]]:
+    found = probe_servers(urls, host)
+    finish_servers(found, log_for)
     return found
 
 
 # -- GPUs ------------------------------------------------------------------------------------------
-def _gpu_report(gpu_source: str | None, probed: list[dict[str, Any]]) -> gpumod.GpuReport:
+def sim_gpus(
+    gpu_source: str | None, probed: list[dict[str, Any]], host: Host | None = None
+) -> tuple[str, dict[str, Any] | None] | None:
+    """(url, telemetry) when the GPUs to show are a simulator's (`sim:URL`, or auto with a simulator among
+    the probed servers; telemetry None: it did not answer), None when the host's own are to be read.
+    An unknown source is the user's to fix (ConfigError)."""
     if gpu_source and gpu_source.startswith("sim:"):
         url = gpu_source[4:]
         tele = next((s.get("_telemetry") for s in probed if s["url"] == url and s.get("_telemetry")), None)
         if tele is None:
-            tele = asyncio.run(_fetch_telemetry(url))
-        if tele is None:
-            return gpumod.GpuReport(
-                source=gpu_source,
-                available=False,
-                note=f"no GPU telemetry at {url}{SIM_TELEMETRY} (is the simulator running?)",
-            )
-        return gpumod.from_sim(tele, url)
-    if gpu_source not in (None, "auto", "local", "nvml", "nvidia-smi"):
+            with _reach(host or LocalHost(), [url]) as reach:
+                tele = asyncio.run(_fetch_telemetry(reach[url]))
+        return url, tele
+    if gpu_source not in GPU_SOURCES:
         raise ConfigError(
             f"unknown GPU source {gpu_source!r}",
             hint="use auto, nvml, nvidia-smi or sim:URL (a running `servelab sim`)",
@@ -240,16 +258,15 @@ def _gpu_report(gpu_source: str | None, probed: list[dict[str, Any]]) -> gpumod.
     if gpu_source in (None, "auto"):
         for s in probed:
             if s.get("_telemetry"):
-                return gpumod.from_sim(s["_telemetry"], s["url"])
-    if gpu_source == "nvml":
-        return gpumod.read_nvml() or gpumod.GpuReport(
-            "nvml", False, note="NVML unavailable (pip install 'servelab[gpu]')"
-        )
-    if gpu_source == "nvidia-smi":
-        return gpumod.read_nvidia_smi() or gpumod.GpuReport(
-            "nvidia-smi", False, note="nvidia-smi unavailable"
-        )
-    return gpumod.read_local()
+                return s["url"], s["_telemetry"]
+    return None
+
+
+def _gpu_report(
+    gpu_source: str | None, probed: list[dict[str, Any]], host: Host | None = None
+) -> gpumod.GpuReport:
+    sim = sim_gpus(gpu_source, probed, host)
+    return sim_report(*sim) if sim is not None else read_gpus(gpu_source)
 
 
 async def _fetch_telemetry(url: str) -> dict[str, Any] | None:
@@ -278,10 +295,11 @@ def _owner_state(marker: str | None, markers: dict[str, str]) -> str:
     return "stale servelab run" if markers[marker] in FINISHED else "live servelab run"
 
 
-def studies(limit: int = 20) -> list[dict[str, Any]]:
+def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The unfinished studies (latest first), each `live` (its driver runs: pid, host, since), `killed`
     (stored as running but its driver is gone) or `interrupted` (stopped cleanly), with the processes
-    it started that are still alive (`processes`: what `tune --resume` ends first)."""
+    it started that are still alive (`processes`: what `tune --resume` ends first), picked from `marked`
+    (the observed host's marked processes, `leftovers()["marked_processes"]`; None: this host's)."""
     from servelab.paths import db_path
 
     if not db_path().exists():
@@ -299,7 +317,19 @@ def studies(limit: int = 20) -> list[dict[str, Any]]:
             owner = leases.holder(store, st["id"])
             alive = owner is not None and owner.alive()
             state = "live" if alive else ("killed" if st["status"] == "running" else st["status"])
-            procs = processes.with_marker(prefix=f"{MARKER_PREFIX}:{st['uid']}:")
+            prefix = f"{MARKER_PREFIX}:{st['uid']}:"
+            procs = (
+                [
+                    {"pid": p.pid, "marker": p.marker, "command": p.cmdline}
+                    for p in processes.with_marker(prefix)
+                ]
+                if marked is None
+                else [
+                    {"pid": p["pid"], "marker": p["marker"], "command": p["command"]}
+                    for p in marked
+                    if str(p.get("marker") or "").startswith(prefix)
+                ]
+            )
             out.append(
                 {
                     "uid": st["uid"],
@@ -308,7 +338,7 @@ def studies(limit: int = 20) -> list[dict[str, Any]]:
                     "status": st["status"],
                     "state": state,
                     "owner": owner.to_dict() if owner else None,
-                    "processes": [{"pid": p.pid, "marker": p.marker, "command": p.cmdline} for p in procs],
+                    "processes": procs,
                 }
             )
     return out
@@ -316,7 +346,11 @@ def studies(limit: int = 20) -> list[dict[str, Any]]:
 
 def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> dict[str, Any]:
     gpumod.enrich(rep, local=True)  # the simulator runs here too: its pid is local
-    d = rep.to_dict()
+    return own_gpus(rep.to_dict(), markers)
+
+
+def own_gpus(d: dict[str, Any], markers: dict[str, str]) -> dict[str, Any]:
+    """Whose each GPU process is, by the markers of this store's runs."""
     for g in d["gpus"]:
         for p in g["processes"]:
             p["belongs_to"] = _owner_state(p.get("marker"), markers)
@@ -324,124 +358,17 @@ def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> dict[str, Any
 
 
 # -- leftovers -------------------------------------------------------------------------------------
-def _dir_size(path: Path, limit: int = 20000) -> tuple[int, float, bool]:
-    """Bytes, newest mtime, and whether the walk stopped at `limit` files."""
-    total, newest, n = 0, path.stat().st_mtime, 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            n += 1
-            if n > limit:
-                return total, newest, True
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(root, f))
-                total += st.st_size
-                newest = max(newest, st.st_mtime)
-    return total, newest, False
+def leftovers(urls: list[str], markers: dict[str, str] | None = None) -> dict[str, Any]:
+    """This host's leftovers (servelab.host.observe.leftovers), whose each marked process is when
+    `markers` is given."""
+    lo = host_leftovers(urls)
+    return own_leftovers(lo, markers) if markers is not None else lo
 
 
-def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS) -> list[dict[str, Any]]:
-    now = now or time.time()
-    user = os.environ.get("USER") or str(os.getuid())
-    out = []
-    for d in dirs:
-        path = Path(os.path.expanduser(d.format(user=user)))
-        if not path.is_dir():
-            continue
-        size, newest, partial = _dir_size(path)
-        age = (now - newest) / 86400
-        out.append(
-            {
-                "path": str(path),
-                "bytes": size,
-                "partial": partial,
-                "age_days": round(age, 1),
-                "stale": age > STALE_CACHE_DAYS,
-            }
-        )
-    return out
-
-
-def leftovers(urls: list[str], markers: dict[str, str]) -> dict[str, Any]:
-    segs = []
-    for s in shm.segments():
-        segs.append(
-            {
-                "name": s.name,
-                "bytes": s.size,
-                "uid": s.uid,
-                "owners": list(s.owners),
-                "owners_alive": bool(s.owners),
-                "ours": s.uid == os.getuid(),
-            }
-        )
-    held = []
-    for u in urls:
-        parsed = urlparse(u)
-        port = parsed.port
-        if port is None or parsed.hostname not in LOCAL_HOSTS:
-            continue  # a remote server's port says nothing about this host
-        for lst in ports.listeners(port):
-            held.append(
-                {
-                    "port": port,
-                    "address": lst.address,
-                    "pid": lst.pid,
-                    "command": lst.cmdline,
-                    "marker": processes.marker_of(lst.pid) if lst.pid else None,
-                }
-            )
-    marked = [
-        {
-            "pid": p.pid,
-            "marker": p.marker,
-            "command": p.cmdline,
-            "belongs_to": _owner_state(p.marker, markers),
-        }
-        for p in processes.with_marker()
-    ]
-    return {"shm": segs, "compile_caches": compile_caches(), "ports": held, "marked_processes": marked}
-
-
-# -- the log ---------------------------------------------------------------------------------------
-def read_log(path: str) -> dict[str, Any]:
-    """Tail with highlights: effective configuration, last throughput figures, error signature, diagnosis."""
-    from servelab.engines import registry, signatures
-
-    p = Path(path)
-    if not p.is_file():
-        return {"path": path, "available": False, "note": f"{path} does not exist"}
-    try:
-        text = p.read_text(errors="replace")
-    except OSError as exc:
-        return {"path": path, "available": False, "note": f"cannot read {path}: {exc.strerror}"}
-    engine = signatures.guess_engine(text)
-    eff = registry.get(engine).effective_config(text, None) if engine else None
-    throughput: dict[str, Any] | None = None
-    for line in reversed(text.splitlines()):
-        for name, pat in THROUGHPUT_PATTERNS:
-            m = pat.search(line)
-            if m:
-                throughput = {
-                    "engine": name,
-                    **{k: float(v) for k, v in m.groupdict().items()},
-                    "line": line.strip()[-300:],
-                }
-                break
-        if throughput:
-            break
-    diag = signatures.diagnose(text, engine).to_dict()
-    return {
-        "path": path,
-        "available": True,
-        "engine": engine,
-        "effective": redact(eff.effective) if eff else {},
-        "evidence": redact(eff.evidence) if eff else {},
-        "throughput": throughput,
-        "diagnosis": diag,
-        # Uvicorn's shutdown lines, with no fatal signature anywhere: stopped on purpose (SIGTERM, Ctrl-C).
-        "clean_shutdown": any(m in text for m in CLEAN_SHUTDOWN) and not diag["fatal"],
-        "tail": list(signatures.important_tail(text)),
-    }
+def own_leftovers(lo: dict[str, Any], markers: dict[str, str]) -> dict[str, Any]:
+    for p in lo["marked_processes"]:
+        p["belongs_to"] = _owner_state(p["marker"], markers)
+    return lo
 
 
 # -- findings and verdict --------------------------------------------------------------------------
@@ -657,8 +584,13 @@ def observe(
     units: list[str] | None = None,
     log: str | None = None,
     gpu_source: str | None = None,
+    host: Host | None = None,
 ) -> dict[str, Any]:
-    """Everything `servelab status` reports (keys documented in docs/cli/status.md)."""
+    """Everything `servelab status` reports (keys documented in docs/cli/status.md), about `host` (None:
+    this machine). What lives on the machine comes from one `observe_host` call there; what lives in this
+    store (the last run, studies, deployments) is read here, and the servers are probed from here (through
+    port forwards when the host is remote)."""
+    host = host or LocalHost()
     run = last_run()
     markers: dict[str, str] = (run or {}).get("markers", {})
     urls = (
@@ -667,43 +599,49 @@ def observe(
         else ([run["url"].rstrip("/")] if run and run.get("url") else [])
     )
     log_path = log or ((run or {}).get("log_path"))
-    log_info = read_log(log_path) if log_path else None
-    log_text = ""
-    if log_path and log_info and log_info.get("available"):
-        log_text = Path(log_path).read_text(errors="replace")
+    probed = probe_servers(urls, host)
+    sim = sim_gpus(gpu_source, probed, host)
+    deployed = deployments()
+    if not units and deployed:  # the units `servelab deploy --install` made, whatever their names
+        units = sorted({str(d["unit"].get("unit")) for d in deployed if d.get("unit")})
+    part: dict[str, Any] = host.call(
+        "observe_host",
+        urls=urls,
+        units=units,
+        log=log_path,
+        gpu_source=gpu_source,
+        telemetry_url=sim[0] if sim else None,
+        telemetry=sim[1] if sim else None,
+        want_log_text=bool(log_path),
+    )
+    log_text = str(part.get("log_text") or "")
     # The log belongs to a server when it is the run's own, or when one server and one log were given.
     log_for: dict[str, str] = {}
     if log_text:
         owner = (run or {}).get("url") if not log else (urls[0] if len(urls) == 1 else None)
         if owner:
             log_for[owner.rstrip("/")] = log_text
-    probed = servers(urls, log_for)
-    rep = _gpu_report(gpu_source, probed)
+    finish_servers(probed, log_for)
     for s in probed:
         s.pop("_telemetry", None)
-    deployed = deployments()
-    if not units and deployed:  # the units `servelab deploy --install` made, whatever their names
-        units = sorted({str(d["unit"].get("unit")) for d in deployed if d.get("unit")})
-    svc = systemd.states(units)
+    lo = own_leftovers(part["leftovers"], markers)
     obs: dict[str, Any] = {
         "time": time.time(),
-        "servers": probed,
-        "services": [u.to_dict() for u in svc["units"]],
-        "services_note": svc["note"],
-        "gpus": gpu_section(rep, markers),
-        "topology": topology.read()
-        if not rep.source.startswith("sim:")
-        else {
-            "available": False,
-            "note": "simulated GPUs have no topology matrix",
-            "numa": topology.numa_nodes(),
-            "virtual_machine": topology.is_virtual_machine(),
+        "host": {
+            "target": host.name,
+            "hostname": part["hostname"],
+            "via": "local" if host.is_local else "ssh",
         },
-        "leftovers": leftovers(urls, markers),
-        "log": log_info,
+        "servers": probed,
+        "services": part["services"],
+        "services_note": part["services_note"],
+        "gpus": own_gpus(part["gpus"], markers),
+        "topology": part["topology"],
+        "leftovers": lo,
+        "log": part["log"],
         "last_run": _run_summary(run),
         "deployments": deployed,
-        "studies": studies(),
+        "studies": studies(marked=lo["marked_processes"]),
     }
     obs["findings"] = findings(obs, run)
     obs["verdict"] = verdict(obs, run)

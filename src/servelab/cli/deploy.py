@@ -471,6 +471,7 @@ def _render_preflight(d: dict[str, Any]) -> None:
 @click.option(
     "--no-completion", is_flag=True, help="Skip the real completion after the engine's rule passed."
 )
+@host_option
 @click.option("--json", "as_json", is_flag=True)
 def wait_ready_cmd(
     url: str,
@@ -481,17 +482,21 @@ def wait_ready_cmd(
     api_key: str | None,
     api_key_env: str | None,
     no_completion: bool,
+    host: str | None,
     as_json: bool,
 ) -> None:
     """Wait until the server at URL is ready by its engine's rule and answers a real completion.
 
-    Exits 0 when ready, 1 when it timed out or the process exited (the reason on stderr)."""
+    With --host, URL is as that machine sees it (its 127.0.0.1 is its own), reached through an SSH port
+    forward. Exits 0 when ready, 1 when it timed out or the process exited (the reason on stderr)."""
+    import dataclasses
     import time
     from urllib.parse import urlsplit
 
     from servelab import lifecycle
     from servelab.engines import registry
     from servelab.engines.base import LaunchSpec, Readiness
+    from servelab.host import transport
 
     parts = urlsplit(url)
     try:
@@ -510,14 +515,29 @@ def wait_ready_cmd(
                 hint="define it in the unit's EnvironmentFile (servelab deploy --env-file)",
             )
     readiness = registry.get(engine).readiness if engine else Readiness()
-    ep = lifecycle.Endpoint(
-        LaunchSpec([], {}, parts.hostname, port, model, scheme=parts.scheme),
-        time.monotonic(),
-        pid=pid or None,
-    )
-    report = asyncio.run(
-        lifecycle.wait_url_ready(ep, readiness, timeout_s, engine, api_key, completion=not no_completion)
-    )
+    target = transport.target_of(host)
+    if target is not None and pid:
+        raise ConfigError(
+            f"--pid {pid} names a process of this machine; with --host {target} it cannot be watched",
+            hint="leave --pid out (and unset MAINPID) when waiting for a server on another machine",
+        )
+    h = transport.open_host(target)
+    try:
+        with h.forward(parts.hostname, port) as (reach_host, reach_port):
+            ep = lifecycle.Endpoint(
+                LaunchSpec([], {}, reach_host, reach_port, model, scheme=parts.scheme),
+                time.monotonic(),
+                pid=pid or None,
+            )
+            report = asyncio.run(
+                lifecycle.wait_url_ready(
+                    ep, readiness, timeout_s, engine, api_key, completion=not no_completion
+                )
+            )
+    finally:
+        h.close()
+    if not h.is_local:
+        report = dataclasses.replace(report, url=url.rstrip("/"))
     emit(
         report.to_dict(),
         as_json,

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from servelab.cli.output import emit, printable, stdout
+from servelab.cli.output import emit, host_option, printable, stdout
+from servelab.cli.remote import open_cli_host, remote_python_option
+from servelab.host.transport import Completed, Host
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
@@ -59,7 +64,77 @@ def _render_gpus(g: dict[str, Any]) -> None:
     stdout.print(t)
 
 
+class _Warming:
+    """A remote host whose agent starts in the background (SSH session, interpreter, imports: most of a
+    `status --host`) while this process imports and reads its store; the first use waits for it and
+    raises what the start raised (a bad target fails once, not twice)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="servelab-agent-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.host.call("observe_ready")
+        except BaseException as exc:  # re-raised in the command's thread by _ready
+            self._error = exc
+
+    def _ready(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def is_local(self) -> bool:
+        return self.host.is_local
+
+    def run(self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0) -> Completed:
+        self._ready()
+        return self.host.run(argv, input=input, timeout=timeout)
+
+    def call(self, op: str, **args: Any) -> Any:
+        self._ready()
+        return self.host.call(op, **args)
+
+    def forward(self, host: str, port: int) -> AbstractContextManager[tuple[str, int]]:
+        self._ready()
+        return self.host.forward(host, port)
+
+    def check(self) -> None:
+        self._ready()
+        self.host.check()
+
+    def close(self) -> None:
+        self._thread.join()
+        self.host.close()
+
+
+@contextmanager
+def opened_host(flag: str | None, python: str | None) -> Iterator[Host]:
+    """The machine a command observes (--host, else $SERVELAB_HOST, else this one), closed afterwards
+    (its agent ends; an SSH master stays for the next command). A remote one's agent starts at once."""
+    host = open_cli_host(flag, python)
+    try:
+        yield host if host.is_local else _Warming(host)
+    finally:
+        host.close()
+
+
+def _host_line(h: dict[str, Any]) -> str:
+    return f"[bold]host:[/bold] {escape(h['hostname'])}" + (
+        f" (via ssh {escape(h['target'])})" if h["via"] == "ssh" else ""
+    )
+
+
 def _render_status(obs: dict[str, Any]) -> None:
+    stdout.print(_host_line(obs["host"]))
     stdout.print(f"[bold]verdict:[/bold] {escape(obs['verdict'])}")
     for s in obs["servers"]:
         if s["up"]:
@@ -139,17 +214,30 @@ def _render_status(obs: dict[str, Any]) -> None:
     default=None,
     help="auto (default: a simulator among --url, else NVML, else nvidia-smi), nvml, nvidia-smi, or sim:URL.",
 )
+@host_option
+@remote_python_option
 @click.option("--json", "as_json", is_flag=True, help="The observation as JSON (keys: docs/cli/status.md).")
 def status_cmd(
-    urls: tuple[str, ...], units: tuple[str, ...], log: str | None, gpu_source: str | None, as_json: bool
+    urls: tuple[str, ...],
+    units: tuple[str, ...],
+    log: str | None,
+    gpu_source: str | None,
+    host: str | None,
+    remote_python: str | None,
+    as_json: bool,
 ) -> None:
-    """What is true right now: GPUs, topology, servers, services, leftovers and the last log, with a verdict."""
-    from servelab.status import observe
+    """What is true right now: GPUs, topology, servers, services, leftovers and the last log, with a verdict.
 
-    emit(observe(list(urls) or None, list(units) or None, log, gpu_source), as_json, _render_status)
+    With --host, all of it about that machine: --url and --log are as seen from there."""
+    with opened_host(host, remote_python) as h:
+        from servelab.status import observe  # imported while a remote agent starts
+
+        obs = observe(list(urls) or None, list(units) or None, log, gpu_source, host=h)
+    emit(obs, as_json, _render_status)
 
 
 def _render_doctor(rep: dict[str, Any]) -> None:
+    stdout.print(_host_line(rep["host"]))
     g = rep["gpus"]
     stdout.print(
         f"[bold]GPUs:[/bold] {g['count']} via {g['source']}"
@@ -169,19 +257,22 @@ def _render_doctor(rep: dict[str, Any]) -> None:
 @click.option(
     "--gpu-source", default=None, help="auto, nvml, nvidia-smi, or sim:URL (see `servelab status`)."
 )
+@host_option
+@remote_python_option
 @click.option(
-    "--json", "as_json", is_flag=True, help='{"gpus", "checks": [{name, status, evidence, fix}], "worst"}.'
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='{"host", "gpus", "checks": [{name, status, evidence, fix}], "worst"}.',
 )
-def doctor_cmd(gpu_source: str | None, as_json: bool) -> None:
+def doctor_cmd(gpu_source: str | None, host: str | None, remote_python: str | None, as_json: bool) -> None:
     """Host checks with fixes: nvidia_uvm HMM, /dev/shm, open files, P2P, PCIe link, power limits, ECC, persistence.
 
-    Exits 1 when a check fails."""
-    from servelab.host import doctor, topology
-    from servelab.status import _gpu_report
+    With --host, the facts are read on that machine and checked here. Exits 1 when a check fails."""
+    with opened_host(host, remote_python) as h:
+        from servelab.host import doctor
 
-    rep = _gpu_report(gpu_source, [])
-    topo = topology.read() if not rep.source.startswith("sim:") else {}
-    result = doctor.report(doctor.gather(rep, topo))
+        result = doctor.diagnose(h, gpu_source)
     emit(result, as_json, _render_doctor)
     if result["worst"] == "fail":
         raise SystemExit(1)

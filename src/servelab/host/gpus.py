@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 IDLE_MIB = (
@@ -134,6 +134,30 @@ class GpuReport:
             "note": self.note,
             "gpus": [g.to_dict() for g in self.gpus],
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuReport:
+        """The report `to_dict` wrote (another host's, over the agent): derived keys are dropped."""
+        gpu_keys = {f.name for f in fields(Gpu)} - {"processes"}
+        proc_keys = {f.name for f in fields(GpuProcess)}
+        gpus = [
+            Gpu(
+                **{k: v for k, v in g.items() if k in gpu_keys},
+                processes=[
+                    GpuProcess(**{k: v for k, v in p.items() if k in proc_keys})
+                    for p in g.get("processes") or []
+                ],
+            )
+            for g in d.get("gpus") or []
+        ]
+        return cls(
+            source=str(d["source"]),
+            available=bool(d["available"]),
+            gpus=gpus,
+            driver_version=d.get("driver_version"),
+            cuda_version=d.get("cuda_version"),
+            note=str(d.get("note") or ""),
+        )
 
 
 # -- value parsing ---------------------------------------------------------------------------------
