@@ -78,6 +78,8 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdHandle]:
         "SERVELAB_UNIT_DIR": str(units),
         # what servers that leave their sessions carry, so the run's leftover check finds them
         leftovers.SESSION_ENV: leftovers.TOKEN,
+        # the "remote" servelab's home (agent logs, throwaway stores): the session's, not root's ~/.servelab
+        "SERVELAB_HOME": str(root / "remote-home"),
     }
     with sshd_server(root / "server", set_env=set_env) as handle:
         yield handle

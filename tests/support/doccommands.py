@@ -184,8 +184,11 @@ def check_names(cli: object, cmd: DocCommand) -> list[str]:
     words = cmd.text.replace("\\", " ").split()
     node: click.Command = cli  # type: ignore[assignment]
     i = 1
-    while isinstance(node, click.Group) and i < len(words) and words[i] in node.commands:
-        node = node.commands[words[i]]
+    while isinstance(node, click.Group) and i < len(words):
+        sub_cmd = node.get_command(click.Context(node), words[i])  # the top group loads its commands lazily
+        if sub_cmd is None:
+            break
+        node = sub_cmd
         i += 1
     if i == 1:
         return [f"{cmd.id}: {cmd.text!r}: {words[1] if len(words) > 1 else ''!r} is not a servelab command"]

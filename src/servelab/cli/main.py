@@ -19,26 +19,28 @@ from servelab.cli.output import dumps_json, printable, stderr
 from servelab.errors import INTERNAL_ERROR, INTERRUPTED, ServelabError
 from servelab.redact import redact_text
 
-# Command modules register themselves here: (module path, attribute). Adding a command group is one line.
-COMMANDS: list[tuple[str, str]] = [
-    ("servelab.cli.bench", "bench"),
-    ("servelab.cli.runs", "runs"),
-    ("servelab.cli.predict", "predict"),
-    ("servelab.cli.predict", "explain"),
-    ("servelab.cli.calibrate", "calibrate"),
-    ("servelab.cli.sim", "sim"),
-    ("servelab.cli.logs", "logs"),
-    ("servelab.cli.verify", "verify_output_cmd"),
-    ("servelab.cli.tune", "tune_cmd"),
-    ("servelab.cli.deploy", "deploy_cmd"),
-    ("servelab.cli.deploy", "preflight_cmd"),
-    ("servelab.cli.deploy", "wait_ready_cmd"),
-    ("servelab.cli.plan", "plan"),
-    ("servelab.cli.status", "status_cmd"),
-    ("servelab.cli.status", "doctor_cmd"),
-    ("servelab.cli.report", "report"),
-    ("servelab.cli.ui", "ui"),
-]
+# Every command: its name, and where it lives (module path, attribute). Adding a command is one line. The
+# module is imported only when the command runs (or `--help` lists them all): a command pays for its own
+# imports only, which is most of a short command's time (`status --host` must answer in under 2 s).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("servelab.cli.bench", "bench"),
+    "runs": ("servelab.cli.runs", "runs"),
+    "predict": ("servelab.cli.predict", "predict"),
+    "explain": ("servelab.cli.predict", "explain"),
+    "calibrate": ("servelab.cli.calibrate", "calibrate"),
+    "sim": ("servelab.cli.sim", "sim"),
+    "logs": ("servelab.cli.logs", "logs"),
+    "verify-output": ("servelab.cli.verify", "verify_output_cmd"),
+    "tune": ("servelab.cli.tune", "tune_cmd"),
+    "deploy": ("servelab.cli.deploy", "deploy_cmd"),
+    "preflight": ("servelab.cli.deploy", "preflight_cmd"),
+    "wait-ready": ("servelab.cli.deploy", "wait_ready_cmd"),
+    "plan": ("servelab.cli.plan", "plan"),
+    "status": ("servelab.cli.status", "status_cmd"),
+    "doctor": ("servelab.cli.status", "doctor_cmd"),
+    "report": ("servelab.cli.report", "report"),
+    "ui": ("servelab.cli.ui", "ui"),
+}
 
 
 def _wants_json(args: list[str]) -> bool:
@@ -46,7 +48,19 @@ def _wants_json(args: list[str]) -> bool:
 
 
 class ServelabGroup(click.Group):
-    """Maps every ServelabError to a message plus hint (no traceback unless --debug)."""
+    """Maps every ServelabError to a message plus hint (no traceback unless --debug); loads each command's
+    module when the command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        cmd = getattr(importlib.import_module(where[0]), where[1])
+        assert isinstance(cmd, click.Command) and cmd.name == cmd_name, (cmd_name, cmd)
+        return cmd
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -89,10 +103,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """servelab: observe, plan, launch, verify, benchmark, predict, tune, report and deploy LLM servers."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-for _module, _attr in COMMANDS:
-    cli.add_command(getattr(importlib.import_module(_module), _attr))
 
 
 def main() -> None:

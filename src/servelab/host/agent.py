@@ -18,8 +18,6 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,27 +25,13 @@ import orjson
 
 from servelab import __version__
 from servelab.errors import ConfigError, NotFoundError
+from servelab.host import registry
+from servelab.host.registry import OPS, READ_MAX, AgentState, register
 from servelab.host.wire import error_payload
 
+__all__ = ["OPS", "READ_MAX", "AgentState", "dispatch", "main", "register", "shutdown"]
+
 PROTOCOL = 1
-READ_MAX = 4 * 1024 * 1024
-
-
-@dataclass
-class AgentState:
-    """The servers this agent launched (by run marker) and where their logs go."""
-
-    servers: dict[str, Any] = field(default_factory=dict)  # marker -> lifecycle.Server
-    workdir: Path | None = None
-    # The request pipe (serve's stdin): a long operation watches it, to stop when the driver is gone.
-    stdin_fd: int | None = None
-
-
-def _workdir(state: AgentState) -> Path:
-    if state.workdir is None:
-        state.workdir = Path(os.environ.get("SERVELAB_HOME") or Path.home() / ".servelab") / "remote"
-    state.workdir.mkdir(parents=True, exist_ok=True)
-    return state.workdir
 
 
 def _server(state: AgentState, marker: str) -> Any:
@@ -81,7 +65,7 @@ def op_hello(state: AgentState, workdir: str | None = None) -> dict[str, Any]:
         "python": sys.executable,
         "pid": os.getpid(),
         "uid": os.getuid(),
-        "workdir": str(_workdir(state)),
+        "workdir": str(registry.workdir(state)),
     }
 
 
@@ -105,7 +89,7 @@ def op_launch(
     name = Path(log_name).name
     if not name or name in (".", ".."):
         raise ConfigError(f"invalid log name {log_name!r}", hint="a file name, no directory")
-    log_path = _workdir(state) / "logs" / name
+    log_path = registry.workdir(state) / "logs" / name
     server = lifecycle.launch(
         LaunchSpec(**spec), log_path, marker, cpus=set(cpus) if cpus else None, check_port=check_port
     )
@@ -220,28 +204,25 @@ def op_read(state: AgentState, path: str, offset: int = 0, max_bytes: int = READ
     return {"exists": True, "data": b64(data), "size": size, "offset": end}
 
 
-OPS: dict[str, Callable[..., Any]] = {
-    "hello": op_hello,
-    "ping": op_ping,
-    "launch": op_launch,
-    "poll": op_poll,
-    "record_shm": op_record_shm,
-    "port_owners": op_port_owners,
-    "append_log": op_append_log,
-    "teardown": op_teardown,
-    "sweep": op_sweep,
-    "shm_remove_orphaned": op_shm_remove_orphaned,
-    "free_port": op_free_port,
-    "port_is_free": op_port_is_free,
-    "port_open": op_port_open,
-    "gpu_memory": op_gpu_memory,
-    "read": op_read,
-}
-
-
-def register(name: str, fn: Callable[..., Any]) -> None:
-    """Add an operation (rooms that observe a host register theirs: status, doctor, logs)."""
-    OPS[name] = fn
+OPS.update(
+    {
+        "hello": op_hello,
+        "ping": op_ping,
+        "launch": op_launch,
+        "poll": op_poll,
+        "record_shm": op_record_shm,
+        "port_owners": op_port_owners,
+        "append_log": op_append_log,
+        "teardown": op_teardown,
+        "sweep": op_sweep,
+        "shm_remove_orphaned": op_shm_remove_orphaned,
+        "free_port": op_free_port,
+        "port_is_free": op_port_is_free,
+        "port_open": op_port_open,
+        "gpu_memory": op_gpu_memory,
+        "read": op_read,
+    }
+)
 
 
 def _load_ops() -> None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from servelab.bench.config import BenchConfig
 from servelab.bench.runner import BenchResult, Observer, direct_path, run_bench
 from servelab.errors import Interrupted, NotFoundError, ServelabError
-from servelab.host import agent
+from servelab.host import registry
 from servelab.host.transport import Host
 from servelab.host.wire import error_payload, rebuild_error
 from servelab.results import NetPath, RequestRecord, Run
@@ -50,12 +50,12 @@ class RemoteBench(BaseModel):
 
 
 # -- over there --------------------------------------------------------------------------------------
-def op_bench(state: agent.AgentState, config: dict[str, Any]) -> dict[str, Any]:
+def op_bench(state: registry.AgentState, config: dict[str, Any]) -> dict[str, Any]:
     cfg = BenchConfig.model_validate(config)
     rtt = asyncio.run(direct_path(cfg.url)).rtt_ms
     path = cfg.context.path.model_copy(update={"via": cfg.context.path.via or "remote", "rtt_ms": rtt})
     cfg = cfg.model_copy(update={"context": cfg.context.model_copy(update={"path": path})})
-    folder = agent._workdir(state) / "bench"
+    folder = registry.workdir(state) / "bench"
     folder.mkdir(parents=True, exist_ok=True)
     db = folder / f"bench-{uuid.uuid4().hex[:12]}.db"
     store = open_store(db)
@@ -108,7 +108,7 @@ async def _bench_while_driven(cfg: BenchConfig, store: Store, fd: int | None) ->
         watcher.cancel()
 
 
-agent.register("bench", op_bench)
+registry.register("bench", op_bench)
 
 
 # -- here --------------------------------------------------------------------------------------------

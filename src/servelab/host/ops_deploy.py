@@ -11,17 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servelab.host import agent
+from servelab.host import registry
 
 
-def op_deploy_systemd_missing(state: agent.AgentState) -> str | None:
+def op_deploy_systemd_missing(state: registry.AgentState) -> str | None:
     """Why units cannot be installed on this host (None: they can)."""
     from servelab.deploy.install import systemd_missing
 
     return systemd_missing()
 
 
-def op_deploy_write_unit(state: agent.AgentState, name: str, text: str) -> str:
+def op_deploy_write_unit(state: registry.AgentState, name: str, text: str) -> str:
     """Write NAME.service (mode 0644) into this host's unit directory; returns its path."""
     from servelab.deploy.install import default_unit_dir, write_unit
     from servelab.deploy.spec import NAME_RE
@@ -32,7 +32,7 @@ def op_deploy_write_unit(state: agent.AgentState, name: str, text: str) -> str:
     return str(write_unit(default_unit_dir(), name, text))
 
 
-def op_deploy_write_env_file(state: agent.AgentState, path: str, data: str) -> None:
+def op_deploy_write_env_file(state: registry.AgentState, path: str, data: str) -> None:
     """Write the unit's EnvironmentFile (its secrets) with mode 0600; the content came on our stdin."""
     from servelab.deploy.install import write_env_file
     from servelab.errors import ConfigError
@@ -44,27 +44,27 @@ def op_deploy_write_env_file(state: agent.AgentState, path: str, data: str) -> N
     write_env_file(p, unb64(data))
 
 
-def op_deploy_systemctl(state: agent.AgentState, args: list[str], timeout: float = 120) -> dict[str, Any]:
+def op_deploy_systemctl(state: registry.AgentState, args: list[str], timeout: float = 120) -> dict[str, Any]:
     from servelab.deploy.unit_state import systemctl
 
     res = systemctl(*args, timeout=timeout)
     return {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
 
 
-def op_deploy_journal(state: agent.AgentState, name: str, lines: int = 40) -> str:
+def op_deploy_journal(state: registry.AgentState, name: str, lines: int = 40) -> str:
     from servelab.deploy.install import journal_tail
 
     return journal_tail(name, lines)
 
 
-def op_deploy_unit_status(state: agent.AgentState, name: str) -> dict[str, Any]:
+def op_deploy_unit_status(state: registry.AgentState, name: str) -> dict[str, Any]:
     from servelab.deploy.unit_state import unit_status
 
     return unit_status(name)
 
 
 def op_preflight(
-    state: agent.AgentState,
+    state: registry.AgentState,
     address: str,
     port: int,
     gpus: str = "all",
@@ -89,10 +89,10 @@ def op_preflight(
     ).to_dict()
 
 
-agent.register("deploy_systemd_missing", op_deploy_systemd_missing)
-agent.register("deploy_write_unit", op_deploy_write_unit)
-agent.register("deploy_write_env_file", op_deploy_write_env_file)
-agent.register("deploy_systemctl", op_deploy_systemctl)
-agent.register("deploy_journal", op_deploy_journal)
-agent.register("deploy_unit_status", op_deploy_unit_status)
-agent.register("preflight", op_preflight)
+registry.register("deploy_systemd_missing", op_deploy_systemd_missing)
+registry.register("deploy_write_unit", op_deploy_write_unit)
+registry.register("deploy_write_env_file", op_deploy_write_env_file)
+registry.register("deploy_systemctl", op_deploy_systemctl)
+registry.register("deploy_journal", op_deploy_journal)
+registry.register("deploy_unit_status", op_deploy_unit_status)
+registry.register("preflight", op_preflight)

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servelab.errors import ConfigError, HostError, NotFoundError
-from servelab.host import agent
+from servelab.host import registry
 from servelab.host.transport import Host, b64, unb64
 
-CHUNK = agent.READ_MAX  # bytes per agent answer (one JSON line)
+CHUNK = registry.READ_MAX  # bytes per agent answer (one JSON line)
 LIMIT = 32 * 1024 * 1024  # bytes of one log a command reads at most
 JOURNAL_LINES = 10000
 
@@ -41,7 +41,7 @@ class LogText:
 
 # -- agent operations ------------------------------------------------------------------------------
 def op_log_read(
-    state: agent.AgentState, path: str, offset: int = 0, max_bytes: int = CHUNK
+    state: registry.AgentState, path: str, offset: int = 0, max_bytes: int = CHUNK
 ) -> dict[str, Any]:
     """`max_bytes` of the log file `path` from `offset` (negative: from the end), after the same checks a
     local read makes: a directory or a missing file is the user's to fix (exit 2)."""
@@ -70,7 +70,7 @@ def op_log_read(
 
 
 def op_plan_observe(
-    state: agent.AgentState, urls: list[str] | None = None, units: list[str] | None = None
+    state: registry.AgentState, urls: list[str] | None = None, units: list[str] | None = None
 ) -> dict[str, Any]:
     """What `servelab status` observes on this host (the servers at `urls` as seen from here, the systemd
     `units` here): the observation `plan check` holds a plan against."""
@@ -86,7 +86,7 @@ def op_plan_observe(
     return obs
 
 
-def op_host_facts(state: agent.AgentState) -> dict[str, Any] | None:
+def op_host_facts(state: registry.AgentState) -> dict[str, Any] | None:
     """`servelab doctor`'s findings and the GPU topology summary of this host, for the report."""
     from servelab.report.host import gather
 
@@ -96,13 +96,13 @@ def op_host_facts(state: agent.AgentState) -> dict[str, Any] | None:
     return {**facts, "hostname": socket.gethostname()}
 
 
-def _where(state: agent.AgentState) -> str:
+def _where(state: registry.AgentState) -> str:
     return socket.gethostname()
 
 
-agent.register("log_read", op_log_read)
-agent.register("plan_observe", op_plan_observe)
-agent.register("host_facts", op_host_facts)
+registry.register("log_read", op_log_read)
+registry.register("plan_observe", op_plan_observe)
+registry.register("host_facts", op_host_facts)
 
 
 # -- the reading side ------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from servelab.host import agent
+from servelab.host import registry
 
 
-def op_observe_host(state: agent.AgentState, **kwargs: Any) -> dict[str, Any]:
+def op_observe_host(state: registry.AgentState, **kwargs: Any) -> dict[str, Any]:
     """status's host-side half: servelab.host.observe.observe_host (GPUs, topology, units, leftovers, the log)."""
     from servelab.host.observe import observe_host
 
@@ -17,7 +17,7 @@ def op_observe_host(state: agent.AgentState, **kwargs: Any) -> dict[str, Any]:
 
 
 def op_doctor_facts(
-    state: agent.AgentState,
+    state: registry.AgentState,
     gpu_source: str | None = None,
     gpus: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def op_doctor_facts(
     return {"hostname": socket.gethostname(), "facts": doctor.gather(rep, topo).to_dict()}
 
 
-def op_observe_ready(state: agent.AgentState) -> str:
+def op_observe_ready(state: registry.AgentState) -> str:
     """Nothing but the imports status needs here, ahead of the call (the control side is busy meanwhile):
     this host's name."""
     import socket
@@ -44,6 +44,6 @@ def op_observe_ready(state: agent.AgentState) -> str:
     return socket.gethostname()
 
 
-agent.register("observe_ready", op_observe_ready)
-agent.register("observe_host", op_observe_host)
-agent.register("doctor_facts", op_doctor_facts)
+registry.register("observe_ready", op_observe_ready)
+registry.register("observe_host", op_observe_host)
+registry.register("doctor_facts", op_doctor_facts)

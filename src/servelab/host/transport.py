@@ -148,6 +148,14 @@ def _run_local(argv: list[str], input: bytes | None, timeout: float) -> Complete
     )
 
 
+def _agent() -> Any:
+    """The agent's operations, found by name when first called: they are the rooms above this one (status,
+    deploy, bench register theirs), run here in-process exactly as the remote agent runs them there."""
+    import importlib
+
+    return importlib.import_module("servelab.host.agent")
+
+
 class LocalHost:
     """This machine: commands run directly, agent operations in this process."""
 
@@ -161,8 +169,7 @@ class LocalHost:
         return _run_local(argv, input, timeout)
 
     def call(self, op: str, **args: Any) -> Any:
-        from servelab.host import agent
-
+        agent = _agent()
         if self._state is None:
             self._state = agent.AgentState()
         args.pop("_timeout", None)  # an SshHost's answer deadline; nothing to wait for in-process
@@ -177,9 +184,7 @@ class LocalHost:
 
     def close(self) -> None:
         if self._state is not None:
-            from servelab.host import agent
-
-            agent.shutdown(self._state)
+            _agent().shutdown(self._state)
             self._state = None
 
 
@@ -477,7 +482,11 @@ class SshHost:
         with self._lock:
             if self._lost is not None:
                 raise HostLost(self._lost.message, hint=self._lost.hint)
-            ch = self._channel if self._channel is not None and self._channel.proc.poll() is None else None
+            ch = self._channel
+            if ch is not None and ch.proc.poll() is not None:
+                # It ended under us (the link dropped between two calls): a new agent would know none of
+                # the servers this one held, so this is a lost host, not a reconnect.
+                raise self._gone(ch, "the agent's ssh exited")
             if ch is None:
                 ch = self._open_channel()
             return self._request(ch, op, args, timeout)
