@@ -17,7 +17,6 @@ from servelab import plan as P
 from servelab.cli.output import dumps_json, emit, host_option, stdout
 from servelab.cli.remote import remote_python_option
 from servelab.errors import ConfigError, NotFoundError
-from servelab.host import transport
 from servelab.store import Store, open_store
 from servelab.store.db import utcnow
 from servelab.store.plans import WORKSPACE, PlanRepo
@@ -523,13 +522,13 @@ def _observe(
     """What `servelab status` observes, on this machine or (--host) on the remote one through its agent:
     the URLs are probed from there, the units are its own."""
     from servelab.cli.remote import open_cli_host
+    from servelab.status import observe
 
     h = open_cli_host(host, remote_python)
     try:
-        obs: dict[str, Any] = h.call("plan_observe", urls=list(urls), units=list(units))
+        return observe(urls=list(urls) or None, units=list(units) or None, host=h)
     finally:
         h.close()
-    return obs
 
 
 @plan.command("check")
@@ -589,9 +588,10 @@ def check(
         "observed": {"servers": len(obs.get("servers") or []), "services": len(obs.get("services") or [])},
         "findings": [f.to_dict() for f in found],
     }
-    if obs.get("observed_on") and not observation and transport.target_of(host) is not None:
-        data["observed"]["host"] = transport.target_of(host)
-        data["observed"]["hostname"] = obs["observed_on"]
+    where = obs.get("host") or {}
+    if not observation and where.get("via") == "ssh":
+        data["observed"]["host"] = where.get("target")
+        data["observed"]["hostname"] = where.get("hostname")
 
     def render(d: dict[str, Any]) -> None:
         where = f" on {d['observed']['host']}" if d["observed"].get("host") else ""

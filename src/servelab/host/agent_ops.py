@@ -6,6 +6,6 @@ from __future__ import annotations
 from servelab.host import (
     ops_bench,  # noqa: F401  (bench: [host] bench_from = "remote")
     ops_deploy,  # noqa: F401  (deploy --install --host, preflight --host)
-    ops_logs,  # noqa: F401  (log_read, plan_observe, host_facts)
+    ops_logs,  # noqa: F401  (log_read, host_facts)
     ops_observe,  # noqa: F401  (status, doctor)
 )

@@ -69,23 +69,6 @@ def op_log_read(
     return {"size": size, "start": start, "offset": start + len(data), "data": b64(data)}
 
 
-def op_plan_observe(
-    state: registry.AgentState, urls: list[str] | None = None, units: list[str] | None = None
-) -> dict[str, Any]:
-    """What `servelab status` observes on this host (the servers at `urls` as seen from here, the systemd
-    `units` here): the observation `plan check` holds a plan against."""
-    try:
-        from servelab.status import observe  # type: ignore[attr-defined,import-not-found,unused-ignore]
-    except ImportError:
-        raise HostError(
-            f"servelab status is not available on {_where(state)}, so there is no observed state there",
-            hint="save an observation as JSON there (`servelab status --json`) and pass --observation FILE.",
-        ) from None
-    obs: dict[str, Any] = observe(urls=urls or None, units=units or None)
-    obs["observed_on"] = socket.gethostname()
-    return obs
-
-
 def op_host_facts(state: registry.AgentState) -> dict[str, Any] | None:
     """`servelab doctor`'s findings and the GPU topology summary of this host, for the report."""
     from servelab.report.host import gather
@@ -101,7 +84,6 @@ def _where(state: registry.AgentState) -> str:
 
 
 registry.register("log_read", op_log_read)
-registry.register("plan_observe", op_plan_observe)
 registry.register("host_facts", op_host_facts)
 
 
