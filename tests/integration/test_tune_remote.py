@@ -295,3 +295,39 @@ def test_a_study_on_a_host_whose_loopback_is_its_own(tmp_path: Path) -> None:
         out = json.loads(res.stdout)
         assert [c["status"] for c in out["candidates"]] == ["measured"]
         assert markers_alive(f"servelab-study:{out['study']}:") == []
+
+
+def test_a_link_that_drops_while_the_server_starts_interrupts_and_resumes(
+    tmp_path: Path, sshd: SshdHandle
+) -> None:
+    home = tmp_path / "home"
+    env = sshd.env()
+    # slow_start: the simulated start-up takes 50 s of GPU time, 5 s here at speed 10.
+    study = remote_study(
+        tmp_path / "slow.toml",
+        "slow-start",
+        sshd.alias,
+        [{"name": "slow"}],
+        levels=[1],
+        speed=10,
+        options={"faults": ["slow_start:50"]},
+    )
+    proc = _start(study, home, env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ("slow", "launching") in trials(home) and markers_alive(f"servelab-study:{study_uid(home)}:"):
+            break
+        assert proc.poll() is None, "the study ended before the fault"
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the server never started: {trials(home)}")
+    uid = study_uid(home)
+    os.kill(_master_pid(sshd, env), signal.SIGKILL)  # mid-launch: the server is still loading
+    _, err = proc.communicate(timeout=90)
+    text = err.decode()
+    assert proc.returncode == 1 and "dropped" in text and "Traceback" not in text, text[-2000:]
+    assert ("slow", "interrupted") in trials(home)
+    assert wait_gone(f"servelab-study:{uid}:") == []
+    res = run("tune", str(study), "--resume", "--json", home=home, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [c["status"] for c in json.loads(res.stdout)["candidates"]] == ["measured"]

@@ -16,7 +16,7 @@ from rich.table import Table
 from servelab import plan as P
 from servelab.cli.output import dumps_json, emit, host_option, stdout
 from servelab.cli.remote import remote_python_option
-from servelab.errors import ConfigError, NotFoundError
+from servelab.errors import ConfigError, HostError, NotFoundError
 from servelab.store import Store, open_store
 from servelab.store.db import utcnow
 from servelab.store.plans import WORKSPACE, PlanRepo
@@ -522,8 +522,14 @@ def _observe(
     """What `servelab status` observes, on this machine or (--host) on the remote one through its agent:
     the URLs are probed from there, the units are its own."""
     from servelab.cli.remote import open_cli_host
-    from servelab.status import observe
 
+    try:
+        from servelab.status import observe
+    except ImportError:
+        raise HostError(
+            "servelab status is not available here, so there is no observed state to check against",
+            hint="save an observation as JSON (`servelab status --json`) and pass --observation FILE.",
+        ) from None
     h = open_cli_host(host, remote_python)
     try:
         return observe(urls=list(urls) or None, units=list(units) or None, host=h)

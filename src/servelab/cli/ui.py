@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -44,6 +45,14 @@ def ui(host: str, port: int, open_browser: bool, as_json: bool) -> None:
         import webbrowser
 
         webbrowser.open(url)
+
+    # Ctrl-C and SIGTERM stop it, also when it was started with SIGINT ignored (a background job of a
+    # script inherits that, and Python then installs no KeyboardInterrupt handler of its own).
+    def stop(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
