@@ -405,7 +405,8 @@ def fit(
         vals = {}
         for n, v in zip(names, x, strict=True):
             lo, hi = FIT_BOUNDS[n]
-            vals[n] = float(min(max(math.exp(v), max(lo, 1e-6)), hi))
+            # Clipped in log space: the simplex can wander past exp's range (an OverflowError once, in CI).
+            vals[n] = float(math.exp(min(max(float(v), math.log(max(lo, 1e-6))), math.log(hi))))
         return start.merged(vals)
 
     x0 = np.array([math.log(max(getattr(start, n), 1e-3)) for n in names])
