@@ -177,7 +177,7 @@ class LocalHost:
 
     @contextlib.contextmanager
     def forward(self, host: str, port: int) -> Iterator[tuple[str, int]]:
-        yield ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host, port)
+        yield (_loopback(host), port)
 
     def check(self) -> None:
         """This machine is always there."""
@@ -480,16 +480,19 @@ class SshHost:
         """Run agent operation `op` on the remote host (servelab.host.agent.OPS)."""
         timeout = float(args.pop("_timeout", CALL_TIMEOUT_S))
         with self._lock:
-            if self._lost is not None:
-                raise HostLost(self._lost.message, hint=self._lost.hint)
-            ch = self._channel
-            if ch is not None and ch.proc.poll() is not None:
-                # It ended under us (the link dropped between two calls): a new agent would know none of
-                # the servers this one held, so this is a lost host, not a reconnect.
-                raise self._gone(ch, "the agent's ssh exited")
-            if ch is None:
-                ch = self._open_channel()
+            ch = self._live_channel() or self._open_channel()
             return self._request(ch, op, args, timeout)
+
+    def _live_channel(self) -> _Channel | None:
+        """The agent's channel (None: none opened yet); HostLost once the link dropped. An agent that ended
+        under us (between two calls) is a lost host, not a reconnect: a new agent would know none of the
+        servers this one held."""
+        if self._lost is not None:
+            raise HostLost(self._lost.message, hint=self._lost.hint)
+        ch = self._channel
+        if ch is not None and ch.proc.poll() is not None:
+            raise self._gone(ch, "the agent's ssh exited")
+        return ch
 
     # -- port forwards ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -502,7 +505,7 @@ class SshHost:
             self.close_forward(host, port)
 
     def open_forward(self, host: str, port: int) -> int:
-        remote = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        remote = _loopback(host)
         with self._lock:
             if (remote, port) in self._forwards:
                 return self._forwards[(remote, port)]
@@ -522,7 +525,7 @@ class SshHost:
             )
 
     def close_forward(self, host: str, port: int) -> None:
-        remote = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        remote = _loopback(host)
         with self._lock:
             local = self._forwards.pop((remote, port), None)
             if local is None:
@@ -533,11 +536,7 @@ class SshHost:
     def check(self) -> None:
         """Raise HostLost when the connection (or the agent on it) dropped."""
         with self._lock:
-            if self._lost is not None:
-                raise HostLost(self._lost.message, hint=self._lost.hint)
-            ch = self._channel
-            if ch is not None and ch.proc.poll() is not None:
-                raise self._gone(ch, "the agent's ssh exited")
+            ch = self._live_channel()
             if ch is not None and self.master_pid() is None:
                 raise self._gone(ch, "the master connection is gone")
 
@@ -554,6 +553,11 @@ class SshHost:
         """End the master connection too (tests; `servelab host disconnect`)."""
         self.close()
         _run_local([*self._base(), "-O", "exit", *self.target.destination()], None, 10)
+
+
+def _loopback(host: str) -> str:
+    """Where to connect to a server bound to `host` (a wildcard means its loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def _free_local_port() -> int:
