@@ -5,9 +5,10 @@ server on any node."""
 
 from __future__ import annotations
 
+import itertools
 import json
-import re
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -94,7 +95,7 @@ def test_study_on_three_nodes_runs_in_parallel_and_records_each_node(
     assert len(base) == 2 and base[0]["node"]["id"] != base[1]["node"]["id"]
     # in parallel: some trial started before another had finished
     spans = sorted((r["started_at"], r["finished_at"]) for r in rows)
-    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False)), spans
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans)), spans
     spread = out["ranking"]["noise"]["node_spread"]
     assert spread["measured"] is True and len(spread["per_node"]) == 2
     assert spread["spread"] == pytest.approx(

@@ -99,11 +99,11 @@ def test_executor_is_local_by_default_and_ray_excludes_one_ssh_box() -> None:
     assert parse_study(_base()).executor.kind == "local"
     s = parse_study(_base(executor={"kind": "ray", "address": "10.0.0.1:6379", "baseline_nodes": 3}))
     assert s.executor.kind == "ray" and s.executor.baseline_nodes == 3
-    with pytest.raises(ConfigError, match="executor.kind"):
+    with pytest.raises(ConfigError, match=r"executor\.kind"):
         parse_study(_base(executor={"kind": "slurm"}))
     with pytest.raises(ConfigError, match=r"\[host\] ssh"):
         parse_study(_base(executor={"kind": "ray"}, host={"ssh": "gpubox"}))
-    with pytest.raises(ConfigError, match="executor.baseline_nodes"):
+    with pytest.raises(ConfigError, match=r"executor\.baseline_nodes"):
         parse_study(_base(executor={"kind": "ray", "baseline_nodes": 0}))
 
 
