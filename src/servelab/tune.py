@@ -193,6 +193,7 @@ def preflight(study: Study, engine: Engine) -> None:
 
 class Tuner:
     def __init__(self, study: Study, store: Store, source: str | None, opts: TuneOptions) -> None:
+        self._t0 = time.monotonic()  # joining a cluster is timed from here (importing Ray included)
         self.study = study
         self.store = store
         self.repo = StudyRepo(store)
@@ -299,7 +300,6 @@ class Tuner:
         preflight(self.study, self.engine)
         self.swept = []
         try:
-            t0 = time.monotonic()
             await self.executor.start()  # an unusable host or cluster fails before anything is stored
             if self.executor.parallel:
                 self.notify(
@@ -307,7 +307,7 @@ class Tuner:
                     {
                         "kind": self.executor.kind,
                         "gpus": self.executor.capacity(),
-                        "s": time.monotonic() - t0,
+                        "s": time.monotonic() - self._t0,
                     },
                 )
             return await self._drive()

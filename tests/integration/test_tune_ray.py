@@ -61,12 +61,20 @@ def trial_rows(home: Path) -> list[dict[str, Any]]:
     con.row_factory = sqlite3.Row
     try:
         rows = con.execute(
-            "SELECT c.label, t.status, t.repeat, t.node_json, t.error, t.started_at, t.finished_at"
+            "SELECT c.label, t.status, t.repeat, t.node_json, t.error, t.started_at, t.finished_at,"
+            " t.diagnosis_json"
             " FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id ORDER BY t.id"
         ).fetchall()
     finally:
         con.close()
-    return [{**dict(r), "node": json.loads(r["node_json"]) if r["node_json"] else None} for r in rows]
+    return [
+        {
+            **dict(r),
+            "node": json.loads(r["node_json"]) if r["node_json"] else None,
+            "diagnosis": json.loads(r["diagnosis_json"]) if r["diagnosis_json"] else None,
+        }
+        for r in rows
+    ]
 
 
 def test_study_on_three_nodes_runs_in_parallel_and_records_each_node(
@@ -102,6 +110,28 @@ def test_study_on_three_nodes_runs_in_parallel_and_records_each_node(
         max(spread["per_node"].values()) - min(spread["per_node"].values())
     )
     assert len(c["tp8"]["nodes"]) == 2 and "different nodes" in c["tp8"]["node_note"]
+    # the store's readers see the nodes: `runs study` (its table notes, its JSON per trial)
+    env = {**os.environ, "SERVELAB_HOME": str(home)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "servelab", "runs", "study", out["study"], "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    study_json = json.loads(shown.stdout)
+    tp8 = next(x for x in study_json["candidates"] if x["label"] == "tp8")
+    assert {t["node"]["id"] for t in tp8["trials"]} == {r["node"]["id"] for r in base}
+    table = subprocess.run(
+        [sys.executable, "-m", "servelab", "runs", "study", out["study"]],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+        timeout=60,
+        check=True,
+    )
+    assert "different nodes" in table.stdout and "node-to-node spread" in table.stdout
     assert markers_alive(f"servelab-study:{out['study']}:") == []
 
 
@@ -244,13 +274,5 @@ def test_ctrl_c_tears_down_every_node_and_a_layout_no_node_holds_fails_clearly(
     assert markers_alive(f"servelab-study:{uid}:") == []  # torn down before the driver exited
     rows = trial_rows(home)
     fit = next(r for r in rows if r["label"] == "tp8-pp2")
-    assert fit["status"] == "failed"
-    con = sqlite3.connect(home / "servelab.db")
-    diag = json.loads(
-        con.execute(
-            "SELECT diagnosis_json FROM study_trials WHERE id = (SELECT max(t.id) FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id WHERE c.label = 'tp8-pp2')"
-        ).fetchone()[0]
-        or "null"
-    )
-    con.close()
-    assert diag is None or diag["class"] == "does_not_fit"
+    assert fit["status"] == "failed" and fit["node"] is None  # never placed
+    assert fit["diagnosis"]["class"] == "does_not_fit" and "16 GPUs" in fit["diagnosis"]["evidence"]
