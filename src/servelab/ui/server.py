@@ -1,14 +1,13 @@
 """The HTTP side of `servelab ui`: stdlib ThreadingHTTPServer, GET and HEAD only, a read-only store per request.
 
-Read-only twice over: only GET/HEAD are answered (anything else is 405), and each request's SQLite
-connection is switched to `query_only`, so no page can change the store even by mistake.
+Read-only twice over: only GET/HEAD are answered (anything else is 405), and each request's store
+connection is switched to read-only (`Store.read_only`), so no page can change the store even by mistake.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-import sqlite3
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from servelab.errors import ServelabError, UserError
 from servelab.store import open_store
+from servelab.store.db import driver_errors
 from servelab.ui.pages import Response, route
 
 SECURITY_HEADERS = {
@@ -32,6 +32,9 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+PAGE_ERRORS: tuple[type[Exception], ...] = (ServelabError, *driver_errors())
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -50,9 +53,9 @@ class _Handler(BaseHTTPRequestHandler):
             resp = Response(500, f"store unavailable: {exc.message}".encode(), "text/plain; charset=utf-8")
         else:
             try:
-                store.conn.execute("PRAGMA query_only = ON")
+                store.read_only()
                 resp = route(store, url.path, query)
-            except (ServelabError, sqlite3.Error) as exc:
+            except PAGE_ERRORS as exc:
                 msg = exc.message if isinstance(exc, ServelabError) else str(exc)
                 resp = Response(500, f"error: {msg}".encode(), "text/plain; charset=utf-8")
             finally:
