@@ -98,6 +98,9 @@ def test_refusals_exit_2_without_traceback_or_password(pg_url: str, pg: PgCluste
         assert res.returncode == 2, (argv, res.stderr)
         clean(res, pg)
         assert "a password does not belong on the command line" in res.stderr and "PGPASSWORD" in res.stderr
+    missing = cli("db", "copy", "--from", str(tmp_path / "nope.db"), "--to", pg_url, home=tmp_path)
+    assert missing.returncode == 2 and "no such store file" in missing.stderr
+    assert not (tmp_path / "nope.db").exists()
     bad = cli("--db", "mysql://h/x", "runs", home=tmp_path)
     assert bad.returncode == 2 and "unknown store scheme 'mysql'" in bad.stderr, bad.stderr
     # the password in the environment is fine, and never shown; a server that is not there is exit 1
@@ -156,8 +159,7 @@ print(seen)
 
 
 def test_concurrent_writers_and_a_reader_lose_and_duplicate_nothing(pg_url: str, tmp_path: Path) -> None:
-    writers, n = 4, 60
-    open_store(pg_url).close()
+    writers, n = 4, 60  # and the fresh database is migrated by all five at once: they take turns
     env = {**os.environ, "SERVELAB_DB": pg_url, "SERVELAB_HOME": str(tmp_path)}
     reader = subprocess.Popen(
         [sys.executable, "-c", READER, str(writers)], env=env, stdout=subprocess.PIPE, text=True

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from servelab.cli.output import emit, stdout
-from servelab.errors import ConfigError
+from servelab.errors import ConfigError, NotFoundError
 from servelab.store.copy import copy_store
 from servelab.store.db import Store, open_store, open_store_migrated
 from servelab.store.dialect import command_line_location
@@ -56,6 +56,10 @@ def copy(source: str, target: str, as_json: bool) -> None:
     `--to postgresql://…`). The target must hold no rows."""
     src_where = command_line_location(source, "--from")
     dst_where = command_line_location(target, "--to")
+    if src_where.path is not None and not src_where.path.is_file():
+        raise NotFoundError(
+            f"--from {src_where.shown}: no such store file", hint="give the path of an existing servelab.db"
+        )
     if src_where == dst_where:
         raise ConfigError("--from and --to name the same store", hint="copy into another, empty store")
     with open_store(source) as src, open_store(target) as dst:

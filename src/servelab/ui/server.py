@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from servelab.errors import ServelabError, UserError
+from servelab.redact import redact_text
 from servelab.store import open_store
 from servelab.store.db import driver_errors
 from servelab.ui.pages import Response, route
@@ -39,7 +40,7 @@ PAGE_ERRORS: tuple[type[Exception], ...] = (ServelabError, *driver_errors())
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "servelab-ui"
-    store_path: Path | None = None
+    store_path: Path | str | None = None  # a SQLite file or a store URL (None: the default)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: the terminal shows the URL, not every request
@@ -56,7 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
                 store.read_only()
                 resp = route(store, url.path, query)
             except PAGE_ERRORS as exc:
-                msg = exc.message if isinstance(exc, ServelabError) else str(exc)
+                msg = exc.message if isinstance(exc, ServelabError) else redact_text(str(exc))
                 resp = Response(500, f"error: {msg}".encode(), "text/plain; charset=utf-8")
             finally:
                 store.close()
@@ -95,7 +96,7 @@ class _UIServer6(UIServer):
     address_family = socket.AF_INET6
 
 
-def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | None = None) -> UIServer:
+def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | str | None = None) -> UIServer:
     """A bound, not yet serving, server (port 0: a free port; `server.server_address` says which)."""
     handler = type("Handler", (_Handler,), {"store_path": store_path})
     cls = _UIServer6 if ":" in host else UIServer
