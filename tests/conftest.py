@@ -17,6 +17,7 @@ from tests.support.postgres import PgCluster, pg_cluster
 def servelab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "servelab-home"
     monkeypatch.setenv("SERVELAB_HOME", str(home))
+    monkeypatch.delenv("SERVELAB_DB", raising=False)  # the store is the file in that home unless a test says
     return home
 
 
