@@ -134,8 +134,8 @@ class Store:
 
     def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run an INSERT and return the new row's id (`RETURNING id`, on both)."""
-        row = self.execute(sql + " RETURNING id", params).fetchone()
-        assert row is not None
+        # every row fetched: SQLite commits an INSERT .. RETURNING when its statement is done, not before
+        [row] = self.execute(sql + " RETURNING id", params).fetchall()
         return int(row[0])
 
     def _pg(self, call: Any) -> Any:

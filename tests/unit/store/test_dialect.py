@@ -107,3 +107,13 @@ def test_without_psycopg_a_postgresql_store_names_the_extra(tmp_path: Path) -> N
         [sys.executable, "-c", code, "runs"], capture_output=True, text=True, env=env, timeout=60
     )
     assert ok.returncode == 0, ok.stderr
+
+
+def test_literal_percent_and_question_marks_survive(where: Path | str) -> None:
+    with open_store(where) as store:
+        row = store.execute("SELECT '100%', 'a?b', ? || '%'", ("x",)).fetchone()
+        assert row is not None and [row[0], row[1], row[2]] == ["100%", "a?b", "x%"]
+        assert dict(store.execute("SELECT 1 AS one, 'two' AS two").fetchone() or {}) == {
+            "one": 1,
+            "two": "two",
+        }
