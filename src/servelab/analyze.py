@@ -465,3 +465,57 @@ def _judge(
     info = {"method": T_METHOD, "half_width": noise_hw, "significant": significant}
     word = "exceeds" if significant else "is within"
     return significant, info, f"{word} the noise ({T_METHOD}: 95 % CI of the difference ±{noise_hw:.3g})"
+
+
+@dataclass(frozen=True)
+class NodeSpread:
+    """How far apart "identical" cluster nodes measured the baseline: the range of the per-node means of
+    the objective at its scored level (`spread`, in the objective's unit)."""
+
+    level: float
+    per_node: dict[str, float]  # node name -> mean of the baseline's trials there
+    spread: float
+    spread_pct: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def node_spread(level: float, values: list[tuple[str, float]]) -> NodeSpread | None:
+    """The baseline's node-to-node spread from (node name, objective value) per measured trial; None with
+    fewer than two nodes (it cannot be seen)."""
+    by: dict[str, list[float]] = {}
+    for node, v in values:
+        by.setdefault(node, []).append(v)
+    if len(by) < 2:
+        return None
+    means = {n: sum(vs) / len(vs) for n, vs in sorted(by.items())}
+    spread = max(means.values()) - min(means.values())
+    mean = sum(means.values()) / len(means)
+    return NodeSpread(level, means, spread, spread / abs(mean) * 100 if mean else None)
+
+
+def guard_node_spread(ranking: Ranking, spread: NodeSpread | None, *, cluster: bool) -> Ranking:
+    """On a cluster, a winner's margin must exceed the node-to-node spread measured on the baseline: a
+    smaller margin is within the noise whatever the per-trial statistics say. Off a cluster: unchanged."""
+    if not cluster:
+        return ranking
+    if spread is None:
+        ranking.noise["node_spread"] = {
+            "measured": False,
+            "reason": "the baseline did not run on two nodes: the node-to-node spread is unknown",
+        }
+        if ranking.margin is not None:
+            ranking.verdict += "; the node-to-node spread was not measured (the baseline ran on one node)"
+        return ranking
+    ranking.noise["node_spread"] = {"measured": True, **spread.to_dict()}
+    if ranking.margin is None or ranking.winner is None:
+        return ranking
+    if abs(ranking.margin) <= spread.spread:
+        ranking.significant = False
+        pct = f" ({spread.spread_pct:.1f} %)" if spread.spread_pct is not None else ""
+        ranking.verdict += (
+            f"; but the margin {ranking.margin:,.4g} is not larger than the node-to-node spread "
+            f"{spread.spread:,.4g}{pct} measured on the baseline: no winner is called on it"
+        )
+    return ranking

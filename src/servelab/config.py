@@ -104,6 +104,25 @@ class HostSpec(_Strict):
         return v
 
 
+class ExecutorSpec(_Strict):
+    """Where the trials run: `local` (this machine or the one `[host] ssh` box, one trial at a time) or
+    `ray` (the nodes of a Ray cluster, placed by the GPUs each layout needs, several at once)."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the Ray cluster to join: HOST:PORT of its head (default $RAY_ADDRESS, else 'auto')",
+    )
+    baseline_nodes: int = Field(
+        default=2,
+        ge=1,
+        le=8,
+        description="on a cluster, run the baseline on this many different nodes (extra repeats where "
+        "needed) to measure the node-to-node spread a winner's margin must exceed",
+    )
+
+
 class EngineSpec(_Strict):
     name: str
     python: str | None = None
@@ -300,6 +319,7 @@ class Study(_Strict):
     study: StudyInfo
     model: ModelSpec
     host: HostSpec = Field(default_factory=HostSpec)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
     engine: EngineSpec
     candidates: list[CandidateSpec] = Field(default_factory=list)
     matrix: dict[str, list[Any]] = Field(default_factory=dict)
@@ -341,6 +361,11 @@ class Study(_Strict):
             )
         if sum(c.baseline for c in self.candidates) > 1:
             raise ValueError("at most one candidate can be the baseline")
+        if self.executor.kind == "ray" and self.host.ssh:
+            raise ValueError(
+                "executor.kind = 'ray' places trials on the Ray cluster's nodes; [host] ssh names one box "
+                "(drop one of the two)"
+            )
         problems = self._check_engine(explicit)
         if problems:
             raise StudyProblems(problems)

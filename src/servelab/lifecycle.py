@@ -48,7 +48,7 @@ from servelab.host.wire import unb64
 from servelab.redact import redact_argv
 
 if TYPE_CHECKING:  # the transport imports the agent, which runs this module over there
-    from servelab.host.transport import Host, SshHost
+    from servelab.host.transport import AgentHost, Host
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
 LOG_DIAGNOSE_BYTES = 512 * 1024  # how much of the log's end a diagnosis reads
@@ -229,7 +229,7 @@ class RemoteServer:
     (it may bind the remote's loopback only). What readiness, benchmarks and diagnosis need of a `Server`."""
 
     spec: LaunchSpec  # as launched over there: host and port are the remote's
-    host: SshHost
+    host: AgentHost
     log_path: Path  # the local mirror
     remote_log: str
     run_marker: str
@@ -241,6 +241,7 @@ class RemoteServer:
     teardown_report: TeardownReport | None = None
     offset: int = 0  # bytes of the remote log mirrored so far
     rc: int | None = None
+    local_host: str = "127.0.0.1"  # where `local_port` is reached from here
 
     @property
     def pid(self) -> int:
@@ -252,7 +253,7 @@ class RemoteServer:
 
     @property
     def url(self) -> str:
-        return f"{self.spec.scheme}://127.0.0.1:{self.local_port}"
+        return f"{self.spec.scheme}://{self.local_host}:{self.local_port}"
 
     def _mirror(self, data: str, offset: int) -> None:
         raw = unb64(data)
@@ -295,7 +296,7 @@ def launch_on(
     simulator's default interpreter) becomes the remote host's python."""
     if host.is_local:
         return launch(spec, log_path, run_marker, cpus=cpus, check_port=check_port)
-    host = cast("SshHost", host)
+    host = cast("AgentHost", host)
     check_marker(run_marker)
     import dataclasses
     import sys
@@ -327,7 +328,7 @@ def launch_on(
         got.get("gpu_baseline_mib"),
     )
     try:
-        server.local_port = host.open_forward(spec.host, spec.port)
+        server.local_host, server.local_port = host.open_forward(spec.host, spec.port)
     except BaseException:
         _remote_teardown(server, 10.0)
         raise

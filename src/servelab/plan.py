@@ -35,7 +35,15 @@ OPEN_STATUSES: tuple[str, ...] = ("pending", "in_progress", "blocked")
 PRIORITIES: tuple[str, ...] = ("high", "medium", "low")
 DEFAULT_WORKER = "default"
 TUNE_WORKER = "tune"
-TRIAL_STATUSES: tuple[str, ...] = ("running", "measured", "not_applied", "failed", "anomalous", "interrupted")
+TRIAL_STATUSES: tuple[str, ...] = (
+    "running",
+    "measured",
+    "not_applied",
+    "failed",
+    "anomalous",
+    "interrupted",
+    "lost",
+)
 JSON_FORMAT = "servelab-plan"
 _TODOWRITE_KEYS = ("id", "content", "status", "priority")
 _BINDING_KEYS = ("study", "candidate", "requested", "predicted", "url", "unit")
@@ -597,13 +605,15 @@ def on_trial(
     now: str,
     actor: str = TUNE_WORKER,
 ) -> Outcome:
-    """Move a candidate's item as its trial progresses.
+    """Move a candidate's item as its trial progresses. `actor` works one item at a time: a study on one box
+    is one worker (`tune`), a study on a cluster one worker per candidate (`tune:LABEL`), its trials in
+    parallel.
 
     running: start it (an item the study left in progress, e.g. before a kill, goes back to pending);
     measured: complete it when the run shows the requested configuration applied, reopen it when it shows
     it did not, block it when the run does not show it; not_applied: reopen it with the evidence;
     failed: block it with the diagnosis; anomalous: block it (applied, but the numbers need a look);
-    interrupted: back to pending.
+    interrupted, lost (its cluster node died; it runs again): back to pending.
     """
     if status not in TRIAL_STATUSES:
         raise ConfigError(f"unknown trial status {status!r}", hint=f"use one of {', '.join(TRIAL_STATUSES)}.")
@@ -632,8 +642,13 @@ def on_trial(
             reason=f"trial running{_run_suffix(evidence)}",
         )
         return Outcome(o.plan, (*events, *o.events), o.info)
-    if status == "interrupted":
-        return transition(plan, it.id, "pending", now=now, actor=actor, reason="trial interrupted")
+    if status in ("interrupted", "lost"):
+        why = (
+            "trial interrupted"
+            if status == "interrupted"
+            else f"trial lost with its node {evidence.get('node')}"
+        )
+        return transition(plan, it.id, "pending", now=now, actor=actor, reason=why)
     rec = assess((it.binding or {}).get("requested"), {**evidence, "status": status}, now)
     if status == "failed":
         d = evidence.get("diagnosis") or {}

@@ -248,6 +248,21 @@ class Host(_Model):
     source: str | None = None  # where these facts came from: server | study | flags
 
 
+class Node(_Model):
+    """The cluster node a trial ran on (a Ray node): its id, the address its servers listen on, its
+    hostname, and the GPUs Ray gave the trial there (their CUDA_VISIBLE_DEVICES)."""
+
+    id: str
+    address: str
+    hostname: str | None = None
+    gpu_ids: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """How the node is shown: its address and the start of its id (two raylets can share a machine)."""
+        return f"{self.address}/{self.id[:8]}"
+
+
 class NetPath(_Model):
     """How the benchmark client reached the server: `direct`, `ssh-forward` through a port forwarded over
     the SSH connection to `target`, or `remote`: the client ran on `target` itself, next to the server

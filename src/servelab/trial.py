@@ -61,7 +61,7 @@ Digest = dict[str, Any]
 TrialStatus = Literal["measured", "not_applied", "failed"]
 # Where a trial ended: its command could not be built, it did not start, a setting was not applied,
 # verify-output failed, the benchmark failed (or the server died in it), or every step passed.
-Stage = Literal["command", "start", "applied", "verify", "bench", "done"]
+Stage = Literal["command", "place", "start", "applied", "verify", "bench", "done"]
 DEATH_CLASSES = ("engine_died_after_ready", "oom_runtime")
 TelemetryReader = Callable[[], Awaitable[tuple[float, float] | None]]
 TELEMETRY_KEYS = ("gpu_power_w", "gpu_util")
@@ -478,12 +478,16 @@ class Trial:
         store: Store,
         observer: TrialObserver | None = None,
         host: transport.Host | None = None,
+        *,
+        bench_from: str | None = None,
     ) -> None:
         self.study = study
         self.engine = engine
         self.store = store
         self.observer = observer or TrialObserver()
         self.host = host  # None: this machine; an SshHost: the server runs there, we bench through a forward
+        # Where the benchmark client runs (`[host] bench_from`); a cluster executor runs it on the node.
+        self.bench_from = bench_from or study.host.bench_from
 
     async def run(
         self,
@@ -737,7 +741,7 @@ class Trial:
     def _remote_url(self, target: Target) -> str | None:
         """With `[host] bench_from = "remote"` and a server of ours over SSH: its URL over there, where the
         benchmark then runs (None: the benchmark runs here, through the forward in `target.url`)."""
-        if self.study.host.bench_from != "remote" or self.host is None or self.host.is_local:
+        if self.bench_from != "remote" or self.host is None or self.host.is_local:
             return None
         server = target.server
         return server.spec.url if isinstance(server, lifecycle.RemoteServer) else None

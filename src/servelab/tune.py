@@ -13,7 +13,9 @@ process drives a study at a time (`store.leases`): a resume never touches the se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +28,11 @@ from servelab.config import CandidateSpec, Study
 from servelab.engines import registry
 from servelab.engines.base import Engine, LaunchSpec
 from servelab.errors import ConfigError, HostLost, Interrupted, ServelabError, UserError
+from servelab.executors.base import Executor, LocalExecutor, Placement
 from servelab.host import transport
 from servelab.paths import data_home
+from servelab.plan import TUNE_WORKER
+from servelab.results import Node
 from servelab.store import leases
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
@@ -61,6 +66,8 @@ class TuneOptions:
     observe: Observer | None = None
     startup_timeout_s: float | None = None  # overrides the study's and the engine's
     host: str | None = None  # --host: overrides $SERVELAB_HOST and the study's [host] ssh
+    executor: str | None = None  # --executor: overrides the study's [executor] kind
+    ray_address: str | None = None  # --ray-address: overrides [executor] address and $RAY_ADDRESS
 
 
 @dataclass
@@ -83,7 +90,8 @@ class StudyOutcome:
 
 def spec_hash(study: Study) -> str:
     return hashlib.sha256(
-        orjson.dumps(study.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        # Where the trials run is not what is studied: a study resumes on another executor.
+        orjson.dumps(study.model_dump(mode="json", exclude={"executor"}), option=orjson.OPT_SORT_KEYS)
     ).hexdigest()[:16]
 
 
@@ -193,7 +201,6 @@ class Tuner:
         self.engine: Engine = registry.get(study.engine.name)
         self.notify: Observer = opts.observe or (lambda _e, _d: None)
         self.swept: list[dict[str, Any]] = []  # the interrupted run's processes a resume ended
-        self._current: tuple[str, str, int] = ("", "", 0)  # (study uid, label, trial id) of the running trial
         self._sid = 0
         self._lease: tuple[int, leases.Owner] | None = None  # (study id, us) while we hold its lease
         target = transport.target_of(opts.host, study.host.ssh)
@@ -205,6 +212,36 @@ class Tuner:
             if target is not None
             else None
         )
+        self.executor = self._executor()
+
+    def _executor(self) -> Executor:
+        kind = self.opts.executor or self.study.executor.kind
+        if kind == "local":
+            return LocalExecutor(self.host)
+        if kind != "ray":
+            raise ConfigError(f"unknown executor {kind!r}", hint="use --executor local or --executor ray")
+        if self.host is not None:
+            raise ConfigError(
+                "the ray executor places trials on the cluster's nodes; --host / [host] ssh names one box",
+                hint="drop one of the two",
+            )
+        try:
+            from servelab.executors.ray import RayExecutor
+        except ImportError as exc:
+            raise ConfigError(
+                f"the ray executor needs Ray, which is not installed here ({exc})",
+                hint="pip install 'servelab[ray]' (the same Ray version as the cluster's)",
+            ) from None
+        return RayExecutor(
+            self.opts.ray_address or self.study.executor.address, workdir=self.study.host.workdir
+        )
+
+    def repeats_of(self, label: str) -> int:
+        """How many measured trials a candidate needs: the study's repeats; on a cluster the baseline also
+        runs on `executor.baseline_nodes` different nodes, to measure the node-to-node spread."""
+        if self.executor.parallel and label == self.study.baseline_label():
+            return max(self.study.repeats, self.study.executor.baseline_nodes)
+        return self.study.repeats
 
     # -- study bookkeeping ------------------------------------------------------------------------
     def _open(self) -> tuple[int, str, list[dict[str, Any]]]:
@@ -232,15 +269,8 @@ class Tuner:
                 )
             # Before anything is swept: the processes of a live driver are not leftovers.
             self._lease = (prev["id"], leases.acquire(self.store, prev["id"], prev["uid"]))
-            swept = lifecycle.sweep_orphans(f"{MARKER_PREFIX}:{prev['uid']}:", host=self.host)
+            swept = self.executor.sweep(f"{MARKER_PREFIX}:{prev['uid']}:")
             self.swept = [s.to_dict() for s in swept]
-            if swept:  # what the killed servers left in /dev/shm, once nothing holds it
-                from servelab.host import shm
-
-                if self.host is None:
-                    shm.remove_orphaned(min_age_s=5)
-                else:
-                    self.host.call("shm_remove_orphaned", min_age_s=5)
             bench = BenchRepo(self.store)
             for t in self.repo.open_trials(prev["id"]):
                 if t["bench_open"]:  # the level the kill cut short
@@ -267,26 +297,36 @@ class Tuner:
 
     async def run(self) -> StudyOutcome:
         preflight(self.study, self.engine)
-        if self.host is not None:  # an unusable host fails before anything is stored
-            await asyncio.to_thread(self.host.call, "ping")
         self.swept = []
-        self._current = ("", "", 0)
         try:
+            t0 = time.monotonic()
+            await self.executor.start()  # an unusable host or cluster fails before anything is stored
+            if self.executor.parallel:
+                self.notify(
+                    "executor_started",
+                    {
+                        "kind": self.executor.kind,
+                        "gpus": self.executor.capacity(),
+                        "s": time.monotonic() - t0,
+                    },
+                )
             return await self._drive()
         finally:
             if self._lease is not None:
                 leases.release(self.store, *self._lease)
                 self._lease = None
-            if self.host is not None:
-                self.host.close()
+            await asyncio.to_thread(self.executor.close)
 
     async def _drive(self) -> StudyOutcome:
         sid, uid, cands = self._open()
         self._sid = sid
         specs = {c.label(): c for c in self.study.candidates}
         try:
-            for cand in cands:
-                await self._run_candidate(uid, cand, specs[cand["label"]])
+            if self.executor.parallel:
+                await self._run_parallel(uid, cands, specs)
+            else:
+                for cand in cands:
+                    await self._run_candidate(uid, cand, specs[cand["label"]])
         except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
             self._interrupted(sid, uid, cands, "interrupted by the user")
             raise Interrupted(
@@ -303,6 +343,20 @@ class Tuner:
         outcome = self.finish(sid, uid)
         self.notify("study_finished", outcome.to_dict())
         return outcome
+
+    async def _run_parallel(
+        self, uid: str, cands: list[dict[str, Any]], specs: dict[str, CandidateSpec]
+    ) -> None:
+        """Every candidate at once, in the predicted order: each trial waits for its GPUs (first come,
+        first served), so the cluster runs as many as it holds. The first error stops the others (their
+        servers torn down) and is raised."""
+        tasks = [asyncio.ensure_future(self._run_candidate(uid, c, specs[c["label"]])) for c in cands]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _interrupted(self, sid: int, uid: str, cands: list[dict[str, Any]], why: str) -> None:
         """Open trials and the study become `interrupted` (a resume redoes those trials)."""
@@ -361,9 +415,54 @@ class Tuner:
                     {k: v for k, v in c.items() if k not in ("label", "status", "predicted")},
                 )
         ranking = analyze.rank(scores, self.study.objective, samples)
+        spread = self._node_spread(cands, scores, base_label)
+        ranking = analyze.guard_node_spread(ranking, spread, cluster=self.executor.parallel)
+        self._note_nodes(cands, out)
         result = {"ranking": ranking.to_dict(), "baseline": base_label}
         self.repo.set_study_status(sid, "completed", result)
         return StudyOutcome(uid, "completed", out, ranking.to_dict(), self.swept)
+
+    def _nodes(self, cand_id: int) -> list[tuple[dict[str, Any], Node]]:
+        """A candidate's measured trials that ran on a cluster node, with the node."""
+        return [
+            (t, Node.model_validate(t["node"]))
+            for t in self.repo.trials(cand_id)
+            if t["status"] == "measured" and t.get("node")
+        ]
+
+    def _node_spread(
+        self, cands: list[dict[str, Any]], scores: list[analyze.Score], base_label: str
+    ) -> analyze.NodeSpread | None:
+        """The baseline's objective per node at its scored level (None: fewer than two nodes ran it)."""
+        base = next((c for c in cands if c["label"] == base_label), None)
+        score = next((s for s in scores if s.label == base_label), None)
+        if base is None or score is None or score.level is None:
+            return None
+        values = []
+        for t, node in self._nodes(base["id"]):
+            d = next((d for d in t["levels"] or [] if float(d["level"]) == score.level), None)
+            if d is not None and d.get(self.study.objective) is not None:
+                values.append((node.name, float(d[self.study.objective])))
+        return analyze.node_spread(score.level, values)
+
+    def _note_nodes(self, cands: list[dict[str, Any]], out: list[dict[str, Any]]) -> None:
+        """Each candidate's nodes, and a note when its repeats ran on different ones (its interval then
+        holds the node-to-node noise too)."""
+        for c, o in zip(cands, out, strict=True):
+            names = sorted({n.name for _, n in self._nodes(c["id"])})
+            if not names:
+                continue
+            o["nodes"] = names
+            if len(names) > 1:
+                o["node_note"] = (
+                    f"its repeats ran on {len(names)} different nodes ({', '.join(names)}): its interval "
+                    "includes the node-to-node noise"
+                )
+            self.repo.set_candidate(
+                c["id"],
+                o["status"],
+                {k: v for k, v in o.items() if k not in ("label", "status", "predicted")},
+            )
 
     def samples(
         self, cands: list[dict[str, Any]], scores: list[analyze.Score]
@@ -420,12 +519,13 @@ class Tuner:
                 self.repo.set_candidate(cand["id"], final[-1]["status"], _record_of(final[-1]))
             self.notify("candidate_skipped", {"label": cand["label"], "status": cand["status"]})
             return
-        if len(measured) >= self.study.repeats:
+        repeats = self.repeats_of(cand["label"])
+        if len(measured) >= repeats:
             if cand["status"] not in ("measured", "anomalous"):  # as above: repaired, never dropped
                 self.repo.set_candidate(cand["id"], "measured", {})
             return
         self.repo.set_candidate(cand["id"], "running")
-        for repeat in range(len(measured), self.study.repeats):
+        for repeat in range(len(measured), repeats):
             status, outcome = await self._trial(uid, cand, spec, repeat, trials)
             if status != "measured":
                 self.repo.set_candidate(cand["id"], status, outcome)
@@ -435,13 +535,63 @@ class Tuner:
     async def _trial(
         self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int, before: list[dict[str, Any]]
     ) -> tuple[str, dict[str, Any]]:
+        """One repeat of a candidate, placed by the executor. On a cluster a trial whose node dies is
+        marked `lost` and run once more on another node; lost again, it fails with that diagnosis."""
         label = cand["label"]
         marker = naming.run_marker(MARKER_PREFIX, uid, label, repeat)
         kept, carried = _kept_levels(before, repeat)
-        tid = self.repo.start_trial(cand["id"], repeat, marker, **carried)
-        self.notify("trial_started", {"label": label, "repeat": repeat})
-        self._current = (uid, label, tid)
-        self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
+        gpus = spec.tp * spec.pp * (spec.dp or 1)
+        # Repeats on nodes not used yet: a candidate's interval then holds the node-to-node noise too.
+        avoid = frozenset(n.id for _, n in self._nodes(cand["id"]))
+        for attempt in (0, 1):
+            tid = self.repo.start_trial(cand["id"], repeat, marker, **carried)
+            self.notify("trial_started", {"label": label, "repeat": repeat})
+            self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
+            recorder = _TrialRecorder(self, uid, tid, label, cand["id"], repeat == self.repeats_of(label) - 1)
+            unfit = self.executor.fits(gpus)
+            if unfit is not None:
+                outcome = recorder.place_failed(unfit)
+                return outcome.status, outcome.record()
+            placed: Placement | None = None
+            try:
+                async with self.executor.place(gpus, avoid) as placed:
+                    recorder.placed(placed)
+                    outcome = await self._run_trial(uid, label, tid, repeat, spec, placed, recorder, kept)
+                return outcome.status, outcome.record()
+            except ConfigError as exc:  # no live node can take it any more
+                outcome = recorder.place_failed(exc.message)
+                return outcome.status, outcome.record()
+            except HostLost as exc:
+                if not self.executor.parallel or (placed is not None and not placed.lost_node(exc)):
+                    raise  # this machine's link to its one host: the study is interrupted
+                node = placed.node if placed is not None else None
+                self._close_open_level(cand["id"], tid)
+                if attempt == 1:
+                    failed = recorder.node_failed(exc, node)
+                    return failed.status, failed.record()
+                recorder.node_lost(exc, node)
+                if node is not None:
+                    avoid = avoid | {node.id}
+                kept, carried = [], {}  # measured on the lost node: the rerun measures afresh
+        raise AssertionError("unreachable")
+
+    def _close_open_level(self, cand_id: int, tid: int) -> None:
+        """The bench run a lost node's trial was measuring: interrupted, as a resume does for a kill."""
+        row = next((t for t in self.repo.trials(cand_id) if t["id"] == tid), None)
+        if row is not None and row["bench_open"]:
+            BenchRepo(self.store).interrupt_run(row["bench_open"])
+
+    async def _run_trial(
+        self,
+        uid: str,
+        label: str,
+        tid: int,
+        repeat: int,
+        spec: CandidateSpec,
+        placed: Placement,
+        recorder: _TrialRecorder,
+        kept: list[LevelResult],
+    ) -> TrialOutcome:
         log_path = data_home() / "logs" / uid / naming.log_name(label, repeat, tid)
         timeout = (
             self.opts.startup_timeout_s
@@ -450,17 +600,25 @@ class Tuner:
         )
         if kept:
             self.notify("levels_kept", {"label": label, "levels": [lv.value for lv in kept]})
-        last = repeat == self.study.repeats - 1
-        recorder = _TrialRecorder(self, tid, label, cand["id"], last)
-        outcome = await Trial(self.study, self.engine, self.store, recorder, self.host).run(
-            settings_for(self.study, spec),
-            marker,
+        settings = settings_for(self.study, spec)
+        if placed.bind is not None and settings.host in ("127.0.0.1", "localhost", "::1"):
+            settings = dataclasses.replace(settings, host=placed.bind)  # reachable from the driver
+        trial = Trial(
+            self.study,
+            self.engine,
+            self.store,
+            recorder,
+            placed.host,
+            bench_from="remote" if placed.node is not None else None,
+        )
+        return await trial.run(
+            settings,
+            naming.run_marker(MARKER_PREFIX, uid, label, repeat),
             log_path,
             timeout,
             baseline=self._baseline_levels(label),
             done=kept,
         )
-        return outcome.status, outcome.record()
 
     # -- the plan: one item per candidate, moved as trials run ------------------------------------
     def _fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
@@ -477,7 +635,9 @@ class Tuner:
     def _plan(self, uid: str, label: str, status: str, evidence: dict[str, Any]) -> None:
         from servelab.store import plans
 
-        self._plan_call(lambda: plans.on_trial(self.store, uid, label, status, evidence))
+        # On a cluster each candidate is a worker of its own: their trials run at once.
+        actor = f"{TUNE_WORKER}:{label}" if self.executor.parallel else TUNE_WORKER
+        self._plan_call(lambda: plans.on_trial(self.store, uid, label, status, evidence, actor=actor))
 
     def _close_not_applied(self, uid: str, cand: dict[str, Any], outcome: dict[str, Any]) -> None:
         """The study is over: a not-applied candidate's item is closed as not applied, with its last
@@ -498,8 +658,7 @@ class Tuner:
                 evidence.pop("not_applied")
         self._plan_call(lambda: plans.close_not_applied(self.store, uid, cand["label"], evidence))
 
-    def _plan_current(self, status: str, evidence: dict[str, Any]) -> None:
-        uid, label, tid = self._current
+    def _plan_trial(self, uid: str, label: str, tid: int, status: str, evidence: dict[str, Any]) -> None:
         ref = {"trial": tid, "run": f"{uid}/{label}/t{tid}"}
         self._plan(uid, label, status, {**ref, **{k: v for k, v in evidence.items() if v is not None}})
 
@@ -529,9 +688,11 @@ class Tuner:
 class _TrialRecorder(TrialObserver):
     """Stores each step of one trial in its row (and moves the plan) before the trial's next step starts."""
 
-    def __init__(self, tuner: Tuner, tid: int, label: str, cand_id: int, last_repeat: bool = True) -> None:
+    def __init__(
+        self, tuner: Tuner, uid: str, tid: int, label: str, cand_id: int, last_repeat: bool = True
+    ) -> None:
         self.tuner, self.repo, self.notify = tuner, tuner.repo, tuner.notify
-        self.tid, self.label, self.cand_id = tid, label, cand_id
+        self.uid, self.tid, self.label, self.cand_id = uid, tid, label, cand_id
         self.last_repeat = last_repeat  # a measured trial ends its candidate as measured
         self.effective: dict[str, Any] | None = None
 
@@ -610,11 +771,56 @@ class _TrialRecorder(TrialObserver):
                 self.repo.update_trial(self.tid, status=outcome.status, bench_open=None)
                 self.repo.set_candidate(self.cand_id, outcome.status, record)
         if outcome.status == "measured":
-            self.tuner._plan_current("measured", {"effective": self.effective})
+            self._plan("measured", {"effective": self.effective})
         else:
-            self.notify("trial_finished", {"status": outcome.status, **record})
-            self.tuner._plan_current(outcome.status, {"effective": self.effective, **record})
+            self.notify("trial_finished", {"label": self.label, "status": outcome.status, **record})
+            self._plan(outcome.status, {"effective": self.effective, **record})
         crashpoint.reached("finished")
+
+    def _plan(self, status: str, evidence: dict[str, Any]) -> None:
+        self.tuner._plan_trial(self.uid, self.label, self.tid, status, evidence)
+
+    def placed(self, placement: Placement) -> None:
+        """The node the trial runs on (a cluster's), stored before anything launches there."""
+        if placement.node is not None:
+            node = placement.node.model_dump(mode="json")
+            self.repo.update_trial(self.tid, node=node)
+            self.notify(
+                "trial_placed", {"label": self.label, "node": placement.node.name, "gpus": node["gpu_ids"]}
+            )
+
+    def place_failed(self, why: str) -> TrialOutcome:
+        outcome = TrialOutcome(
+            "failed",
+            "place",
+            Finding("does_not_fit", why, "add a node with enough GPUs, or drop the candidate"),
+        )
+        self.finished(outcome)
+        return outcome
+
+    def node_lost(self, exc: HostLost, node: Node | None) -> None:
+        """The trial's node died under it: the trial is `lost`, and runs again elsewhere."""
+        where = node.name if node is not None else "its node"
+        self.notify("trial_lost", {"label": self.label, "node": where, "error": exc.message, "rerun": True})
+        self.repo.update_trial(self.tid, status="lost", error=exc.message, bench_open=None)
+        self._plan("lost", {"node": where, "error": exc.message})
+
+    def node_failed(self, exc: HostLost, node: Node | None) -> TrialOutcome:
+        """The rerun's node died too: the trial fails with that diagnosis."""
+        where = node.name if node is not None else "its node"
+        self.notify("trial_lost", {"label": self.label, "node": where, "error": exc.message, "rerun": False})
+        outcome = TrialOutcome(
+            "failed",
+            "place",
+            Finding(
+                "node_lost",
+                f"{exc.message}; the trial was run again on another node and lost that one too",
+                "check the cluster's nodes (`ray status`); `servelab tune STUDY --resume --retry-failed` "
+                "tries the candidate again",
+            ),
+        )
+        self.finished(outcome)
+        return outcome
 
     def torn_down(self, report: lifecycle.TeardownReport) -> None:
         self.repo.update_trial(self.tid, teardown=report.to_dict())

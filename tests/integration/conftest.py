@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from tests.support import engines, fake_systemctl, leftovers
 from tests.support.fault_server import FaultServerHandle, fault_server
+from tests.support.raycluster import RayCluster, ray_cluster
 from tests.support.sshd import SshdHandle, sshd_server
 
 VLLM_MODEL_NAME = "tiny-qwen3-moe"
@@ -83,3 +84,12 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdHandle]:
     }
     with sshd_server(root / "server", set_env=set_env) as handle:
         yield handle
+
+
+@pytest.fixture(scope="session")
+def ray_nodes() -> Iterator[RayCluster]:
+    """One real Ray cluster per session (~40 s to start on 2 cores): a head and two worker nodes, 8 GPUs and
+    one CPU each (declared), in a network namespace of its own on 127.0.0.1. A test that kills a node adds
+    one back before it ends."""
+    with ray_cluster(workers=2, gpus=8) as cluster:
+        yield cluster

@@ -50,6 +50,15 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "servelab.trial",
         "servelab.cli",
     ),
+    "servelab.executors": (
+        "servelab.bench",
+        "servelab.trial",
+        "servelab.tune",
+        "servelab.deploy",
+        "servelab.report",
+        "servelab.ui",
+        "servelab.cli",
+    ),
     "servelab.trial": ("servelab.tune", "servelab.deploy", "servelab.cli"),
     "servelab.tune": ("servelab.deploy", "servelab.cli"),
 }

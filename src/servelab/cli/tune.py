@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from servelab.cli import aio
 from servelab.cli.output import emit, fit_labels, host_option, printable, progress_enabled, stderr, stdout
 from servelab.config import load_study
 from servelab.engines import registry
+from servelab.errors import ConfigError
 from servelab.host import transport
 from servelab.store import open_store
 from servelab.tune import StudyOutcome, TuneOptions, order_candidates, preflight, tune
@@ -86,12 +89,16 @@ class _Progress:
     """One line per step on stderr (launches, readiness, what was not applied, levels, teardown), and on
     a terminal a live line while a level runs (`LiveLevel`); `--json` keeps all of it on stderr."""
 
-    def __init__(self, quiet: bool, console: Console | None = None, live: bool | None = None) -> None:
+    def __init__(
+        self, quiet: bool, console: Console | None = None, live: bool | None = None, parallel: bool = False
+    ) -> None:
         self.quiet = quiet
         self.console = console or stderr
         if live is None:
             live = progress_enabled() if console is None else self.console.is_terminal
-        self.live_enabled = live and not quiet
+        # Trials at once on a cluster: no live line (whose?), and each step's line names its candidate.
+        self.live_enabled = live and not quiet and not parallel
+        self.parallel = parallel
         self.candidate = ""
         self.level: LiveLevel | None = None
         self.live: Live | None = None
@@ -153,6 +160,14 @@ class _Progress:
             "stopped_early": lambda: f"  [yellow]stopped early[/yellow]: {_safe(d['reason'])}",
             "server_died": lambda: f"  [red]server died[/red]: {_safe(str(d['diagnosis'].get('class')))}",
             "candidate_skipped": lambda: f"{escape(d['label'])}: already {d['status']}, skipped",
+            "executor_started": lambda: (
+                f"joined the {d['kind']} cluster: {d['gpus']} GPUs, in {d['s']:.1f} s"
+            ),
+            "trial_placed": lambda: f"  on Ray node {d['node']} (GPUs {','.join(d['gpus']) or '-'})",
+            "trial_lost": lambda: (
+                f"  [red]node {d['node']} lost[/red]: {_safe(d['error'])}"
+                + ("; running it again on another node" if d["rerun"] else "")
+            ),
             "trial_finished": lambda: (
                 f"  {d['status']}"
                 + (
@@ -163,7 +178,10 @@ class _Progress:
             ),
         }.get(event)
         if msg is not None:
-            self.console.print(msg())
+            line = msg()
+            if self.parallel and line.startswith("  ") and d.get("label"):
+                line = f"{escape(str(d['label']))}:{line[1:]}"
+            self.console.print(line)
 
 
 def _safe(text: str) -> str:
@@ -181,6 +199,8 @@ def _notes(c: dict[str, Any]) -> str:
         notes.append(f"{diag.get('class')}: {str(diag.get('advice') or '')[:80]}")
     for a in c.get("anomalies") or []:
         notes.append(f"{a['kind']} at {a['level']:g}")
+    if c.get("node_note"):
+        notes.append(c["node_note"])
     if not notes and s.get("why"):
         notes.append(s["why"][:100])
     return "; ".join(notes)
@@ -222,6 +242,29 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     out.print(_safe(data["ranking"]["verdict"]))
 
 
+def _check_ray(target: str | None, address: str | None) -> None:
+    """What the real run would refuse before it starts, refused by the dry run too."""
+    if target is not None:
+        raise ConfigError(
+            "the ray executor places trials on the cluster's nodes; --host / [host] ssh names one box",
+            hint="drop one of the two",
+        )
+    if (
+        address is not None
+        and address != "auto"
+        and not re.fullmatch(r"(ray://)?[A-Za-z0-9_.\[\]:-]+:\d+", address)
+    ):
+        raise ConfigError(
+            f"invalid Ray address {address!r}",
+            hint="give the head as HOST:PORT, e.g. 10.0.0.1:6379, or 'auto'",
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "the ray executor needs Ray, which is not installed here",
+            hint="pip install 'servelab[ray]' (the same Ray version as the cluster's)",
+        )
+
+
 async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
     with open_store() as store:
         return await tune(study, store, source, opts)
@@ -239,6 +282,19 @@ async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
 )
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @host_option
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="Where trials run: this machine or --host (local), or a Ray cluster's nodes (ray). "
+    "Default: the study's [executor] kind.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="HOST:PORT",
+    help="The Ray cluster's head (default: [executor] address, $RAY_ADDRESS, else 'auto').",
+)
 @click.option("--json", "as_json", is_flag=True)
 def tune_cmd(
     study_file: str,
@@ -248,6 +304,8 @@ def tune_cmd(
     dry_run: bool,
     quiet: bool,
     host: str | None,
+    executor: str | None,
+    ray_address: str | None,
     as_json: bool,
 ) -> None:
     """Launch, verify, benchmark and rank every candidate of STUDY_FILE (see docs/study.md)."""
@@ -255,6 +313,9 @@ def tune_cmd(
     target = transport.target_of(host, study.host.ssh)
     if target is not None:
         transport.SshTarget.parse(target)  # a bad --host fails the dry run as it would the real one
+    kind = executor or study.executor.kind
+    if kind == "ray":
+        _check_ray(target, ray_address or study.executor.address)
     if dry_run:
         preflight(study, registry.get(study.engine.name))
         plan = [
@@ -288,9 +349,11 @@ def tune_cmd(
     opts = TuneOptions(
         resume=resume,
         retry_failed=retry_failed,
-        observe=_Progress(quiet),
+        observe=_Progress(quiet, parallel=kind == "ray"),
         startup_timeout_s=startup_timeout,
         host=host,
+        executor=executor,
+        ray_address=ray_address,
     )
     outcome = aio.run(_main(study, study_file, opts))
     emit(outcome.to_dict(), as_json, render)

@@ -292,6 +292,12 @@ def main() -> None:
     if "--check" in sys.argv[1:]:
         print(orjson.dumps(op_hello(AgentState())).decode())
         return
+    if "--detach" in sys.argv[1:]:
+        # Out of the starter's process tree (a Ray worker: Ray SIGKILLs a dying worker's children, which
+        # would leave our servers running); the pipes stay ours, so their end still tears down.
+        if os.fork() > 0:
+            os._exit(0)
+        os.setsid()
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what anything else prints lands on stderr, never in the protocol
     sys.stdout = sys.stderr

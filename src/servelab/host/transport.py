@@ -124,7 +124,17 @@ class Host(Protocol):
     def close(self) -> None: ...
 
 
-def _run_local(argv: list[str], input: bytes | None, timeout: float) -> Completed:
+class AgentHost(Host, Protocol):
+    """A machine whose servers a servelab agent runs (over SSH, or on a Ray node): what lifecycle needs to
+    launch there and reach the server from here."""
+
+    python: str  # the interpreter servelab runs under over there
+
+    def open_forward(self, host: str, port: int) -> tuple[str, int]: ...
+    def close_forward(self, host: str, port: int) -> None: ...
+
+
+def run_local(argv: list[str], input: bytes | None, timeout: float) -> Completed:
     try:
         out = subprocess.run(
             argv,
@@ -166,7 +176,7 @@ class LocalHost:
         self._state: Any = None
 
     def run(self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0) -> Completed:
-        return _run_local(argv, input, timeout)
+        return run_local(argv, input, timeout)
 
     def call(self, op: str, **args: Any) -> Any:
         agent = _agent()
@@ -281,14 +291,107 @@ def _master_pid(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+class ChannelClosed(Exception):
+    """The agent's pipe ended or stayed silent: `why` says which (the host turns it into HostLost)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 @dataclass
-class _Channel:
-    """One agent over one ssh session: requests and answers, one JSON line each."""
+class AgentChannel:
+    """One agent process (`argv`: over ssh, or this machine's python): requests and answers, one JSON line
+    each. `detached`: the agent forked itself away (`--detach`), so the process we started exits at once
+    and only the pipe tells whether the agent lives."""
 
     proc: subprocess.Popen[bytes]
     stderr_path: Path
+    detached: bool = False
     buf: bytearray = field(default_factory=bytearray)
     next_id: int = 1
+
+    @classmethod
+    def start(cls, argv: list[str], *, detached: bool = False) -> AgentChannel:
+        fd, name = tempfile.mkstemp(prefix="servelab-agent-", suffix=".err")
+        with os.fdopen(fd, "wb") as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        return cls(proc, Path(name), detached)
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace").strip() if self.stderr_path.exists() else ""
+
+    def alive(self) -> bool:
+        """Whether the agent is still there: its process (or, detached, its pipe) has not ended."""
+        if not self.detached:
+            return self.proc.poll() is None
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return False
+            self.buf += chunk
+        return True
+
+    def readline(self, timeout: float) -> bytes:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelClosed(f"no answer within {timeout:g} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise ChannelClosed("the agent's output ended")
+            self.buf += chunk
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        return line
+
+    def answer(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The agent's answer to one request, as it sent it (`ok` and `result`, or `error`)."""
+        rid = self.next_id
+        self.next_id += 1
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(orjson.dumps({"id": rid, "op": op, "args": args}) + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise ChannelClosed("the agent is gone") from None
+        while True:
+            answer: dict[str, Any] = orjson.loads(self.readline(timeout))
+            if answer.get("id") == rid:
+                return answer
+
+    def request(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        """The result of one request; the agent's error is raised as the error it was over there."""
+        answer = self.answer(op, args, timeout)
+        if answer.get("ok"):
+            return answer.get("result")
+        raise rebuild_error(answer.get("error") or {})
+
+    def close(self) -> None:
+        """End the agent: its stdin closes, so it tears down whatever it launched and exits."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        if not self.detached:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        with contextlib.suppress(OSError):
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        with contextlib.suppress(OSError):
+            self.stderr_path.unlink()
 
 
 class SshHost:
@@ -302,7 +405,7 @@ class SshHost:
         self.workdir = workdir
         self.ssh = shutil.which("ssh") or "ssh"
         self._lock = threading.RLock()
-        self._channel: _Channel | None = None
+        self._channel: AgentChannel | None = None
         self._forwards: dict[tuple[str, int], int] = {}
         self.hello: dict[str, Any] = {}
         # Set when an agent died under us: the servers it held went with it, so a new agent must not
@@ -319,7 +422,7 @@ class SshHost:
     # -- the master connection --------------------------------------------------------------------
     def master_pid(self) -> int | None:
         """The pid of the running master connection (None: there is none)."""
-        out = _run_local([*self._base(), "-O", "check", *self.target.destination()], None, 10)
+        out = run_local([*self._base(), "-O", "check", *self.target.destination()], None, 10)
         return _master_pid(out.stderr + out.stdout) if out.rc == 0 else None
 
     def connect(self) -> None:
@@ -364,7 +467,7 @@ class SshHost:
     def run(self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0) -> Completed:
         """`argv` on the remote host; rc 255 with ssh's words when the connection failed."""
         self.connect()
-        out = _run_local(self._remote(argv), input, timeout)
+        out = run_local(self._remote(argv), input, timeout)
         if out.rc == 255 and self.master_pid() is None:
             raise HostLost(
                 f"the connection to {self.target.raw} dropped ({out.stderr.strip()[-200:] or 'no message'})",
@@ -373,15 +476,9 @@ class SshHost:
         return Completed(tuple(argv), out.rc, out.stdout, out.stderr)
 
     # -- the agent --------------------------------------------------------------------------------
-    def _open_channel(self) -> _Channel:
+    def _open_channel(self) -> AgentChannel:
         self.connect()
-        fd, name = tempfile.mkstemp(prefix="servelab-agent-", suffix=".err")
-        argv = [self.python, "-m", "servelab.host.agent"]
-        with os.fdopen(fd, "wb") as err:
-            proc = subprocess.Popen(
-                self._remote(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
-            )
-        ch = _Channel(proc, Path(name))
+        ch = AgentChannel.start(self._remote([self.python, "-m", "servelab.host.agent"]))
         self._channel = ch
         try:
             hello = self._request(ch, "hello", {"workdir": self.workdir}, timeout=60)
@@ -398,9 +495,9 @@ class SshHost:
         self.hello = hello
         return ch
 
-    def _agent_missing(self, ch: _Channel, exc: HostLost) -> HostError:
+    def _agent_missing(self, ch: AgentChannel, exc: HostLost) -> HostError:
         # What the agent printed (its stderr file; `_gone` quoted its last line when it removed the file).
-        text = ch.stderr_path.read_text(errors="replace") if ch.stderr_path.exists() else exc.message
+        text = ch.stderr_text() or exc.message
         if "No module named" in text or "not found" in text or "No such file" in text:
             return HostUnusable(
                 f"servelab is not installed on {self.target.raw} for {self.python} ({text.strip()[-160:]})",
@@ -415,22 +512,13 @@ class SshHost:
             hint=f"run `ssh HOST {self.python} -m servelab.host.agent --check` to see why",
         )
 
-    def _drop(self, ch: _Channel) -> None:
+    def _drop(self, ch: AgentChannel) -> None:
         if self._channel is ch:
             self._channel = None
-        with contextlib.suppress(OSError):
-            if ch.proc.stdin is not None:
-                ch.proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            ch.proc.wait(5)
-        if ch.proc.poll() is None:
-            ch.proc.kill()
-            ch.proc.wait(5)
-        with contextlib.suppress(OSError):
-            ch.stderr_path.unlink()
+        ch.close()
 
-    def _gone(self, ch: _Channel, why: str) -> HostLost:
-        text = ch.stderr_path.read_text(errors="replace").strip() if ch.stderr_path.exists() else ""
+    def _gone(self, ch: AgentChannel, why: str) -> HostLost:
+        text = ch.stderr_text()
         self._drop(ch)
         detail = f": {text.splitlines()[-1]}" if text else ""
         self._lost = HostLost(
@@ -440,41 +528,11 @@ class SshHost:
         )
         return self._lost
 
-    def _readline(self, ch: _Channel, timeout: float) -> bytes:
-        assert ch.proc.stdout is not None
-        fd = ch.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in ch.buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._gone(ch, f"no answer within {timeout:g} s")
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise self._gone(ch, "the agent's output ended")
-            ch.buf += chunk
-        line, _, rest = bytes(ch.buf).partition(b"\n")
-        ch.buf = bytearray(rest)
-        return line
-
-    def _request(self, ch: _Channel, op: str, args: dict[str, Any], timeout: float) -> Any:
-        rid = ch.next_id
-        ch.next_id += 1
-        assert ch.proc.stdin is not None
+    def _request(self, ch: AgentChannel, op: str, args: dict[str, Any], timeout: float) -> Any:
         try:
-            ch.proc.stdin.write(orjson.dumps({"id": rid, "op": op, "args": args}) + b"\n")
-            ch.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._gone(ch, "the agent is gone") from None
-        while True:
-            answer = orjson.loads(self._readline(ch, timeout))
-            if answer.get("id") == rid:
-                break
-        if answer.get("ok"):
-            return answer.get("result")
-        raise rebuild_error(answer.get("error") or {})
+            return ch.request(op, args, timeout)
+        except ChannelClosed as exc:
+            raise self._gone(ch, exc.why) from None
 
     def call(self, op: str, **args: Any) -> Any:
         """Run agent operation `op` on the remote host (servelab.host.agent.OPS)."""
@@ -483,14 +541,14 @@ class SshHost:
             ch = self._live_channel() or self._open_channel()
             return self._request(ch, op, args, timeout)
 
-    def _live_channel(self) -> _Channel | None:
+    def _live_channel(self) -> AgentChannel | None:
         """The agent's channel (None: none opened yet); HostLost once the link dropped. An agent that ended
         under us (between two calls) is a lost host, not a reconnect: a new agent would know none of the
         servers this one held."""
         if self._lost is not None:
             raise HostLost(self._lost.message, hint=self._lost.hint)
         ch = self._channel
-        if ch is not None and ch.proc.poll() is not None:
+        if ch is not None and not ch.alive():
             raise self._gone(ch, "the agent's ssh exited")
         return ch
 
@@ -498,27 +556,28 @@ class SshHost:
     @contextlib.contextmanager
     def forward(self, host: str, port: int) -> Iterator[tuple[str, int]]:
         """A local port that reaches `host:port` as seen from the remote machine (e.g. its loopback)."""
-        local = self.open_forward(host, port)
+        reach = self.open_forward(host, port)
         try:
-            yield ("127.0.0.1", local)
+            yield reach
         finally:
             self.close_forward(host, port)
 
-    def open_forward(self, host: str, port: int) -> int:
+    def open_forward(self, host: str, port: int) -> tuple[str, int]:
+        """The local address that reaches `host:port` over there (a port forward over the master)."""
         remote = _loopback(host)
         with self._lock:
             if (remote, port) in self._forwards:
-                return self._forwards[(remote, port)]
+                return ("127.0.0.1", self._forwards[(remote, port)])
             self.connect()
             for _ in range(5):  # the free port may be taken between our probe and ssh's bind
                 local = _free_local_port()
                 spec = f"127.0.0.1:{local}:{remote}:{port}"
-                out = _run_local(
+                out = run_local(
                     [*self._base(), "-O", "forward", "-L", spec, *self.target.destination()], None, 20
                 )
                 if out.rc == 0:
                     self._forwards[(remote, port)] = local
-                    return local
+                    return ("127.0.0.1", local)
             raise HostError(
                 f"cannot forward a local port to {remote}:{port} on {self.target.raw}: {out.stderr.strip()}",
                 hint="check that the sshd there allows TCP forwarding (AllowTcpForwarding yes)",
@@ -531,7 +590,7 @@ class SshHost:
             if local is None:
                 return
             spec = f"127.0.0.1:{local}:{remote}:{port}"
-            _run_local([*self._base(), "-O", "cancel", "-L", spec, *self.target.destination()], None, 10)
+            run_local([*self._base(), "-O", "cancel", "-L", spec, *self.target.destination()], None, 10)
 
     def check(self) -> None:
         """Raise HostLost when the connection (or the agent on it) dropped."""
@@ -552,7 +611,7 @@ class SshHost:
     def exit_master(self) -> None:
         """End the master connection too (tests; `servelab host disconnect`)."""
         self.close()
-        _run_local([*self._base(), "-O", "exit", *self.target.destination()], None, 10)
+        run_local([*self._base(), "-O", "exit", *self.target.destination()], None, 10)
 
 
 def _loopback(host: str) -> str:

@@ -231,4 +231,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE study_trials ADD COLUMN resumed_from INTEGER REFERENCES study_trials(id);
         """,
     ),
+    (
+        "0008_trial_node",
+        """
+        -- The cluster node a trial ran on (servelab.results.Node: Ray node id, address, hostname, the GPUs
+        -- it was given); NULL on one box. A trial whose node died is `lost` and is run again elsewhere.
+        ALTER TABLE study_trials ADD COLUMN node_json TEXT;
+        """,
+    ),
 ]

@@ -179,12 +179,23 @@ def fill_from_study(
     return added
 
 
-def on_trial(store: Store, study_uid: str, label: str, status: str, evidence: dict[str, Any]) -> P.Item:
+def on_trial(
+    store: Store,
+    study_uid: str,
+    label: str,
+    status: str,
+    evidence: dict[str, Any],
+    *,
+    actor: str = P.TUNE_WORKER,
+) -> P.Item:
     """Move a candidate's item: status is one of running | measured | not_applied | failed | anomalous |
-    interrupted; evidence is {"run"?, "trial"?, "effective"?, "not_applied"?, "diagnosis"?, "anomalies"?}
-    (see `servelab.plan.on_trial` for what each status does). Returns the item as stored."""
+    interrupted | lost; evidence is {"run"?, "trial"?, "effective"?, "not_applied"?, "diagnosis"?,
+    "anomalies"?} (see `servelab.plan.on_trial` for what each status does, and `actor`). Returns the item
+    as stored."""
     out = PlanRepo(store).apply(
-        study_uid, lambda p: P.on_trial(p, study_uid, label, status, evidence, now=utcnow()), study_uid
+        study_uid,
+        lambda p: P.on_trial(p, study_uid, label, status, evidence, now=utcnow(), actor=actor),
+        study_uid,
     )
     return out.plan.get(P.item_for(out.plan, study_uid, label).id)
 

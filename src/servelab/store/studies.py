@@ -28,6 +28,7 @@ _TRIAL_JSON = (
     "verify",
     "levels",
     "teardown",
+    "node",
 )
 
 
@@ -153,7 +154,7 @@ class StudyRepo:
                 vals.append(redact(value) if isinstance(value, str) else value)
             else:
                 raise ValueError(f"unknown trial field {key}")
-        if fields.get("status") in (*TERMINAL_TRIAL, "interrupted"):
+        if fields.get("status") in (*TERMINAL_TRIAL, "interrupted", "lost"):
             cols.append("finished_at = ?")
             vals.append(utcnow())
         self.db.execute(f"UPDATE study_trials SET {', '.join(cols)} WHERE id = ?", (*vals, trial_id))
@@ -194,7 +195,7 @@ class StudyRepo:
         """Trials that never reached an end (the servelab running them was killed)."""
         rows = self.db.execute(
             "SELECT t.* FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
-            " WHERE c.study_id = ? AND t.status NOT IN ('measured', 'not_applied', 'failed', 'interrupted')",
+            " WHERE c.study_id = ? AND t.status NOT IN ('measured', 'not_applied', 'failed', 'interrupted', 'lost')",
             (study_id,),
         )
         return [_trial(r) for r in rows.fetchall()]

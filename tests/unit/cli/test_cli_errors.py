@@ -106,3 +106,22 @@ def test_bad_input_on_the_study_commands(args: list[str], msg: str) -> None:
     assert p.returncode == 2, p.stderr
     assert msg in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_tune_ray_dry_run_refuses_what_the_real_run_would(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    study = tmp_path / "s.toml"
+    study.write_text(
+        '[study]\nname = "s"\n[model]\npath = "Qwen3-8B"\n[host]\ngpu = "h100-sxm"\n[engine]\nname = "sim"\n'
+        "[workload]\nnum_requests = 8\n[load]\nconcurrency = [1]\n[[candidates]]\ntp = 1\n"
+    )
+    ok = run(
+        "tune", str(study), "--dry-run", "--executor", "ray", "--ray-address", "127.0.0.1:6379", "--json"
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["candidates"][0]["label"]
+    both = run("tune", str(study), "--dry-run", "--executor", "ray", "--host", "ssh://gpubox")
+    assert both.returncode == 2 and "--host" in both.stderr and "Traceback" not in both.stderr
+    bad = run("tune", str(study), "--dry-run", "--executor", "ray", "--ray-address", "not an address")
+    assert bad.returncode == 2 and "invalid Ray address" in bad.stderr and "HOST:PORT" in bad.stderr
+    kind = run("tune", str(study), "--dry-run", "--executor", "slurm")
+    assert kind.returncode == 2 and "Traceback" not in kind.stderr

@@ -93,3 +93,21 @@ def test_slo_turns_into_the_bench_goodput_string() -> None:
     s = parse_study(_base(slo={"ttft_ms": {"p50": 200, "p99": 900}, "tpot_ms": {"p50": 40}}))
     assert s.slo.bench_slo() == "ttft_ms<=900,tpot_ms<=40"
     assert ("ttft_ms", "p99", 900.0) in s.slo.limits()
+
+
+def test_executor_is_local_by_default_and_ray_excludes_one_ssh_box() -> None:
+    assert parse_study(_base()).executor.kind == "local"
+    s = parse_study(_base(executor={"kind": "ray", "address": "10.0.0.1:6379", "baseline_nodes": 3}))
+    assert s.executor.kind == "ray" and s.executor.baseline_nodes == 3
+    with pytest.raises(ConfigError, match=r"executor\.kind"):
+        parse_study(_base(executor={"kind": "slurm"}))
+    with pytest.raises(ConfigError, match=r"\[host\] ssh"):
+        parse_study(_base(executor={"kind": "ray"}, host={"ssh": "gpubox"}))
+    with pytest.raises(ConfigError, match=r"executor\.baseline_nodes"):
+        parse_study(_base(executor={"kind": "ray", "baseline_nodes": 0}))
+
+
+def test_where_the_trials_run_is_not_part_of_the_study_hash() -> None:
+    from servelab.tune import spec_hash
+
+    assert spec_hash(parse_study(_base())) == spec_hash(parse_study(_base(executor={"kind": "ray"})))
