@@ -41,6 +41,34 @@ if [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null 2>&1; then
         systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
     fi
 fi
+# tests/support/postgres.py starts a throwaway PostgreSQL 15 cluster of its own (initdb and pg_ctl in a
+# temporary directory, on a free port of 127.0.0.1) for the store's tests: install Debian's postgresql-15
+# when it is missing. A policy-rc.d answering 101 keeps the install from starting any service, and the
+# system cluster the package creates (15/main, port 5432) is dropped: nothing listens after the install.
+if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "error: /usr/lib/postgresql/15/bin/initdb is missing and installing it needs root:" >&2
+        echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends postgresql-15" >&2
+        exit 1
+    fi
+    policy=/usr/sbin/policy-rc.d
+    saved=""
+    if [ -e "$policy" ]; then
+        saved="$(mktemp)"
+        cp -p "$policy" "$saved"
+    fi
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql-15
+    if [ -n "$saved" ]; then mv "$saved" "$policy"; else rm -f "$policy"; fi
+    if command -v pg_dropcluster >/dev/null 2>&1 && [ -d /etc/postgresql/15/main ]; then
+        pg_dropcluster --stop 15 main || true
+    fi
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now postgresql.service >/dev/null 2>&1 || true
+    fi
+fi
 .venv/bin/ruff check src tests benchmarks examples
 .venv/bin/ruff format --check src tests benchmarks examples scripts
 .venv/bin/mypy --strict src

@@ -60,9 +60,9 @@ GPU_SOURCES = (None, "auto", "local", "nvml", "nvidia-smi")
 def last_run() -> dict[str, Any] | None:
     """The latest study trial (url, pid, marker, log_path, effective, not_applied, diagnosis), else the
     latest benchmark run's URL; None when the store is empty or absent (observing never creates one)."""
-    from servelab.paths import db_path
+    from servelab.store.db import store_exists
 
-    if not db_path().exists():
+    if not store_exists():
         return None
     from servelab.store import leases
     from servelab.store.bench import BenchRepo
@@ -300,9 +300,9 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
     (stored as running but its driver is gone) or `interrupted` (stopped cleanly), with the processes
     it started that are still alive (`processes`: what `tune --resume` ends first), picked from `marked`
     (the observed host's marked processes, `leftovers()["marked_processes"]`; None: this host's)."""
-    from servelab.paths import db_path
+    from servelab.store.db import store_exists
 
-    if not db_path().exists():
+    if not store_exists():
         return []
     from servelab.store import leases
     from servelab.store.db import open_store
@@ -650,9 +650,9 @@ def observe(
 
 def deployments() -> list[dict[str, Any]]:
     """Installed deployments with their latest check against the tuned result (empty without a store)."""
-    from servelab.paths import db_path
+    from servelab.store.db import store_exists
 
-    if not db_path().exists():
+    if not store_exists():
         return []
     from servelab.deploy.records import installed_units
     from servelab.store.db import open_store

@@ -48,6 +48,7 @@ from servelab.host import transport
 from servelab.host.ops_bench import bench_remote
 from servelab.host.ports import free_port
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
+from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 
 if TYPE_CHECKING:
@@ -233,8 +234,7 @@ def read_log(path: Path | None) -> str:
 
 def bench_run_id(store: Store, uid: str) -> int | None:
     """The store id of the bench run `uid`."""
-    row = store.conn.execute("SELECT id FROM bench_runs WHERE uid = ?", (uid,)).fetchone()
-    return int(row[0]) if row else None
+    return BenchRepo(store).run_id(uid)
 
 
 class Telemetry:

@@ -502,13 +502,10 @@ class Tuner:
             return None
         if not run.levels:
             return None
-        row = self.store.conn.execute(
-            "SELECT l.id FROM bench_levels l JOIN bench_runs r ON r.id = l.run_id WHERE r.uid = ? AND l.idx = ?",
-            (uid, run.levels[0].index),
-        ).fetchone()
-        if row is None:
+        level_id = bench.level_id(uid, run.levels[0].index)
+        if level_id is None:
             return None
-        records = bench.requests(int(row[0]))
+        records = bench.requests(level_id)
         return analyze.Cluster.of(records, objective, float(value), run.clock.speed, self.study.slo)
 
     # -- one candidate ----------------------------------------------------------------------------

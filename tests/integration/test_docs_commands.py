@@ -101,6 +101,8 @@ class World:
             "STUDY.toml": "examples/glm5-pcie.toml",
             "S": "30",
             "PORT": str(free_port()),
+            "DB": "",  # the test's own store and database: filled in by `prepare`
+            "PG_URL": "",
         }
 
 
@@ -164,9 +166,11 @@ def test_not_run_commands_say_why(cmd: doccommands.DocCommand) -> None:
     assert len(cmd.reason) > 10, f"{cmd.id}: a not-run block needs its reason"
 
 
-def prepare(cmd: doccommands.DocCommand, world: World, tmp: Path) -> tuple[list[str], Path, Path]:
+def prepare(
+    cmd: doccommands.DocCommand, world: World, tmp: Path, pg_url: str = ""
+) -> tuple[list[str], Path, Path]:
     argv = cmd.argv[1:]
-    table = world.placeholders()
+    table = world.placeholders() | {"DB": str(tmp / "home" / "servelab.db"), "PG_URL": pg_url}
     assert set(table) == doccommands.PLACEHOLDERS
     unknown = [a for a in argv if doccommands.PLACEHOLDER.match(a) and a not in table]
     assert not unknown, f"{cmd.id}: unknown placeholder(s) {unknown}; known: {sorted(table)}"
@@ -247,8 +251,16 @@ def interrupt_tune(home: Path, work: Path) -> None:
 
 
 @pytest.mark.parametrize("cmd", RUN, ids=lambda c: c.id)
-def test_doc_command_runs_as_written(cmd: doccommands.DocCommand, world: World, tmp_path: Path) -> None:
-    argv, home, work = prepare(cmd, world, tmp_path)
+def test_doc_command_runs_as_written(
+    cmd: doccommands.DocCommand, world: World, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # PG_URL: a fresh database of the session's cluster (its password in PGPASSWORD); a command that reads
+    # what another wrote there (`runs list` after `db copy`) finds the world's store copied in first
+    pg_url = str(request.getfixturevalue("pg_url")) if "PG_URL" in cmd.argv else ""
+    argv, home, work = prepare(cmd, world, tmp_path, pg_url)
+    if pg_url and argv[:2] != ["db", "copy"] and "migrate" not in argv:
+        copied = cli_run(home, work, ["db", "copy", "--from", str(home / "servelab.db"), "--to", pg_url])
+        assert copied.returncode == 0, copied.stderr
     if argv[0] in SERVERS:
         code, err = run_server(argv, home, work, SERVERS[argv[0]])
         assert code == cmd.expect, (

@@ -15,7 +15,8 @@ The convention (docs/cli/exit-codes.md, "Commands in the docs are tested", is th
 - Inline spans (`` `servelab …` `` in prose) are references, not commands: their command and options
   must exist.
 
-Placeholders are whole words in capitals (PLACEHOLDERS: URL, MODEL, RUN, STUDY, STUDY.toml, S, PORT): the
+Placeholders are whole words in capitals (PLACEHOLDERS: URL, MODEL, RUN, STUDY, STUDY.toml, S, PORT, DB:
+the test's SQLite store, PG_URL: a fresh database of the session's PostgreSQL): the
 test substitutes each with something it made; any other word in capitals in a command is an error.
 """
 
@@ -35,7 +36,7 @@ _EXIT = re.compile(r"#\s*exit\s+(\d+)\b")
 PLACEHOLDER = re.compile(r"^[A-Z]+(?:_[A-Z]+)*(?:\.toml)?$")
 GRAMMAR = ("[", "|", "(", "...", "…")
 # The placeholders the test fills in; any other word in capitals (ID, TEXT, FILE, N) only a reader can.
-PLACEHOLDERS = {"URL", "MODEL", "RUN", "STUDY", "STUDY.toml", "S", "PORT"}
+PLACEHOLDERS = {"URL", "MODEL", "RUN", "STUDY", "STUDY.toml", "S", "PORT", "DB", "PG_URL"}
 
 
 @dataclass
@@ -184,14 +185,19 @@ def check_names(cli: object, cmd: DocCommand) -> list[str]:
     words = cmd.text.replace("\\", " ").split()
     node: click.Command = cli  # type: ignore[assignment]
     i = 1
+    top = {o: p for p in node.params for o in p.opts if o.startswith("--")}  # `servelab --db URL COMMAND`
+    while i < len(words) and words[i] in top:
+        i += 1 if getattr(top[words[i]], "is_flag", False) else 2
+    first = i
     while isinstance(node, click.Group) and i < len(words):
         sub_cmd = node.get_command(click.Context(node), words[i])  # the top group loads its commands lazily
         if sub_cmd is None:
             break
         node = sub_cmd
         i += 1
-    if i == 1:
-        return [f"{cmd.id}: {cmd.text!r}: {words[1] if len(words) > 1 else ''!r} is not a servelab command"]
+    if i == first:
+        word = words[i] if len(words) > i else ""
+        return [f"{cmd.id}: {cmd.text!r}: {word!r} is not a servelab command"]
     if node.context_settings.get("ignore_unknown_options"):
         return []  # e.g. `sim`: the engine's own flags pass through
     known = {"--help"}

@@ -7,6 +7,7 @@ servelab; 130 interrupted. Each ServelabError class carries its code (servelab.e
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 from typing import Any
@@ -40,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("servelab.cli.status", "doctor_cmd"),
     "report": ("servelab.cli.report", "report"),
     "ui": ("servelab.cli.ui", "ui"),
+    "db": ("servelab.cli.db", "db"),
 }
 
 
@@ -98,11 +100,23 @@ def _report(exc: ServelabError, debug: bool, as_json: bool) -> None:
 @click.group(cls=ServelabGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="servelab")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option(
+    "--db",
+    "db",
+    metavar="URL",
+    help="The store: a path, sqlite:///PATH or postgresql://USER@HOST/DB (default: $SERVELAB_DB, else"
+    " servelab.db in $SERVELAB_HOME). No password here: PGPASSWORD, PGPASSFILE or ~/.pgpass.",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, db: str | None) -> None:
     """servelab: observe, plan, launch, verify, benchmark, predict, tune, report and deploy LLM servers."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if db is not None:
+        from servelab.store.dialect import ENV, command_line_location
+
+        command_line_location(db, "--db")
+        os.environ[ENV] = db  # what open_store resolves, in this process and the servelab ones it starts
 
 
 def main() -> None:

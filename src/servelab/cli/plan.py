@@ -288,17 +288,15 @@ def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
         t = trials[-1]
         return _trial_evidence(t, f"{st['uid']}:{cand['label']}#{t['repeat']}")
     run = BenchRepo(store).load(ref)
-    row = store.conn.execute(
-        "SELECT id FROM study_trials WHERE bench_run_id = ? ORDER BY id DESC LIMIT 1", (run.id,)
-    ).fetchone()
-    if row is not None:
-        return _trial_evidence(_trial_by_id(srepo, store, int(row["id"])), run.uid)
+    trial_id = srepo.trial_of_run(run.id)
+    if trial_id is not None:
+        return _trial_evidence(_trial_by_id(srepo, trial_id), run.uid)
     return {"run": run.uid, "status": run.status, "effective": {}}
 
 
-def _trial_by_id(srepo: Any, store: Store, trial_id: int) -> dict[str, Any]:
-    cand = store.conn.execute("SELECT candidate_id FROM study_trials WHERE id = ?", (trial_id,)).fetchone()
-    return next(t for t in srepo.trials(cand["candidate_id"]) if t["id"] == trial_id)
+def _trial_by_id(srepo: Any, trial_id: int) -> dict[str, Any]:
+    owner = srepo.trial_owner(trial_id)
+    return next(t for t in srepo.trials(owner[1]) if t["id"] == trial_id)
 
 
 def _trial_evidence(t: dict[str, Any], ref: str) -> dict[str, Any]:

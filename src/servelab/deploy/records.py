@@ -21,7 +21,7 @@ def _load(text: str | None) -> Any:
 
 class DeploymentRepo:
     def __init__(self, store: Store) -> None:
-        self.db = store.conn
+        self.db = store
 
     def add(
         self,
@@ -33,12 +33,12 @@ class DeploymentRepo:
         spec: dict[str, Any],
         status: str = "written",
     ) -> int:
-        cur = self.db.execute(
+        new_id = self.db.insert(
             "INSERT INTO deployments (name, created_at, target, source, trial_id, path, spec_json, status)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (name, utcnow(), target, source, trial_id, path, _j(spec), status),
         )
-        return int(cur.lastrowid or 0)
+        return new_id
 
     def set_status(self, dep_id: int, status: str, installed: bool | None = None) -> None:
         self.db.execute(
@@ -58,7 +58,7 @@ class DeploymentRepo:
         bench_run_id: int | None,
         verdict: str,
     ) -> int:
-        cur = self.db.execute(
+        new_id = self.db.insert(
             "INSERT INTO deployment_checks (deployment_id, created_at, ok, tolerance, level, tuned_json,"
             " measured_json, verify_json, bench_run_id, verdict) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -74,7 +74,7 @@ class DeploymentRepo:
                 verdict,
             ),
         )
-        return int(cur.lastrowid or 0)
+        return new_id
 
     def list(self, installed_only: bool = False, limit: int = 50) -> list[dict[str, Any]]:
         """Latest first; each with its latest check (None when never checked)."""

@@ -147,10 +147,7 @@ def resolve(store: Store, ref: str) -> LaunchRecord:
 
 
 def _from_trial(store: Store, repo: StudyRepo, tid: int) -> LaunchRecord:
-    row = store.conn.execute(
-        "SELECT c.study_id, c.id FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id WHERE t.id = ?",
-        (tid,),
-    ).fetchone()
+    row = repo.trial_owner(tid)
     if row is None:
         raise NotFoundError(
             f"no trial {tid} in the store", hint="`servelab runs STUDY` lists the trials of a study"

@@ -21,7 +21,7 @@ def _j(obj: Any) -> str:
 
 class BenchRepo:
     def __init__(self, store: Store) -> None:
-        self.db = store.conn
+        self.db = store
 
     def create_run(
         self,
@@ -38,7 +38,7 @@ class BenchRepo:
         """A new run, `running`. `uid`/`created_at`: a run measured elsewhere keeps its own (an import)."""
         uid = uid or "b-" + uuid.uuid4().hex[:10]
         ctx = context or RunContext()
-        cur = self.db.execute(
+        new_id = self.db.insert(
             "INSERT INTO bench_runs (uid, created_at, status, url, model, api, engine, dataset_hash, config_json,"
             " context_json) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -53,7 +53,7 @@ class BenchRepo:
                 _j(ctx.to_json()),
             ),
         )
-        return int(cur.lastrowid or 0), uid
+        return new_id, uid
 
     def set_run_info(self, run_id: int, engine: str | None = None, warnings: list[str] | None = None) -> None:
         if engine is not None:
@@ -90,12 +90,12 @@ class BenchRepo:
     def create_level(
         self, run_id: int, idx: int, mode: str, value: float, max_concurrency: int | None
     ) -> int:
-        cur = self.db.execute(
+        new_id = self.db.insert(
             "INSERT INTO bench_levels (run_id, idx, mode, value, max_concurrency, started_at, status)"
             " VALUES (?, ?, ?, ?, ?, ?, 'running')",
             (run_id, idx, mode, value, max_concurrency, utcnow()),
         )
-        return int(cur.lastrowid or 0)
+        return new_id
 
     def finish_level(
         self,
@@ -184,6 +184,19 @@ class BenchRepo:
         ).fetchall():
             by_run[lv["run_id"]].append(lv)
         return [_run(r, by_run[r["id"]]) for r in rows]
+
+    def run_id(self, uid: str) -> int | None:
+        """The store id of the run `uid` (None: no such run)."""
+        row = self.db.execute("SELECT id FROM bench_runs WHERE uid = ?", (uid,)).fetchone()
+        return int(row[0]) if row else None
+
+    def level_id(self, uid: str, idx: int) -> int | None:
+        """The store id of level `idx` of the run `uid` (None: not stored)."""
+        row = self.db.execute(
+            "SELECT l.id FROM bench_levels l JOIN bench_runs r ON r.id = l.run_id WHERE r.uid = ? AND l.idx = ?",
+            (uid, idx),
+        ).fetchone()
+        return int(row[0]) if row else None
 
     def level_ids(self, run_id: int) -> dict[int, int]:
         """The stored levels of run `run_id`: index → level id (what `requests` takes)."""

@@ -44,7 +44,7 @@ def save(
     gpu: str | None = None,
 ) -> Calibration:
     """Insert or replace the calibration called `name`."""
-    store.conn.execute(
+    store.execute(
         """INSERT INTO calibrations (name, created_at, kind, source, gpu, factors_json, report_json)
            VALUES (?, ?, ?, ?, ?, ?, ?)
            ON CONFLICT(name) DO UPDATE SET created_at=excluded.created_at, kind=excluded.kind,
@@ -64,7 +64,7 @@ def save(
 
 
 def get(store: Store, name: str) -> Calibration:
-    r = store.conn.execute("SELECT * FROM calibrations WHERE name = ?", (name,)).fetchone()
+    r = store.execute("SELECT * FROM calibrations WHERE name = ?", (name,)).fetchone()
     if r is None:
         known = [c.name for c in list_all(store)]
         raise NotFoundError(
@@ -77,4 +77,4 @@ def get(store: Store, name: str) -> Calibration:
 
 
 def list_all(store: Store) -> list[Calibration]:
-    return [_row(r) for r in store.conn.execute("SELECT * FROM calibrations ORDER BY created_at, name")]
+    return [_row(r) for r in store.execute("SELECT * FROM calibrations ORDER BY created_at, name")]

@@ -52,7 +52,7 @@ class Owner:
 
 def holder(store: Store, study_id: int) -> Owner | None:
     """Who holds the study's lease (alive or not); None when nobody does."""
-    row = store.conn.execute(
+    row = store.execute(
         "SELECT pid, host, proc_started FROM study_leases WHERE study_id = ?", (study_id,)
     ).fetchone()
     return Owner(int(row[0]), str(row[1]), float(row[2])) if row else None
@@ -62,7 +62,7 @@ def acquire(store: Store, study_id: int, study_uid: str, me: Owner | None = None
     """Take the study's lease for `me` (this process), replacing an owner that is gone; raises StudyBusy
     naming the owner while it lives."""
     me = me or Owner.me()
-    db = store.conn
+    db = store
     for _ in range(3):  # a stale owner replaced by another driver between our read and our update
         cur = db.execute(
             "INSERT INTO study_leases (study_id, pid, host, proc_started, acquired_at) VALUES (?, ?, ?, ?, ?)"
@@ -94,7 +94,7 @@ def acquire(store: Store, study_id: int, study_uid: str, me: Owner | None = None
 
 def release(store: Store, study_id: int, me: Owner) -> None:
     """Give the lease back (only ours: never another driver's)."""
-    store.conn.execute(
+    store.execute(
         "DELETE FROM study_leases WHERE study_id = ? AND pid = ? AND host = ? AND proc_started = ?",
         (study_id, me.pid, me.host, me.started),
     )

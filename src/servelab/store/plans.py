@@ -1,6 +1,6 @@
 """Repository for plans: items and their history, each change one transaction.
 
-`PlanRepo.apply(name, op)` loads the plan inside a write transaction (BEGIN IMMEDIATE, so two workers
+`PlanRepo.apply(name, op)` loads the plan inside a write transaction (`Store.transaction`, so two workers
 cannot interleave), runs a pure `servelab.plan` operation on it, and writes the changed items plus their
 events; if the operation raises, the transaction rolls back and nothing changed.
 
@@ -9,16 +9,14 @@ events; if the operation raises, the transaction rolls back and nothing changed.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from servelab import plan as P
-from servelab.errors import StoreError
 from servelab.redact import redact
-from servelab.store.db import Store, utcnow
+from servelab.store.db import Row, Store, utcnow
 
 WORKSPACE = "workspace"
 
@@ -29,12 +27,11 @@ def _j(obj: Any) -> str:
 
 class PlanRepo:
     def __init__(self, store: Store) -> None:
-        self.db = store.conn
+        self.db = store
 
     # -- reading ----------------------------------------------------------------------------------
-    def _plan_row(self, name: str) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self.db.execute("SELECT * FROM plans WHERE name = ?", (name,)).fetchone()
-        return row
+    def _plan_row(self, name: str) -> Row | None:
+        return self.db.execute("SELECT * FROM plans WHERE name = ?", (name,)).fetchone()
 
     def load(self, name: str = WORKSPACE) -> P.Plan:
         """The plan as stored (an empty plan when nothing was written to it yet)."""
@@ -49,7 +46,7 @@ class PlanRepo:
     def plans(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT p.name, p.kind, p.study_uid, p.created_at, COUNT(i.id) AS items,"
-            " SUM(i.status IN ('pending', 'in_progress', 'blocked')) AS open"
+            " SUM(CASE WHEN i.status IN ('pending', 'in_progress', 'blocked') THEN 1 ELSE 0 END) AS open"
             " FROM plans p LEFT JOIN plan_items i ON i.plan_id = p.id GROUP BY p.id ORDER BY p.id"
         )
         return [dict(r) | {"open": r["open"] or 0} for r in rows.fetchall()]
@@ -81,30 +78,22 @@ class PlanRepo:
     # -- writing ----------------------------------------------------------------------------------
     def apply(self, name: str, op: Callable[[P.Plan], P.Outcome], study_uid: str | None = None) -> P.Outcome:
         """Run `op` on the stored plan and write its outcome, all in one transaction."""
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot start a plan transaction: {exc}") from exc
-        try:
+        with self.db.transaction("plan"):
             before = self.load(name)
             outcome = op(before)
             if outcome.events:
                 self._write(name, before, outcome, study_uid)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         return outcome
 
     def _write(self, name: str, before: P.Plan, outcome: P.Outcome, study_uid: str | None) -> None:
         row = self._plan_row(name)
         if row is None:
             kind = "workspace" if name == WORKSPACE else "study"
-            cur = self.db.execute(
+            new_id = self.db.insert(
                 "INSERT INTO plans (name, kind, study_uid, created_at) VALUES (?, ?, ?, ?)",
                 (name, kind, study_uid or (None if kind == "workspace" else name), utcnow()),
             )
-            plan_id = int(cur.lastrowid or 0)
+            plan_id = new_id
         else:
             plan_id = int(row["id"])
         old = {i.id: i for i in before.items}
@@ -125,13 +114,13 @@ class PlanRepo:
                 it.updated_at,
             )
             if it.id not in old:
-                cur = self.db.execute(
+                new_id = self.db.insert(
                     "INSERT INTO plan_items (position, content, status, priority, worker, depends_on_json, notes_json,"
                     " binding_json, evidence_json, extra_json, created_at, updated_at, plan_id, key)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (*values, plan_id, it.id),
                 )
-                row_ids[it.id] = int(cur.lastrowid or 0)
+                row_ids[it.id] = new_id
             elif it != old[it.id]:
                 self.db.execute(
                     "UPDATE plan_items SET position = ?, content = ?, status = ?, priority = ?, worker = ?,"
@@ -140,24 +129,26 @@ class PlanRepo:
                     (*values, plan_id, it.id),
                 )
         for ev in outcome.events:
-            item_id = (
-                row_ids.get(ev.item)
-                or self.db.execute(
-                    "SELECT id FROM plan_items WHERE plan_id = ? AND key = ?", (plan_id, ev.item)
-                ).fetchone()["id"]
-            )
+            item_id = row_ids.get(ev.item) or self._item_id(plan_id, ev.item)
             self.db.execute(
                 "INSERT INTO plan_events (item_id, at, from_status, to_status, reason, actor, detail_json)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (item_id, ev.at, ev.from_status, ev.to_status, ev.reason, ev.actor, _j(ev.detail)),
             )
 
+    def _item_id(self, plan_id: int, key: str) -> int:
+        row = self.db.execute(
+            "SELECT id FROM plan_items WHERE plan_id = ? AND key = ?", (plan_id, key)
+        ).fetchone()
+        assert row is not None, (plan_id, key)  # an event names an item of the plan it changed
+        return int(row["id"])
+
 
 def _load(text: str | None, default: Any) -> Any:
     return default if text is None else orjson.loads(text)
 
 
-def _item(r: sqlite3.Row) -> P.Item:
+def _item(r: Row) -> P.Item:
     return P.Item(
         id=r["key"],
         content=r["content"],

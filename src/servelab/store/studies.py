@@ -7,14 +7,13 @@ resumed from exactly what the store says happened.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
-from servelab.errors import NotFoundError, StoreError
+from servelab.errors import NotFoundError
 from servelab.redact import redact
 from servelab.store.db import Store, utcnow
 
@@ -43,33 +42,25 @@ def _load(text: str | None) -> Any:
 
 class StudyRepo:
     def __init__(self, store: Store) -> None:
-        self.db = store.conn
+        self.db = store
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """Several writes as one (BEGIN IMMEDIATE ... COMMIT): a kill leaves all of them or none."""
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot start a study transaction: {exc}") from exc
-        try:
+        """Several writes as one (`Store.transaction`): a kill leaves all of them or none."""
+        with self.db.transaction("study"):
             yield
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     # -- studies ----------------------------------------------------------------------------------
     def create_study(
         self, name: str, source: str | None, spec: dict[str, Any], spec_hash: str
     ) -> tuple[int, str]:
         uid = "s-" + uuid.uuid4().hex[:10]
-        cur = self.db.execute(
+        new_id = self.db.insert(
             "INSERT INTO studies (uid, name, created_at, status, source, spec_json, spec_hash)"
             " VALUES (?, ?, ?, 'running', ?, ?, ?)",
             (uid, name, utcnow(), source, _j(spec), spec_hash),
         )
-        return int(cur.lastrowid or 0), uid
+        return new_id, uid
 
     def set_study_status(self, study_id: int, status: str, result: dict[str, Any] | None = None) -> None:
         finished = utcnow() if status in ("completed", "failed") else None
@@ -109,12 +100,12 @@ class StudyRepo:
     def add_candidate(
         self, study_id: int, idx: int, label: str, spec: dict[str, Any], predicted: dict[str, Any] | None
     ) -> int:
-        cur = self.db.execute(
+        new_id = self.db.insert(
             "INSERT INTO study_candidates (study_id, idx, label, spec_json, predicted_json, status)"
             " VALUES (?, ?, ?, ?, ?, 'pending')",
             (study_id, idx, label, _j(spec), _j(predicted) if predicted is not None else None),
         )
-        return int(cur.lastrowid or 0)
+        return new_id
 
     def candidates(self, study_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM study_candidates WHERE study_id = ? ORDER BY idx", (study_id,))
@@ -130,12 +121,12 @@ class StudyRepo:
     def start_trial(self, cand_id: int, repeat: int, marker: str, **fields: Any) -> int:
         """A new trial, `launching`; `fields` (as `update_trial` takes them) are written with it, at once."""
         with self.transaction():
-            cur = self.db.execute(
+            new_id = self.db.insert(
                 "INSERT INTO study_trials (candidate_id, repeat, status, started_at, marker)"
                 " VALUES (?, ?, 'launching', ?, ?)",
                 (cand_id, repeat, utcnow(), marker),
             )
-            tid = int(cur.lastrowid or 0)
+            tid = new_id
             if fields:
                 self.update_trial(tid, **fields)
         return tid
@@ -171,6 +162,34 @@ class StudyRepo:
     def trials(self, cand_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM study_trials WHERE candidate_id = ? ORDER BY id", (cand_id,))
         return [_trial(r) for r in rows.fetchall()]
+
+    def trial_owner(self, trial_id: int) -> tuple[int, int] | None:
+        """The (study id, candidate id) a trial belongs to (None: no such trial)."""
+        row = self.db.execute(
+            "SELECT c.study_id, c.id FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+            " WHERE t.id = ?",
+            (trial_id,),
+        ).fetchone()
+        return (int(row[0]), int(row[1])) if row else None
+
+    def trial_of_run(self, run_id: int) -> int | None:
+        """The latest trial whose benchmark was the bench run `run_id` (None: a run of no study)."""
+        row = self.db.execute(
+            "SELECT id FROM study_trials WHERE bench_run_id = ? ORDER BY id DESC LIMIT 1", (run_id,)
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def study_of_run(self, uid: str) -> dict[str, str] | None:
+        """The study and candidate whose trial made the bench run `uid` (its benchmark, or one of its
+        levels' runs); None when no study's trial did."""
+        row = self.db.execute(
+            "SELECT s.uid, c.label FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+            " JOIN studies s ON s.id = c.study_id JOIN bench_runs b ON b.id = t.bench_run_id WHERE b.uid = ?"
+            " UNION SELECT s.uid, c.label FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
+            " JOIN studies s ON s.id = c.study_id WHERE t.levels_json LIKE ? LIMIT 1",
+            (uid, f'%"{uid}"%'),
+        ).fetchone()
+        return None if row is None else {"uid": str(row["uid"]), "label": str(row["label"])}
 
     def open_trials(self, study_id: int) -> list[dict[str, Any]]:
         """Trials that never reached an end (the servelab running them was killed)."""

@@ -245,16 +245,8 @@ def _run(store: Store, ref: str) -> dict[str, Any]:
 
 def _study_of_run(store: Store, uid: str) -> dict[str, Any] | None:
     """The study trial that made this run."""
-    row = store.conn.execute(
-        "SELECT s.uid, c.label FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
-        " JOIN studies s ON s.id = c.study_id JOIN bench_runs b ON b.id = t.bench_run_id WHERE b.uid = ?"
-        " UNION SELECT s.uid, c.label FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
-        " JOIN studies s ON s.id = c.study_id WHERE t.levels_json LIKE ? LIMIT 1",
-        (uid, f'%"{uid}"%'),
-    ).fetchone()
-    if row is None:
-        return None
-    return {"uid": row["uid"], "label": row["label"]}
+    found = StudyRepo(store).study_of_run(uid)
+    return None if found is None else dict(found)
 
 
 def _run_meta(r: dict[str, Any]) -> str:

@@ -1,14 +1,13 @@
 """The HTTP side of `servelab ui`: stdlib ThreadingHTTPServer, GET and HEAD only, a read-only store per request.
 
-Read-only twice over: only GET/HEAD are answered (anything else is 405), and each request's SQLite
-connection is switched to `query_only`, so no page can change the store even by mistake.
+Read-only twice over: only GET/HEAD are answered (anything else is 405), and each request's store
+connection is switched to read-only (`Store.read_only`), so no page can change the store even by mistake.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-import sqlite3
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,7 +15,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from servelab.errors import ServelabError, UserError
+from servelab.redact import redact_text
 from servelab.store import open_store
+from servelab.store.db import driver_errors
 from servelab.ui.pages import Response, route
 
 SECURITY_HEADERS = {
@@ -34,9 +35,12 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+PAGE_ERRORS: tuple[type[Exception], ...] = (ServelabError, *driver_errors())
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "servelab-ui"
-    store_path: Path | None = None
+    store_path: Path | str | None = None  # a SQLite file or a store URL (None: the default)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: the terminal shows the URL, not every request
@@ -50,10 +54,10 @@ class _Handler(BaseHTTPRequestHandler):
             resp = Response(500, f"store unavailable: {exc.message}".encode(), "text/plain; charset=utf-8")
         else:
             try:
-                store.conn.execute("PRAGMA query_only = ON")
+                store.read_only()
                 resp = route(store, url.path, query)
-            except (ServelabError, sqlite3.Error) as exc:
-                msg = exc.message if isinstance(exc, ServelabError) else str(exc)
+            except PAGE_ERRORS as exc:
+                msg = exc.message if isinstance(exc, ServelabError) else redact_text(str(exc))
                 resp = Response(500, f"error: {msg}".encode(), "text/plain; charset=utf-8")
             finally:
                 store.close()
@@ -92,7 +96,7 @@ class _UIServer6(UIServer):
     address_family = socket.AF_INET6
 
 
-def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | None = None) -> UIServer:
+def make_server(host: str = "127.0.0.1", port: int = 0, store_path: Path | str | None = None) -> UIServer:
     """A bound, not yet serving, server (port 0: a free port; `server.server_address` says which)."""
     handler = type("Handler", (_Handler,), {"store_path": store_path})
     cls = _UIServer6 if ":" in host else UIServer

@@ -18,6 +18,15 @@ from servelab.store.plans import PlanRepo
 from servelab.store.studies import StudyRepo
 
 
+@pytest.fixture(autouse=True, params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: on the SQLite file in $SERVELAB_HOME, and on a fresh PostgreSQL database named by
+    $SERVELAB_DB (what the CLI and `open_store()` resolve alike)."""
+    if request.param == "postgresql":
+        monkeypatch.setenv("SERVELAB_DB", request.getfixturevalue("pg_url"))
+    return str(request.param)
+
+
 def run(*args: str, input: str | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
 
@@ -330,7 +339,7 @@ def test_done_with_a_bench_run_uses_the_trial_that_made_it() -> None:
     with open_store() as s:
         run_id, run_uid = BenchRepo(s).create_run("http://h:1", "m", "chat", {}, None)
         _, plain_uid = BenchRepo(s).create_run("http://h:2", "m", "chat", {}, None)
-        s.conn.execute("UPDATE study_trials SET bench_run_id = ?", (run_id,))
+        s.execute("UPDATE study_trials SET bench_run_id = ?", (run_id,))
     ok("plan", "add", "plain item")
     d = ok("plan", "done", "1", "--run", plain_uid)  # an unbound item takes any run as evidence
     assert d["item"]["evidence"][0]["run"] == plain_uid and d["item"]["evidence"][0]["applied"] is None

@@ -16,8 +16,8 @@ from servelab.store.db import open_store
 from servelab.store.studies import StudyRepo
 
 
-def test_a_live_owner_refuses_by_name_and_a_gone_one_is_replaced(tmp_path: Path) -> None:
-    with open_store(tmp_path / "s.db") as store:
+def test_a_live_owner_refuses_by_name_and_a_gone_one_is_replaced(where: Path | str) -> None:
+    with open_store(where) as store:
         sid, uid = StudyRepo(store).create_study("x", None, {}, "h")
         other = subprocess.Popen(["sleep", "60"])
         try:

@@ -16,14 +16,14 @@ KW = {"now": "2026-11-29T12:00:00.000+00:00", "actor": "test"}
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = open_store(tmp_path / "servelab.db")
+def store(where: Path | str) -> Store:
+    s = open_store(where)
     yield s  # type: ignore[misc]
     s.close()
 
 
 def count(store: Store, table: str) -> int:
-    return int(store.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+    return int(store.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
 def test_migration_is_applied_and_an_unwritten_plan_is_empty(store: Store) -> None:
@@ -32,7 +32,7 @@ def test_migration_is_applied_and_an_unwritten_plan_is_empty(store: Store) -> No
     assert count(store, "plans") == 0
 
 
-def test_changes_are_stored_with_their_history(tmp_path: Path, store: Store) -> None:
+def test_changes_are_stored_with_their_history(where: Path | str, store: Store) -> None:
     repo = PlanRepo(store)
     repo.apply("workspace", lambda p: P.add(p, "check the container", priority="high", **KW))
     repo.apply(
@@ -41,7 +41,7 @@ def test_changes_are_stored_with_their_history(tmp_path: Path, store: Store) -> 
     repo.apply("workspace", lambda p: P.start(p, "1", worker="agent", **KW))
     repo.apply("workspace", lambda p: P.note(p, "1", "2 GPUs visible", **KW))
     store.close()
-    with open_store(tmp_path / "servelab.db") as again:
+    with open_store(where) as again:
         r = PlanRepo(again)
         p = r.load()
         assert [(i.id, i.status, i.worker) for i in p.items] == [
@@ -95,7 +95,7 @@ def test_an_invalid_change_writes_nothing(store: Store) -> None:
         repo.apply("other", lambda p: P.add(p, "x", priority="urgent", **KW))
     assert (repo.load(), count(store, "plan_events")) == before
     assert count(store, "plans") == 1  # the failed first write to "other" created no plan row
-    assert not store.conn.in_transaction
+    assert not store.in_transaction
 
 
 def test_json_round_trip_through_the_store(store: Store) -> None:

@@ -8,8 +8,8 @@ from servelab.store import open_store
 from servelab.store.studies import StudyRepo
 
 
-def test_study_candidates_trials_round_trip_and_open_trials(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+def test_study_candidates_trials_round_trip_and_open_trials(where: Path | str) -> None:
+    db = where
     with open_store(db) as store:
         repo = StudyRepo(store)
         sid, uid = repo.create_study(

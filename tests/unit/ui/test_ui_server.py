@@ -16,6 +16,7 @@ from tests.unit.report.study_builder import GOLDEN_UID, build_study
 
 from servelab.results import Run
 from servelab.store.bench import BenchRepo
+from servelab.store.copy import copy_store as copy_rows
 from servelab.store.db import open_store
 from servelab.ui.server import is_loopback, make_server, serve_in_thread, url_of
 
@@ -106,6 +107,35 @@ def test_running_study_page_polls_its_progress(served: tuple[str, list[str]], tm
         store.conn.execute("UPDATE studies SET status = 'running'")
     status, body, _ = get(f"{base}study/{GOLDEN_UID}")
     assert status == 200 and f'data-url="/api/study/{GOLDEN_UID}/progress"' in body and "fetch(" in body
+
+
+def test_the_same_pages_from_a_postgresql_copy(
+    served: tuple[str, list[str]], pg_url: str, tmp_path: Path
+) -> None:
+    """The store copied into PostgreSQL (`servelab db copy`'s code) serves the very same pages, read-only."""
+    base, (a, b) = served
+    with open_store(tmp_path / "ui-home" / "servelab.db") as src, open_store(pg_url) as dst:
+        copy_rows(src, dst)
+    server = make_server("127.0.0.1", 0, pg_url)
+    serve_in_thread(server)
+    try:
+        pg_base = url_of(server)
+        for page in (
+            "",
+            f"study/{GOLDEN_UID}",
+            f"run/{a}",
+            f"compare?a={a}&b={b}",
+            f"plan/{GOLDEN_UID}",
+            "api/studies",
+            f"api/study/{GOLDEN_UID}/progress",
+            f"api/run/{b}",
+            "study/nope",
+        ):
+            want, got = get(base + page), get(pg_base + page)
+            assert (got[0], got[1]) == (want[0], want[1]), page
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_loopback_detection() -> None:
