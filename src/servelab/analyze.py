@@ -511,11 +511,15 @@ def guard_node_spread(ranking: Ranking, spread: NodeSpread | None, *, cluster: b
     ranking.noise["node_spread"] = {"measured": True, **spread.to_dict()}
     if ranking.margin is None or ranking.winner is None:
         return ranking
+    pct = f" ({spread.spread_pct:.1f} %)" if spread.spread_pct is not None else ""
     if abs(ranking.margin) <= spread.spread:
         ranking.significant = False
-        pct = f" ({spread.spread_pct:.1f} %)" if spread.spread_pct is not None else ""
         ranking.verdict += (
             f"; but the margin {ranking.margin:,.4g} is not larger than the node-to-node spread "
             f"{spread.spread:,.4g}{pct} measured on the baseline: no winner is called on it"
+        )
+    else:
+        ranking.verdict += (
+            f"; it exceeds the node-to-node spread {spread.spread:,.4g}{pct} measured on the baseline"
         )
     return ranking

@@ -31,6 +31,7 @@ def test_a_margin_within_the_node_spread_is_not_called() -> None:
     assert guarded.noise["node_spread"]["measured"] is True
     kept = analyze.guard_node_spread(_ranking(130.0, 105.0), spread, cluster=True)  # margin 25 > 10
     assert kept.significant is True and "no winner is called" not in kept.verdict
+    assert "exceeds the node-to-node spread 10" in kept.verdict
 
 
 def test_off_a_cluster_nothing_changes_and_on_one_an_unmeasured_spread_is_said() -> None:
