@@ -288,9 +288,11 @@ class RayExecutor:
                     await asyncio.to_thread(host.close)
 
     async def _reuse(self, gpus: int, avoid: frozenset[str]) -> RayHost | None:
-        """An idle actor of this size, on a node not in `avoid` (None: a new one is needed)."""
+        """An idle actor of this size, on a node not in `avoid` when a live node outside it could take the
+        trial (None: a new one is needed)."""
+        elsewhere = bool(avoid) and any(g >= gpus and nid not in avoid for nid, g in self.nodes())
         for h in list(self._idle):
-            if len(h.node.gpu_ids) != gpus or h.node.id in avoid:
+            if len(h.node.gpu_ids) != gpus or (elsewhere and h.node.id in avoid):
                 continue
             self._idle.remove(h)
             try:
