@@ -8,6 +8,7 @@ placeholders and literal file names, in one working directory per command and a 
   and its served model; RUN: a stored bench run against it; STUDY: `glm5-pcie`; STUDY.toml and
   examples/glm5-pcie.toml: a reduced copy of examples/glm5-pcie.toml (candidates tp8-cutlass and
   tp8-trtllm, concurrency 1 and 4, one request per stream, one repeat), tuned once into the store;
+  examples/glm5-ray.toml: the shipped file as it is (the docs only dry-run it);
   S: 30 (seconds); PORT: a free port;
 - server.log: that study's tp8-cutlass server log; info.json: the simulator's /get_server_info;
   sharegpt.json: a small ShareGPT file; serving_measurements.csv: every 25th row of the published
@@ -124,6 +125,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     (work / "examples/glm5-pcie.toml").write_text(
         reduced_study((ROOT / "examples/glm5-pcie.toml").read_text())
     )
+    shutil.copy(ROOT / "examples/glm5-ray.toml", work / "examples/glm5-ray.toml")  # dry runs only
     sim = simruns.start_sim(root / "logs", *simruns.SIM_ARGS, speed=SPEED)
     try:
         tuned = cli_run(home, work, ["tune", "examples/glm5-pcie.toml", "--json"])

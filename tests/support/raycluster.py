@@ -112,7 +112,9 @@ class RayCluster:
         argv += ["--num-cpus", "1", "--disable-usage-stats"]
         if head:
             argv += ["--head", "--port", str(self.port), "--include-dashboard=false"]
-            argv += ["--temp-dir", str(self.temp_dir), "--ray-client-server-port", str(_free_port())]
+            # No --ray-client-server-port: naming it demands `ray[client]`, and the plain `ray` the project
+            # installs has no client server (nor needs one: drivers join the GCS address).
+            argv += ["--temp-dir", str(self.temp_dir)]
         else:
             argv += ["--address", self.address]
         argv += ["--dashboard-agent-listen-port", str(_free_port())]
