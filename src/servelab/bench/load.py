@@ -78,9 +78,12 @@ def arrival_offsets(rate: float, n: int, arrival: str, burstiness: float, seed: 
 
 @dataclass
 class ClientMonitor:
-    """Watches the client itself: CPU seconds, event-loop lag, lateness of scheduled sends."""
+    """Watches the client itself: CPU seconds, event-loop lag, lateness of scheduled sends.
 
-    tick_s: float = 0.01
+    The lag ticker fires every 50 ms: a lag is how late one wakeup is, whatever the period, and a
+    10 ms ticker cost 1.7 % of a core (measured at 64k-token prompts, where levels run long)."""
+
+    tick_s: float = 0.05
     lags: list[float] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
