@@ -33,7 +33,7 @@ from servelab.results import (
 )
 
 STATS = ("p50", "p90", "p95", "p99", "mean")
-_PART = re.compile(r"^(?:(p50|p90|p95|p99|mean)_)?([a-z_]+)$")
+_PART = re.compile(r"^(?:(p50|p90|p95|p99|mean)_)?([a-z0-9_]+)$")
 # A probe with more failed requests than this fails the SLO whatever its latencies.
 MAX_FAILURE_RATE = 0.01
 WARMUP_FRACTION = 0.2

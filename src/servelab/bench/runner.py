@@ -435,8 +435,9 @@ class BenchSession:
         self.client.close()
         self.metrics_client.close()
 
-    async def start(self, specs: list[LevelSpec]) -> None:
-        """Probe, build the workload (its pool sized for `specs`, the levels expected) and store the run."""
+    async def start(self, specs: list[LevelSpec], most: int | None = None) -> None:
+        """Probe, build the workload (its pool sized for `specs`, the levels expected, and at most `most`
+        prompts) and store the run."""
         cfg, counter, warnings = self.cfg, self.counter, self.warnings
         self.caps = caps = await probe(self.client, cfg, warnings)
         fit = None
@@ -455,6 +456,8 @@ class BenchSession:
                 int(max(spec.value for spec in specs) * (cfg.duration_s or 0) * 1.5),
             ]
         )
+        if most is not None:
+            count = min(count, most)
         self.wl = wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
         warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
@@ -588,6 +591,9 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         session.close()
 
 
+CAPACITY_POOL = 1024
+
+
 async def find_capacity(
     cfg: BenchConfig,
     store: Store,
@@ -602,9 +608,10 @@ async def find_capacity(
     probes: list[CapacityProbe] = []
     found = C.result(search, slo, probes, "not started")
     try:
-        # the pool is sized for the largest load the search could reach within its probes
-        reach = min(search.highest, search.start * search.growth ** (search.max_probes - 1))
-        await session.start([_spec(cfg, search.by, reach)])
+        # The pool is sized for the first probes (a prompt costs ~2 ms per 1k tokens to build, and the
+        # search's highest load is not known ahead); larger probes cycle through it, with the warning.
+        reach = min(search.highest, search.start * search.growth**2)
+        await session.start([_spec(cfg, search.by, reach)], most=CAPACITY_POOL)
         speed = session.context.clock.speed
 
         async def searching(s: BenchSession) -> None:
