@@ -639,6 +639,10 @@ async def find_capacity(
         except Interrupted:
             session.repo.set_capacity(session.run_id, C.result(search, slo, probes, "interrupted", speed))
             raise
+        except BaseException as exc:
+            why = f"failed: {type(exc).__name__}: {exc}"[:300]
+            session.repo.set_capacity(session.run_id, C.result(search, slo, probes, why, speed))
+            raise
         return res, found
     finally:
         session.close()

@@ -244,6 +244,9 @@ def _search_options(
             opts["duration"] = 20.0
     try:
         slo = C.parse_capacity_slo(opts["slo"])
+    except ValueError as exc:
+        raise ConfigError(f"--slo: {exc}", hint="e.g. --slo 'p99_ttft_ms<=2000,p99_tpot_ms<=50'") from None
+    try:
         spec = C.SearchSpec(
             by=chosen, start=first[0] if first else 1.0, resolution=res, max_probes=max_probes
         )
