@@ -32,7 +32,8 @@ def test_candidates_ranked_by_capacity(tmp_path: Path) -> None:
     text = path.read_text().replace("input_len = 256\n", "input_len = 2048\noutput_len = 64\n", 1)
     text = text.replace("output_len = 32\n", "", 1) + "resolution = 0.25\nmax_probes = 3\n"
     path.write_text(text)
-    servelab("tune", str(path), home=tmp_path / "home", timeout=300)
+    shown = servelab("tune", str(path), home=tmp_path / "home", timeout=300).stdout
+    assert "(capacity)" in shown and "+ step" in shown
     out = json.loads(servelab("runs", "study", "last", "--json", home=tmp_path / "home").stdout)
     ranking = out["ranking"]
     assert ranking["objective"] == "capacity"
