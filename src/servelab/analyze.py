@@ -209,6 +209,8 @@ def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, o
     """A measured candidate's objective at its best SLO-meeting level; other outcomes score None."""
     if status not in ("measured", "anomalous"):
         return Score(label, status, None, None, None, f"not measured ({status})")
+    if objective == "capacity":
+        return _capacity_score(label, status, levels)
     direction = OBJECTIVES[objective]
     ok = [d for d in levels if not slo_failures(d, slo) and d.get(objective) is not None]
     if not ok:
@@ -223,6 +225,47 @@ def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, o
         float(best["level"]),
         levels_meeting_slo=[float(d["level"]) for d in ok],
     )
+
+
+def _capacity_score(label: str, status: str, levels: list[dict[str, Any]]) -> Score:
+    """objective = "capacity": the highest capacity a search found (the search already held each probe
+    to the SLO); its uncertainty, the bracket's step, stands where a confidence interval would."""
+    ok = [d for d in levels if d.get("capacity") is not None]
+    if not ok:
+        probes = sum(int(d.get("capacity_probes") or 0) for d in levels)
+        return Score(
+            label, status, None, None, None, f"no load met the SLOs in the capacity search ({probes} probes)"
+        )
+    best = max(ok, key=lambda d: float(d["capacity"]))
+    step = best.get("capacity_step")
+    return Score(
+        label,
+        status,
+        float(best["capacity"]),
+        None if step is None else float(step),
+        float(best["level"]),
+        levels_meeting_slo=[float(d["level"]) for d in ok],
+    )
+
+
+def _judge_capacity(w: Score, r: Score) -> tuple[bool | None, dict[str, Any], str]:
+    """Two capacities differ only when their brackets do not overlap: the winner passed a load at or above
+    the one the runner-up failed at ([pass, pass + step) is where each capacity lies)."""
+    if r.half_width is None:
+        return (
+            None,
+            {
+                "method": "capacity brackets",
+                "significant": None,
+                "reason": "the runner-up's search found no failing load",
+            },
+            "cannot be judged: the runner-up's search never failed, its capacity is only a lower bound",
+        )
+    r_fail = (r.value or 0.0) + r.half_width
+    significant = (w.value or 0.0) >= r_fail
+    info = {"method": "capacity brackets", "runner_up_failed_at": r_fail, "significant": significant}
+    word = "exceeds" if significant else "is within"
+    return significant, info, f"{word} the searches' uncertainty (the runner-up failed at {r_fail:g})"
 
 
 # -- the noise: a cluster bootstrap over trials and their requests -------------------------------------
@@ -422,7 +465,10 @@ def rank(
     r = valid[1]
     margin = sign * ((w.value or 0.0) - (r.value or 0.0))
     pct = margin / abs(r.value) * 100 if r.value else None
-    significant, noise_info, noise = _judge(w, r, sign, margin, samples or {}, b, seed)
+    if objective == "capacity":
+        significant, noise_info, noise = _judge_capacity(w, r)
+    else:
+        significant, noise_info, noise = _judge(w, r, sign, margin, samples or {}, b, seed)
     pct_text = f" ({pct:+.1f} %)" if pct is not None else ""
     verdict = f"{w.label} wins on {objective}: {w.value:,.4g} vs {r.label}'s {r.value:,.4g}{pct_text}; the margin {noise}"
     return Ranking(objective, ranked, w.label, r.label, margin, pct, significant, verdict, noise_info)

@@ -32,6 +32,8 @@ OBJECTIVES: dict[str, Literal["max", "min"]] = {
     "ttft_ms_p50": "min",
     "tpot_ms_p50": "min",
     "e2e_ms_p50": "min",
+    # each candidate's server gets a capacity search (bench --find-capacity) under the study's SLO
+    "capacity": "max",
 }
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
 
@@ -241,6 +243,9 @@ class LoadSpec(_Strict):
     main: float | None = Field(
         default=None, description="the level deployment checks use (default: the highest)"
     )
+    # objective = "capacity": the search's resolution and most probes (its first probe: the lowest level)
+    resolution: float = Field(default=0.05, gt=0, lt=1)
+    max_probes: int = Field(default=8, ge=1)
 
     @model_validator(mode="after")
     def _one_kind(self) -> LoadSpec:
@@ -291,6 +296,10 @@ class SLOSpec(_Strict):
                 out.append((metric, stat, float(limit)))
         return out
 
+    def capacity_slo(self) -> str:
+        """The level limits as `bench --find-capacity --slo` takes them: `p99_tpot_ms<=50,...`."""
+        return ",".join(f"{stat}_{metric}<={limit:g}" for metric, stat, limit in self.limits())
+
     def bench_slo(self) -> str | None:
         """The per-request SLO string `servelab bench` uses for goodput (the loosest limit per metric)."""
         parts = [
@@ -338,6 +347,15 @@ class Study(_Strict):
         if v not in OBJECTIVES:
             raise ValueError(f"unknown objective {v!r}; use one of {', '.join(OBJECTIVES)}")
         return v
+
+    @model_validator(mode="after")
+    def _capacity_needs_an_slo(self) -> Study:
+        if self.objective == "capacity" and not self.slo.limits():
+            raise ValueError(
+                'objective = "capacity" searches for the highest load meeting the SLO: give [slo] limits, '
+                "e.g. tpot_ms = { p99 = 50 }"
+            )
+        return self
 
     @model_validator(mode="after")
     def _expand(self) -> Study:

@@ -356,6 +356,60 @@ class WorkloadInfo(_Model):
     mean_target_output_len: float | None = None
 
 
+class Saturation(_Model):
+    """Whether an open-loop level measured a steady state (`bench.saturation.detect`): the server could
+    not keep up (completions fall behind arrivals, the queue grows, TTFT rises with the send time) or
+    the client could not (sends late). A saturated level's latencies are those of a growing queue."""
+
+    server_saturated: bool = False
+    client_saturated: bool = False
+    reasons: list[str] = Field(default_factory=list)
+    arrival_rate: float | None = None  # requests/s sent over the second half of the send window
+    completion_rate: float | None = None  # requests/s completed over the same window
+    ttft_slope: float | None = None  # seconds of TTFT per second of scheduled time (least squares)
+    ttft_slope_t: float | None = None  # the slope's t statistic (slope / its standard error)
+    queue_slope: float | None = None  # requests_waiting per second, from the /metrics samples
+    queue_last: float | None = None
+    send_lateness_p99_ms: float | None = None
+    stopped_early: str | None = None  # why the level stopped sending before its end (over-saturated)
+
+    @property
+    def saturated(self) -> bool:
+        return self.server_saturated or self.client_saturated
+
+
+class CapacityProbe(_Model):
+    """One probe of a capacity search: a level of the run at `load`, and its verdict under the SLO."""
+
+    load: float
+    level: int | None = None  # the run's level index
+    passed: bool
+    values: dict[str, float | None] = Field(default_factory=dict)  # `p99_ttft_ms` → the probe's value
+    reasons: list[str] = Field(default_factory=list)  # why it failed
+    stopped_early: bool = False
+
+
+class CapacityResult(_Model):
+    """What `bench --find-capacity` found (`bench.capacity`): the highest load that met the SLO, the
+    bracket it lies in ([highest pass, lowest fail above it]) and every probe, in order."""
+
+    by: Literal["concurrency", "rate"]
+    slo: str
+    resolution: float
+    capacity: float | None = None  # None: even the lowest probe failed
+    bracket: tuple[float | None, float | None] = (None, None)  # (pass, fail)
+    step: float | None = None  # fail − pass: the uncertainty
+    converged: bool = False  # the step is under the resolution
+    stop_reason: str = ""
+    probes: list[CapacityProbe] = Field(default_factory=list)
+    non_monotonic: list[float] = Field(default_factory=list)  # passes above a failed load: noise
+    warmup_fraction: float = 0.0  # the share of each probe's requests left out of its verdict
+    speed: float = 1.0  # the clock's; a rate capacity is in the client's clock (÷ speed: the GPU's)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
 class Level(_Model):
     """One stored load level: `summary` in the time base shown to users, `wall` as the client's clock
     measured it (the same object when the clock is real time)."""
@@ -368,6 +422,7 @@ class Level(_Model):
     wall: LevelSummary
     server_metrics: dict[str, Any] = Field(default_factory=dict)
     client: dict[str, Any] = Field(default_factory=dict)
+    saturation: Saturation | None = None  # open-loop levels: did it reach a steady state
 
     @property
     def concurrency(self) -> int:
@@ -395,6 +450,7 @@ class Level(_Model):
             **({"wall_clock_summary": self.wall.to_json()} if simulated else {}),
             "server_metrics": self.server_metrics,
             "client": self.client,
+            "saturation": self.saturation.model_dump(mode="json") if self.saturation else None,
         }
 
 
@@ -415,6 +471,7 @@ class Run(_Model):
     config: dict[str, Any] = Field(default_factory=dict)  # the full (redacted) bench options, as given
     warnings: list[str] = Field(default_factory=list)
     levels: list[Level] = Field(default_factory=list)
+    capacity: CapacityResult | None = None  # `bench --find-capacity`
 
     @property
     def engine(self) -> str | None:
@@ -449,4 +506,5 @@ class Run(_Model):
                 )
                 for lv in self.levels
             ],
+            "capacity": self.capacity.to_json() if self.capacity else None,
         }

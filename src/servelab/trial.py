@@ -37,9 +37,10 @@ from pydantic import ValidationError
 
 from servelab import analyze, lifecycle, redact
 from servelab.applied import Mismatch, compare
+from servelab.bench import capacity as C
 from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
-from servelab.bench.runner import run_bench
+from servelab.bench.runner import find_capacity, run_bench
 from servelab.config import CandidateSpec, Study
 from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec, Settings
@@ -695,6 +696,8 @@ class Trial:
             context = (context or RunContext()).model_copy(update={"path": self._remote_path()})
         url = remote_url or target.url
         base_cfg = bench_config(self.study, url, target.served_model, target.api_key, context)
+        if self.study.objective == "capacity":
+            return await self._capacity(base_cfg.model_copy(update={"url": target.url}), target)
         path = self.engine.capabilities.telemetry_path
         tele = Telemetry(http_telemetry(target.url, path) if path else None)
         spec = self.study.anomalies
@@ -737,6 +740,32 @@ class Trial:
                 if spec.stop_after_collapses and collapses >= spec.stop_after_collapses:
                     return BenchRun(measured, stopped_early=self._stop_early(collapses))
         return BenchRun(measured)
+
+    async def _capacity(self, cfg: BenchConfig, target: Target) -> BenchRun:
+        """objective = "capacity": one capacity search (its probes the levels of one bench run, driven from
+        here), stored as one level at the capacity found, with the search's answer in its digest."""
+        ld = self.study.load
+        search = C.SearchSpec(
+            by=ld.mode, start=min(ld.levels), resolution=ld.resolution, max_probes=ld.max_probes
+        )
+        slo = C.parse_capacity_slo(self.study.slo.capacity_slo())
+        res, found = await find_capacity(cfg, self.store, search, slo, self.observer.bench_event)
+        at = next((lv for lv in res.levels if lv.value == found.capacity), None)
+        at = at or (res.levels[0] if res.levels else None)
+        if at is None:
+            raise ServerError("the capacity search measured nothing")
+        digest = level_digest(at, res.context.clock) | {
+            "capacity": found.capacity,
+            "capacity_step": found.step,
+            "capacity_bracket": list(found.bracket),
+            "capacity_probes": len(found.probes),
+            "capacity_stop": found.stop_reason,
+        }
+        level = LevelResult(at.value, digest, {}, res.uid, bench_run_id(self.store, res.uid))
+        level.died = target.server is not None and target.server.exit_code() is not None
+        measured = [level]
+        self.observer.level_done(level, measured)
+        return BenchRun(measured, died=level.died)
 
     def _remote_url(self, target: Target) -> str | None:
         """With `[host] bench_from = "remote"` and a server of ours over SSH: its URL over there, where the

@@ -585,7 +585,11 @@ class Client:
                     )
                     return res
                 reused = False
-            await conn.start(request, mode, timeout, self.keep_text, self.idle_timeout_s)
+            try:
+                await conn.start(request, mode, timeout, self.keep_text, self.idle_timeout_s)
+            except asyncio.CancelledError:
+                conn.close()  # a level stopped early: the half-read stream must not go back to the pool
+                raise
             res = conn.result
             # A pooled connection the server had already closed: retry once on a fresh one.
             if res.error_kind == "connection_closed" and reused and attempt == 0:

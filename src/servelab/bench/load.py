@@ -91,6 +91,7 @@ class ClientMonitor:
     _wall0: float = 0.0
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    stopped_early: str | None = None  # why an open loop stopped sending before its end
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -168,6 +169,10 @@ def raise_fd_limit(need: int) -> None:
 
 RecordFactory = Callable[[int, PreparedRequest, float, float | None, StreamResult], RequestRecord]
 OnRecord = Callable[[RequestRecord], None]
+# An open loop's live check: (requests sent, seconds since the level started, its send window) → why to
+# stop sending now (over-saturated), or None.
+Watch = Callable[[int, float, float], str | None]
+WATCH_EVERY_S = 0.25
 
 
 async def _one(
@@ -229,8 +234,11 @@ async def run_open(
     on_record: OnRecord,
     monitor: ClientMonitor,
     seed: int,
+    watch: Watch | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Send on the schedule regardless of completions (optionally capped at max_concurrency)."""
+    """Send on the schedule regardless of completions (optionally capped at max_concurrency). `watch`
+    may stop the level early: sending stops, requests in flight are abandoned (not recorded), and
+    `monitor.stopped_early` says why."""
     n = spec.num_requests
     if n is None:
         assert spec.duration_s is not None
@@ -249,8 +257,20 @@ async def run_open(
             await _one(client, i, req, due, t0, offset, make, on_record, records)
 
     loop = asyncio.get_running_loop()
+    window = offsets[-1] if offsets else 0.0
+    next_watch = t0 + WATCH_EVERY_S
     for i, offset in enumerate(offsets):
         due = t0 + offset
+        while watch is not None and due > next_watch:
+            await asyncio.sleep(max(0.0, next_watch - time.perf_counter()))
+            next_watch += WATCH_EVERY_S
+            why = watch(i, time.perf_counter() - t0, window)
+            if why is not None:
+                monitor.stopped_early = why
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                return records, time.perf_counter() - t0
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -273,6 +293,7 @@ async def run_level(
     make: RecordFactory,
     on_record: OnRecord,
     seed: int = 0,
+    watch: Watch | None = None,
 ) -> tuple[list[RequestRecord], float, ClientMonitor]:
     in_flight = int(spec.value) if spec.mode == "concurrency" else (spec.max_concurrency or 4096)
     raise_fd_limit(in_flight)
@@ -282,7 +303,7 @@ async def run_level(
         if spec.mode == "concurrency":
             records, wall = await run_closed(client, requests, spec, make, on_record, monitor)
         else:
-            records, wall = await run_open(client, requests, spec, make, on_record, monitor, seed)
+            records, wall = await run_open(client, requests, spec, make, on_record, monitor, seed, watch)
     finally:
         await monitor.stop()
     return records, wall, monitor

@@ -10,21 +10,33 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
+from servelab.bench import capacity as C
 from servelab.bench import metrics as M
+from servelab.bench import saturation as S
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
-from servelab.bench.load import LevelSpec, PreparedRequest, run_level, warmup
+from servelab.bench.load import LevelSpec, PreparedRequest, Watch, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.errors import ConfigError, Interrupted, ServerError
-from servelab.results import Clock, Host, Layout, Level, NetPath, RequestRecord, RunContext
+from servelab.results import (
+    CapacityProbe,
+    CapacityResult,
+    Clock,
+    Host,
+    Layout,
+    Level,
+    NetPath,
+    RequestRecord,
+    RunContext,
+)
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 
@@ -385,101 +397,134 @@ class BenchResult:
     context: RunContext
 
 
-async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = None) -> BenchResult:
-    """Run every level of `cfg` against the server and store each request as it finishes."""
-    notify = observe or (lambda _e, _d: None)
-    try:
-        slo = M.parse_slo(cfg.slo)
-    except ValueError as exc:
-        raise ConfigError(f"--slo: {exc}") from exc
-    counter = W.TokenCounter(cfg.tokenizer) if cfg.tokenizer else None
-    try:
-        client = Client(
-            cfg.url,
-            api_key=cfg.api_key,
-            timeout_s=cfg.timeout_s,
-            keep_text=counter is not None,
-            idle_timeout_s=cfg.idle_timeout_s,
-        )
-    except ValueError as exc:
-        raise ConfigError(
-            str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000"
-        ) from exc
-    metrics_client = Client(cfg.url, api_key=cfg.api_key, timeout_s=10)
-    warnings: list[str] = []
-    repo = BenchRepo(store)
-    try:
-        caps = await probe(client, cfg, warnings)
+class BenchSession:
+    """One stored run against one server, its levels chosen by the caller: `start` probes the server,
+    builds the workload and creates the run; `run_level(spec)` measures one level of it; `drive(body)`
+    runs `body` (which calls `run_level` as often as it likes: a fixed list, a capacity search) and
+    finishes the run whatever happens (interrupted, failed, completed)."""
+
+    def __init__(self, cfg: BenchConfig, store: Store, observe: Observer | None = None) -> None:
+        self.cfg = cfg
+        self.notify: Observer = observe or (lambda _e, _d: None)
+        try:
+            self.slo = M.parse_slo(cfg.slo)
+        except ValueError as exc:
+            raise ConfigError(f"--slo: {exc}") from exc
+        self.counter = W.TokenCounter(cfg.tokenizer) if cfg.tokenizer else None
+        try:
+            self.client = Client(
+                cfg.url,
+                api_key=cfg.api_key,
+                timeout_s=cfg.timeout_s,
+                keep_text=self.counter is not None,
+                idle_timeout_s=cfg.idle_timeout_s,
+            )
+        except ValueError as exc:
+            raise ConfigError(
+                str(exc), hint="--url takes the server's base URL, e.g. http://127.0.0.1:8000"
+            ) from exc
+        self.metrics_client = Client(cfg.url, api_key=cfg.api_key, timeout_s=10)
+        self.warnings: list[str] = []
+        self.repo = BenchRepo(store)
+        self.levels: list[Level] = []
+        self.status = "completed"
+        self.early_stop = False  # open-loop levels stop sending when clearly over-saturated
+        self.run_id, self.uid = 0, ""
+
+    def close(self) -> None:
+        self.client.close()
+        self.metrics_client.close()
+
+    async def start(self, specs: list[LevelSpec], most: int | None = None) -> None:
+        """Probe, build the workload (its pool sized for `specs`, the levels expected, and at most `most`
+        prompts) and store the run."""
+        cfg, counter, warnings = self.cfg, self.counter, self.warnings
+        self.caps = caps = await probe(self.client, cfg, warnings)
         fit = None
         if counter is None:
-            fit = await calibrate_tokens_per_word(client, cfg, caps)
+            fit = await calibrate_tokens_per_word(self.client, cfg, caps)
             if fit is None and counter is None:
                 warnings.append(
                     "no tokenizer and no usage from the server: input lengths are counted in words"
                 )
-        specs = cfg.level_specs()
         # Duration-bound levels cycle through a pool of prompts; a pool big enough that a repeat (and
         # with it a prefix-cache hit that would flatter TTFT) is rare, and a warning when it happens.
         count = cfg.num_requests or max(
             [spec.num_requests or 0 for spec in specs]
-            + [2048 if cfg.duration_s else 0, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5)]
+            + [
+                2048 if cfg.duration_s else 0,
+                int(max(spec.value for spec in specs) * (cfg.duration_s or 0) * 1.5),
+            ]
         )
-        wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
+        if most is not None:
+            count = min(count, most)
+        self.wl = wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
         warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
-        prepared = await _prepare(client, cfg, caps, wl)
-        warm = await _prepare(client, cfg, caps, warm_wl)
-        context = (await learn_context(metrics_client, caps)).merged(cfg.context)
+        self.prepared = await _prepare(self.client, cfg, caps, wl)
+        self.warm = await _prepare(self.client, cfg, caps, warm_wl)
+        context = (await learn_context(self.metrics_client, caps)).merged(cfg.context)
         if context.path.via is None:
             context = context.merged(RunContext(path=await direct_path(cfg.url)))
+        self.context = context
         config = cfg.model_dump(exclude={"context"}) | {
             "workload_info": wl.describe(),
             "capabilities": caps.__dict__,
             "tokens_per_word_fit": fit,
         }
-        run_id, uid = repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash, context)
-        repo.set_run_info(run_id, warnings=warnings)
-        notify(
+        self.run_id, self.uid = self.repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash, context)
+        self.repo.set_run_info(self.run_id, warnings=warnings)
+        self.notify(
             "run_started",
             {
-                "uid": uid,
+                "uid": self.uid,
                 "levels": len(specs),
                 "workload": wl.describe(),
                 "warnings": warnings,
                 "time_base": context.clock.time_base,
             },
         )
-        make = _RecordMaker(counter)
-        levels_out: list[Level] = []
-        status = "completed"
+        self.make = _RecordMaker(counter)
+
+    async def run_level(self, spec: LevelSpec) -> Level:
+        """Measure one more level of the run (stored as it goes); `self.status` turns `failed` when
+        every request of it failed (nothing was measured, so the caller should stop)."""
+        level = await _run_one_level(
+            self.client,
+            self.metrics_client,
+            self.repo,
+            self.run_id,
+            len(self.levels),
+            spec,
+            self.cfg,
+            self.prepared,
+            self.warm,
+            self.make,
+            self.slo,
+            self.notify,
+            self.context.clock.speed,
+            early_stop=self.early_stop,
+        )
+        self.levels.append(level)
+        if level.saturation is not None and level.saturation.saturated:
+            who = "the server" if level.saturation.server_saturated else "the client"
+            self.warnings.append(
+                f"level {spec.label}: {who} could not keep up, not a steady state (its latencies are a "
+                f"growing queue's): " + "; ".join(level.saturation.reasons)
+            )
+        failure = _all_failed(level)
+        if failure is not None:
+            self.status = "failed"
+            self.warnings.append(failure)
+        return level
+
+    async def drive(self, body: Callable[[BenchSession], Awaitable[None]]) -> BenchResult:
+        """Run `body(self)` and finish the run: interrupted (Ctrl-C), failed (anything raised, or every
+        request of a level failed) or completed."""
+        levels_out, warnings, repo, run_id, uid = self.levels, self.warnings, self.repo, self.run_id, self.uid
         try:
-            for li, spec in enumerate(specs):
-                level = await _run_one_level(
-                    client,
-                    metrics_client,
-                    repo,
-                    run_id,
-                    li,
-                    spec,
-                    cfg,
-                    prepared,
-                    warm,
-                    make,
-                    slo,
-                    notify,
-                    context.clock.speed,
-                )
-                levels_out.append(level)
-                failure = _all_failed(level)
-                if failure is not None:
-                    # Nothing was measured; the levels after it would only repeat the failure.
-                    status = "failed"
-                    skipped = len(specs) - li - 1
-                    warnings.append(
-                        failure + (f"; the {skipped} later levels were not run" if skipped else "")
-                    )
-                    break
+            await body(self)
         except asyncio.CancelledError:
             repo.set_run_info(run_id, warnings=warnings)
             repo.finish_run(run_id, "interrupted", [lv.wall for lv in levels_out])
@@ -496,7 +541,7 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
         repeated = sum(lv.wall.prompts_repeated for lv in levels_out)
         if repeated:
             warnings.append(
-                f"{repeated} requests reused a prompt of the pool of {len(prepared)} (at most {POOL_MAX:,} "
+                f"{repeated} requests reused a prompt of the pool of {len(self.prepared)} (at most {POOL_MAX:,} "
                 f"prompts or {POOL_TOKENS:,} tokens are built): a server with prefix caching may answer "
                 "those faster; give fewer --num-requests or a shorter --duration"
             )
@@ -510,12 +555,110 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
                 "that is not the generated tokens, or --tokenizer is not the server's tokenizer"
             )
         repo.set_run_info(run_id, warnings=warnings)
-        repo.finish_run(run_id, status, [lv.wall for lv in levels_out])
-        notify("run_finished", {"uid": uid, "status": status})
-        return BenchResult(run_id, uid, status, levels_out, warnings, wl.describe(), caps.__dict__, context)
+        repo.finish_run(run_id, self.status, [lv.wall for lv in levels_out])
+        self.notify("run_finished", {"uid": uid, "status": self.status})
+        return BenchResult(
+            run_id,
+            uid,
+            self.status,
+            levels_out,
+            warnings,
+            self.wl.describe(),
+            self.caps.__dict__,
+            self.context,
+        )
+
+
+async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = None) -> BenchResult:
+    """Run every level of `cfg` against the server and store each request as it finishes."""
+    session = BenchSession(cfg, store, observe)
+    try:
+        specs = cfg.level_specs()
+        await session.start(specs)
+
+        async def fixed(s: BenchSession) -> None:
+            for li, spec in enumerate(specs):
+                await s.run_level(spec)
+                if s.status == "failed":
+                    # Nothing was measured; the levels after it would only repeat the failure.
+                    skipped = len(specs) - li - 1
+                    if skipped:
+                        s.warnings[-1] += f"; the {skipped} later levels were not run"
+                    break
+
+        return await session.drive(fixed)
     finally:
-        client.close()
-        metrics_client.close()
+        session.close()
+
+
+CAPACITY_POOL = 1024
+
+
+async def find_capacity(
+    cfg: BenchConfig,
+    store: Store,
+    search: C.SearchSpec,
+    slo: C.CapacitySLO,
+    observe: Observer | None = None,
+) -> tuple[BenchResult, CapacityResult]:
+    """`bench --find-capacity`: probe loads chosen by `capacity.decide` as levels of one run, until the
+    search stops; the result (stored with the run after every probe) gives the capacity and its curve."""
+    session = BenchSession(cfg, store, observe)
+    session.early_stop = True
+    probes: list[CapacityProbe] = []
+    found = C.result(search, slo, probes, "not started")
+    try:
+        # The pool is sized for the first probes (a prompt costs ~2 ms per 1k tokens to build, and the
+        # search's highest load is not known ahead); larger probes cycle through it, with the warning.
+        reach = min(search.highest, search.start * search.growth**2)
+        await session.start([_spec(cfg, search.by, reach)], most=CAPACITY_POOL)
+        speed = session.context.clock.speed
+
+        async def searching(s: BenchSession) -> None:
+            nonlocal found
+            while True:
+                decision = C.decide(search, probes)
+                if decision.load is None:
+                    found = C.result(search, slo, probes, decision.reason, speed)
+                    break
+                s.notify("probe_started", {"load": decision.load, "why": decision.reason})
+                level = await s.run_level(_spec(cfg, search.by, decision.load))
+                records = s.repo.requests(s.repo.level_ids(s.run_id)[level.index])
+                probe_ = C.verdict(decision.load, level.index, records, slo, speed, level.saturation)
+                probes.append(probe_)
+                found = C.result(search, slo, probes, "running", speed)
+                s.repo.set_capacity(s.run_id, found)
+                s.notify("probe_finished", probe_.model_dump(mode="json"))
+                if s.status == "failed":
+                    found = C.result(search, slo, probes, "every request of a probe failed", speed)
+                    break
+            s.repo.set_capacity(s.run_id, found)
+
+        try:
+            res = await session.drive(searching)
+        except Interrupted:
+            session.repo.set_capacity(session.run_id, C.result(search, slo, probes, "interrupted", speed))
+            raise
+        except BaseException as exc:
+            why = f"failed: {type(exc).__name__}: {exc}"[:300]
+            session.repo.set_capacity(session.run_id, C.result(search, slo, probes, why, speed))
+            raise
+        return res, found
+    finally:
+        session.close()
+
+
+def _spec(cfg: BenchConfig, by: str, load: float) -> LevelSpec:
+    """A capacity probe's level: the run's sizing (requests, duration or requests per stream) at `load`."""
+    return LevelSpec(
+        by,
+        load,
+        cfg.level_requests(load) if by == "concurrency" else cfg.num_requests,
+        cfg.duration_s,
+        cfg.max_concurrency,
+        cfg.arrival,
+        cfg.burstiness,
+    )
 
 
 async def _run_one_level(
@@ -532,6 +675,7 @@ async def _run_one_level(
     slo: M.SLO | None,
     notify: Observer,
     speed: float = 1.0,
+    early_stop: bool = False,
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
@@ -576,7 +720,10 @@ async def _run_one_level(
     status = "completed"
     t_start = time.perf_counter()
     try:
-        records, wall, monitor = await run_level(client, prepared, spec, make, on_record, seed=cfg.seed + li)
+        watch = _watch(done) if early_stop and spec.mode == "rate" else None
+        records, wall, monitor = await run_level(
+            client, prepared, spec, make, on_record, seed=cfg.seed + li, watch=watch
+        )
     except asyncio.CancelledError:
         status = "interrupted"
         records, wall, monitor = done, time.perf_counter() - t_start, None
@@ -600,6 +747,17 @@ async def _run_one_level(
     client_stats = monitor.summary(summary.total_output_tokens, summary.itl_ms.p50) if monitor else {}
     server = scrape.summary()
     repo.finish_level(level_id, status, summary, server, client_stats)
+    saturation = None
+    if spec.mode == "rate" and records:
+        saturation = S.detect(
+            records,
+            spec.value,
+            scrape.samples,
+            cfg.scrape_interval_s,
+            monitor.lateness if monitor else (),
+            monitor.stopped_early if monitor else None,
+        )
+        repo.set_saturation(level_id, saturation)
     level = Level(
         index=li,
         status=status,
@@ -609,8 +767,18 @@ async def _run_one_level(
         wall=summary,
         server_metrics=server,
         client=client_stats,
+        saturation=saturation,
     )
     notify("level_finished", {"index": li, "label": spec.label, "status": status, "client": client_stats})
     if status != "completed":
         raise asyncio.CancelledError
     return level
+
+
+def _watch(done: list[RequestRecord]) -> Watch:
+    """An open loop's live over-saturation check on the records finished so far (`saturation.early_stop`)."""
+
+    def check(sent: int, elapsed_s: float, window_s: float) -> str | None:
+        return S.early_stop(done, sent, elapsed_s, window_s)
+
+    return check

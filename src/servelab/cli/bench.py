@@ -15,8 +15,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servelab.bench import capacity as C
 from servelab.bench.config import IDLE_TIMEOUT_S, BenchConfig
-from servelab.bench.runner import BenchResult, run_bench
+from servelab.bench.runner import BenchResult, find_capacity, run_bench
 from servelab.cli import aio
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServerError
@@ -143,8 +144,10 @@ def render(data: dict[str, Any]) -> None:
         table.add_column(c, justify="right" if c != "level" else "left")
     for lv in data["levels"]:
         s = lv["summary"]
+        sat = lv.get("saturation") or {}
         row = [
-            lv["label"],
+            lv["label"]
+            + (" (saturated)" if sat.get("server_saturated") or sat.get("client_saturated") else ""),
             f"{s['completed']}/{s['failed']}",
             _fmt(s["request_throughput"], 2),
             _fmt(s["output_throughput"]),
@@ -197,7 +200,95 @@ def render(data: dict[str, Any]) -> None:
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
     for w in data["warnings"]:
         stdout.print(f"[yellow]warning:[/yellow] {escape(printable(w))}")
+    if data.get("capacity"):
+        render_capacity(data["capacity"])
     stdout.print(f"stored as run {data['run']} (workload hash {data['workload'].get('dataset_hash')})")
+
+
+def _search_options(
+    opts: dict[str, Any], conc: list[float] | None, rate: list[float] | None
+) -> tuple[C.SearchSpec, C.CapacitySLO] | None:
+    """`--find-capacity --slo .. [--by] [--resolution] [--max-probes]` (None without --find-capacity).
+    Without a sizing option a probe is 5 requests per stream (by concurrency) or 20 s (by rate)."""
+    find, by = opts.pop("find_capacity"), opts.pop("by")
+    resolution, max_probes = opts.pop("resolution"), opts.pop("max_probes")
+    if not find:
+        if by is not None:
+            raise ConfigError(
+                "--by is an option of --find-capacity", hint="add --find-capacity, or drop --by"
+            )
+        return None
+    if conc is not None and rate is not None:
+        raise ConfigError("give at most one of --concurrency or --rate with --find-capacity")
+    named = "concurrency" if conc is not None else "rate" if rate is not None else None
+    if by is not None and named is not None and by != named:
+        raise ConfigError(f"--by {by} contradicts --{named}", hint=f"--{by} VALUE gives the first probe")
+    chosen: Literal["concurrency", "rate"] = "rate" if (by or named) == "rate" else "concurrency"
+    first = conc or rate
+    if first is not None and len(first) != 1:
+        raise ConfigError(
+            f"--find-capacity takes one --{chosen} value (the first probe), got {len(first)}",
+            hint="the search chooses the levels itself",
+        )
+    text = str(resolution).strip()
+    try:
+        res = float(text.removesuffix("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise ConfigError(
+            f"--resolution {text!r} is not a number or a percentage", hint="e.g. --resolution 5%"
+        ) from None
+    if not opts["num_requests"] and not opts["duration"] and not opts["requests_per_stream"]:
+        if chosen == "concurrency":
+            opts["requests_per_stream"] = 5
+        else:
+            opts["duration"] = 20.0
+    try:
+        slo = C.parse_capacity_slo(opts["slo"])
+    except ValueError as exc:
+        raise ConfigError(f"--slo: {exc}", hint="e.g. --slo 'p99_ttft_ms<=2000,p99_tpot_ms<=50'") from None
+    try:
+        spec = C.SearchSpec(
+            by=chosen, start=first[0] if first else 1.0, resolution=res, max_probes=max_probes
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc), hint='docs/cli/bench.md, "Capacity search", gives the options') from None
+    return spec, slo
+
+
+def render_capacity(cap: dict[str, Any]) -> None:
+    """The search's answer, its uncertainty and the curve it walked (`CapacityResult` as JSON)."""
+    unit = "streams" if cap["by"] == "concurrency" else "requests/s"
+    ok, bad = cap["bracket"]
+    table = Table(title=f"capacity search by {cap['by']} under {cap['slo']}", title_justify="left")
+    for c in ("probe", "load", "verdict", *cap["probes"][0]["values"].keys(), "why") if cap["probes"] else ():
+        table.add_column(c, justify="left" if c in ("verdict", "why") else "right")
+    for i, p in enumerate(cap["probes"]):
+        vals = [_fmt(v) for v in p["values"].values()]
+        verdict = "pass" if p["passed"] else ("fail (stopped early)" if p["stopped_early"] else "fail")
+        table.add_row(str(i + 1), f"{p['load']:g}", verdict, *vals, printable("; ".join(p["reasons"])[:120]))
+    if cap["probes"]:
+        stdout.print(table)
+    if cap["capacity"] is None:
+        stdout.print(f"[red]capacity: none: {escape(cap['stop_reason'])}[/red]")
+    else:
+        upper = f"{bad:g}" if bad is not None else "not found"
+        step = f", step {cap['step']:g}" if cap["step"] is not None else ""
+        stdout.print(
+            f"[bold]capacity: {cap['capacity']:g} {unit}[/bold] (passed {ok:g}, failed {upper}{step}; "
+            f"resolution {cap['resolution']:.0%}) after {len(cap['probes'])} probes; stopped: "
+            f"{escape(cap['stop_reason'])}"
+        )
+    if cap["by"] == "rate" and cap.get("speed", 1) != 1:
+        stdout.print(f"rates are the client's; the simulated GPU's are ÷{cap['speed']:g}")
+    if cap["non_monotonic"]:
+        stdout.print(
+            "[yellow]non-monotonic: "
+            + ", ".join(f"{v:g}" for v in cap["non_monotonic"])
+            + " passed above a failed load (noise); the capacity is the highest pass below every failure[/yellow]"
+        )
+    stdout.print(
+        f"each probe's verdict leaves out its first {cap['warmup_fraction']:.0%} of requests (warm-up)"
+    )
 
 
 def result_json(res: BenchResult) -> dict[str, Any]:
@@ -221,9 +312,13 @@ def context_from_flags(opts: dict[str, Any]) -> RunContext:
     )
 
 
-async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
+async def _main(
+    cfg: BenchConfig, observer: _ProgressObserver, search: tuple[C.SearchSpec, C.CapacitySLO] | None = None
+) -> BenchResult:
     with open_store() as store:
         try:
+            if search is not None:
+                return (await find_capacity(cfg, store, *search, observer))[0]
             return await run_bench(cfg, store, observer)
         except asyncio.CancelledError:
             raise Interrupted(
@@ -231,8 +326,10 @@ async def _main(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
             ) from None
 
 
-def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
-    return aio.run(_main(cfg, observer))
+def _run(
+    cfg: BenchConfig, observer: _ProgressObserver, search: tuple[C.SearchSpec, C.CapacitySLO] | None = None
+) -> BenchResult:
+    return aio.run(_main(cfg, observer, search))
 
 
 @click.command()
@@ -329,6 +426,28 @@ def _run(cfg: BenchConfig, observer: _ProgressObserver) -> BenchResult:
 @click.option("--quant", help="Weight format (e.g. fp8, nvfp4, bf16) for the performance model.")
 @click.option("--kv-dtype", help="KV-cache dtype for the performance model.")
 @click.option(
+    "--find-capacity",
+    is_flag=True,
+    help="Search for the highest load meeting --slo (bracket, then bisect); see docs/cli/bench.md.",
+)
+@click.option(
+    "--by",
+    type=click.Choice(["concurrency", "rate"]),
+    default=None,
+    help="--find-capacity: search concurrency or request rate (default: concurrency, or what "
+    "--concurrency/--rate names; its one value is the first probe).",
+)
+@click.option(
+    "--resolution", default="5%", show_default=True, help="--find-capacity: stop when the step is under this."
+)
+@click.option(
+    "--max-probes",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="--find-capacity: probes at most.",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (documented in docs/cli/bench.md)."
 )
 def bench(**opts: Any) -> None:
@@ -336,7 +455,10 @@ def bench(**opts: Any) -> None:
     conc = parse_levels(opts.pop("concurrency"), "--concurrency")
     rate = parse_levels(opts.pop("rate"), "--rate")
     mode: Literal["concurrency", "rate"]
-    if conc is not None and rate is None:
+    search = _search_options(opts, conc, rate)
+    if search is not None:
+        mode, levels = search[0].by, [search[0].start]
+    elif conc is not None and rate is None:
         mode, levels = "concurrency", conc
     elif rate is not None and conc is None:
         mode, levels = "rate", rate
@@ -390,7 +512,7 @@ def bench(**opts: Any) -> None:
     except ValidationError as exc:
         raise config_error(exc, mode) from None
     try:
-        res = _run(cfg, _ProgressObserver())
+        res = _run(cfg, _ProgressObserver(), search)
     except Interrupted as exc:
         if exc.run_uid is not None:  # --json prints the stored run (`status: interrupted`), as documented
             with open_store() as store:

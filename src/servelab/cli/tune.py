@@ -219,7 +219,10 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     t.add_column("predicted tok/s", justify="right", max_width=9)
     t.add_column("level", justify="right")
     t.add_column("objective", justify="right")
-    t.add_column("± 95 %", justify="right", no_wrap=True)
+    # a capacity's uncertainty is its search's step (it lies in [capacity, capacity + step))
+    t.add_column(
+        "+ step" if data["ranking"]["objective"] == "capacity" else "± 95 %", justify="right", no_wrap=True
+    )
     notes: list[str] = []
     for c in data["candidates"]:
         s = c.get("score") or {}

@@ -383,6 +383,53 @@ def sweep(setup: Setup, wl: Workload, concurrencies: list[int]) -> list[Predicti
     return out
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """The most load a configuration holds under latency limits, as the model predicts it."""
+
+    concurrency: int | None  # None: not even one stream meets the limits
+    rate: float | None  # requests/s at that concurrency (Little's law: concurrency / E2E)
+    prediction: Prediction | None  # the prediction at that concurrency
+
+
+def capacity(
+    setup: Setup,
+    isl: int,
+    osl: int,
+    tpot_ms: float | None = None,
+    ttft_ms: float | None = None,
+    highest: int = 4096,
+) -> Capacity:
+    """The highest closed-loop concurrency whose predicted TPOT and TTFT meet the limits (both rise with
+    the load, so a bisection over 1..`highest` finds it), and the request rate that concurrency serves.
+    The model predicts each metric once per load (the simulator's TPOT spreads little around it, so a
+    percentile limit reads as this value); `bench --find-capacity` against `servelab sim` lands on it."""
+    perf = build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors)
+    mem = plan_memory(setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction)
+
+    def at(c: int) -> Prediction:
+        return evaluate(setup, Workload(isl, osl, c), perf, mem)
+
+    def meets(p: Prediction) -> bool:
+        if not p.feasible:
+            return False
+        return (tpot_ms is None or (p.tpot_ms or 0.0) <= tpot_ms) and (
+            ttft_ms is None or (p.ttft_ms or 0.0) <= ttft_ms
+        )
+
+    if not meets(at(1)):
+        return Capacity(None, None, None)
+    lo, hi = 1, highest
+    if meets(at(hi)):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if meets(at(mid)) else (lo, mid)
+    best = at(lo)
+    e2e_s = ((best.ttft_ms or 0.0) + max(osl - 1, 0) * (best.tpot_ms or 0.0)) / 1000
+    return Capacity(lo, lo / e2e_s if e2e_s > 0 else None, best)
+
+
 @dataclass
 class LayoutResult:
     label: str

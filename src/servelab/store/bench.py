@@ -11,7 +11,16 @@ import orjson
 
 from servelab.errors import NotFoundError
 from servelab.redact import redact
-from servelab.results import Level, LevelSummary, RequestRecord, Run, RunContext, WorkloadInfo
+from servelab.results import (
+    CapacityResult,
+    Level,
+    LevelSummary,
+    RequestRecord,
+    Run,
+    RunContext,
+    Saturation,
+    WorkloadInfo,
+)
 from servelab.store.db import Store, utcnow
 
 
@@ -62,6 +71,18 @@ class BenchRepo:
             self.db.execute(
                 "UPDATE bench_runs SET warnings_json = ? WHERE id = ?", (_j(redact(warnings)), run_id)
             )
+
+    def set_capacity(self, run_id: int, result: CapacityResult) -> None:
+        """The run's capacity search so far (written after every probe: a killed search keeps its curve)."""
+        self.db.execute(
+            "UPDATE bench_runs SET capacity_json = ? WHERE id = ?", (_j(result.to_json()), run_id)
+        )
+
+    def set_saturation(self, level_id: int, saturation: Saturation) -> None:
+        self.db.execute(
+            "UPDATE bench_levels SET saturation_json = ? WHERE id = ?",
+            (_j(saturation.model_dump(mode="json")), level_id),
+        )
 
     def finish_run(self, run_id: int, status: str, levels: list[LevelSummary] | None) -> None:
         summary = None if levels is None else {"levels": [lv.to_json() for lv in levels]}
@@ -257,6 +278,7 @@ def _run(row: Any, level_rows: list[Any]) -> Run:
                 wall=wall,
                 server_metrics=_loads(lv["server_metrics_json"]) or {},
                 client=_loads(lv["client_stats_json"]) or {},
+                saturation=_saturation(lv),
             )
         )
     return Run(
@@ -274,4 +296,16 @@ def _run(row: Any, level_rows: list[Any]) -> Run:
         config=config,
         warnings=_loads(row["warnings_json"]) or [],
         levels=levels,
+        capacity=CapacityResult.model_validate(raw_cap)
+        if (raw_cap := _column(row, "capacity_json"))
+        else None,
     )
+
+
+def _column(row: Any, name: str) -> Any:
+    return _loads(row[name])
+
+
+def _saturation(row: Any) -> Saturation | None:
+    raw = _column(row, "saturation_json")
+    return Saturation.model_validate(raw) if raw else None

@@ -239,4 +239,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE study_trials ADD COLUMN node_json TEXT;
         """,
     ),
+    (
+        "0010_capacity",
+        """
+        -- An open-loop level's saturation verdict (servelab.results.Saturation), and a run's capacity
+        -- search (servelab.results.CapacityResult); NULL where none was made.
+        ALTER TABLE bench_levels ADD COLUMN saturation_json TEXT;
+        ALTER TABLE bench_runs ADD COLUMN capacity_json TEXT;
+        """,
+    ),
 ]

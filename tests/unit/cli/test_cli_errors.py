@@ -42,6 +42,9 @@ BASE = ["bench", "--url", "http://127.0.0.1:9", "--model", "m"]
         (["--concurrency", "2", "--num-requests", "5", "--dataset", "/nonexistent.json"], "does not exist"),
         (["--concurrency", "2", "--num-requests", "5", "--max-concurrency", "4"], "caps an open-loop"),
         (["--concurrency", "2", "--num-requests", "5", "--workload", "sharegpt"], "needs --dataset"),
+        (["--find-capacity"], "--find-capacity needs --slo"),
+        (["--find-capacity", "--slo", "p99_ttft_ms<=9", "--rate", "1,2"], "takes one --rate value"),
+        (["--by", "rate", "--rate", "1", "--num-requests", "5"], "--by is an option of --find-capacity"),
     ],
 )
 def test_bad_bench_options(extra: list[str], msg: str) -> None:

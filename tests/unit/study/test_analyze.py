@@ -94,3 +94,22 @@ def test_lower_power_at_the_same_throughput_is_not_an_anomaly() -> None:
     base = [_lv(8, 460, gpu_power_w=390.0, gpu_util=0.66)]
     same = [_lv(8, 455, gpu_power_w=250.0, gpu_util=0.38)]
     assert analyze.anomalies(same, base, AnomalySpec()) == []
+
+
+def _cap(capacity: float | None, step: float | None) -> dict[str, object]:
+    return {"level": capacity or 8.0, "capacity": capacity, "capacity_step": step, "capacity_probes": 6}
+
+
+def test_capacity_ranks_by_capacity_and_brackets_are_the_noise() -> None:
+    slo = SLOSpec(tpot_ms={"p99": 100})
+    a = analyze.score("a", "measured", [_cap(24, 1)], slo, "capacity")
+    b = analyze.score("b", "measured", [_cap(19, 1)], slo, "capacity")
+    assert (a.value, a.half_width, a.level) == (24, 1, 24)
+    r = analyze.rank([b, a], "capacity")
+    assert r.winner == "a" and r.significant is True and "runner-up failed at 20" in r.verdict
+    # b's bracket [19, 25) holds a's 24: not significantly different
+    wide = analyze.score("w", "measured", [_cap(19, 6)], slo, "capacity")
+    r2 = analyze.rank([wide, a], "capacity")
+    assert r2.winner == "a" and r2.significant is False and "within" in r2.verdict
+    none = analyze.score("n", "measured", [_cap(None, None)], slo, "capacity")
+    assert none.value is None and "capacity search (6 probes)" in none.why

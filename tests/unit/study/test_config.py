@@ -111,3 +111,11 @@ def test_where_the_trials_run_is_not_part_of_the_study_hash() -> None:
     from servelab.tune import spec_hash
 
     assert spec_hash(parse_study(_base())) == spec_hash(parse_study(_base(executor={"kind": "ray"})))
+
+
+def test_objective_capacity_needs_slo_limits() -> None:
+    with pytest.raises(ConfigError, match='objective = "capacity"'):
+        parse_study(_base(objective="capacity"))
+    study = parse_study(_base(objective="capacity", slo={"tpot_ms": {"p99": 100}, "ttft_ms": {"p50": 900}}))
+    assert study.slo.capacity_slo() == "p50_ttft_ms<=900,p99_tpot_ms<=100"
+    assert (study.load.resolution, study.load.max_probes) == (0.05, 8)
