@@ -367,12 +367,13 @@ async def _sampler(
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
         status, body = await _get(client, "/metrics")
         if status == 200:
-            scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
-            scrape.sample_at.append(time.perf_counter())
-            reading = None
+            at, reading = time.perf_counter(), None
             if gpus is not None:
                 with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
                     reading = await gpus.read()
+            # appended together, after the last await: a sampler stopped mid-read leaves no half sample
+            scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
+            scrape.sample_at.append(at)
             scrape.gpu_samples.append(reading)
         else:
             scrape.errors += 1
