@@ -4,7 +4,6 @@ bench run), as self-contained HTML and/or Markdown, or the report model as JSON.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
