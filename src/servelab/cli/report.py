@@ -4,6 +4,7 @@ bench run), as self-contained HTML and/or Markdown, or the report model as JSON.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,13 @@ def is_run(store: Store, ref: str, run_flag: bool) -> bool:
     )
 
 
-def _write_all(html_file: Path | None, md_file: Path | None, html_text: Any, md_write: Any) -> list[str]:
+def _write_all(
+    html_file: Path | None,
+    md_file: Path | None,
+    html_text: Callable[[], str],
+    md_write: Callable[[Path], list[Path]],
+) -> list[str]:
+    """Each file asked for, written; a place that cannot be written is exit 2, naming it."""
     written: list[str] = []
     if html_file is not None:
         _write(html_file, html_text())
