@@ -410,6 +410,51 @@ class CapacityResult(_Model):
         return self.model_dump(mode="json")
 
 
+class SeriesPoint(_Model):
+    """One `/metrics` sample taken during a level (and the GPU telemetry read with it), on the client's
+    timeline: `t_s` is seconds since the level's start on the clock `RequestRecord.start_s` is measured on.
+    Gauges are as the engine reported them; `preemptions` and `generation_tokens` are counters turned into
+    what happened since the previous sample (the first one: since the level's opening snapshot). None: the
+    server (or the GPU source) did not report it."""
+
+    t_s: float
+    requests_running: float | None = None
+    requests_waiting: float | None = None  # queue depth
+    kv_cache_usage: float | None = None  # fraction of the KV cache in use, 0..1
+    preemptions: float | None = None  # since the previous sample
+    generation_tokens: float | None = None  # output tokens the server generated since the previous sample
+    gpu_power_w: float | None = None  # mean over the GPUs the server holds
+    gpu_util: float | None = None  # mean utilization of those GPUs, 0..1
+    gpu_memory_used_mib: float | None = None  # summed over those GPUs
+    gpus: int | None = None  # how many GPUs the telemetry covered
+
+
+class LevelSeries(_Model):
+    """A level's server telemetry as a time series (`servelab runs show --json`: `levels[].series`):
+    sampled every `interval_s` (`bench --scrape-interval`); `gpu_source` says where GPU figures came from
+    (`http:/servelab/gpus`: the server serves them, `nvml`/`nvidia-smi`: this machine's GPUs, the server
+    being on it; None: not observable)."""
+
+    interval_s: float = 0.0
+    gpu_source: str | None = None
+    points: list[SeriesPoint] = Field(default_factory=list)
+
+    def in_gpu_time(self, speed: float) -> LevelSeries:
+        """The series on a clock `speed` times slower (the simulated GPU's): times × speed; gauges, and
+        counts per sample, stay as they are. The identity at speed 1."""
+        if speed == 1:
+            return self
+        return self.model_copy(
+            update={
+                "interval_s": self.interval_s * speed,
+                "points": [p.model_copy(update={"t_s": p.t_s * speed}) for p in self.points],
+            }
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
 class Level(_Model):
     """One stored load level: `summary` in the time base shown to users, `wall` as the client's clock
     measured it (the same object when the clock is real time)."""
@@ -423,6 +468,8 @@ class Level(_Model):
     server_metrics: dict[str, Any] = Field(default_factory=dict)
     client: dict[str, Any] = Field(default_factory=dict)
     saturation: Saturation | None = None  # open-loop levels: did it reach a steady state
+    series: LevelSeries = Field(default_factory=LevelSeries)  # in the time base shown, like `summary`
+    wall_series: LevelSeries = Field(default_factory=LevelSeries)  # on the client's clock, as stored
 
     @property
     def concurrency(self) -> int:
@@ -451,6 +498,7 @@ class Level(_Model):
             "server_metrics": self.server_metrics,
             "client": self.client,
             "saturation": self.saturation.model_dump(mode="json") if self.saturation else None,
+            "series": self.series.to_json(),
         }
 
 

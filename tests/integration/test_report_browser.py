@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from tests.integration.test_tune_sim import ROOT, servelab, write_study
+from tests.support.sim_bench import SimBench
+from tests.support.sim_bench import sim_bench as sim_bench  # the session's shared bench run (a fixture)
 from tests.support.sim_study import SimStudy
 from tests.support.sim_study import sim_study as sim_study  # the session's shared study (a fixture)
 
@@ -90,14 +92,14 @@ def browser_page(console: list[str]) -> Iterator[Any]:
             browser.close()
 
 
-def check_plots(page: Any, names: tuple[str, ...]) -> None:
+def check_plots(page: Any, names: tuple[str, ...], at_least: int = 3) -> None:
     for name in names:
         svg = page.locator(f"svg#fig-{name}")
         assert svg.is_visible(), name
         box = svg.bounding_box()
         assert box and box["width"] > 200 and box["height"] > 100, (name, box)
         drawn = page.locator(f"svg#fig-{name} circle, svg#fig-{name} rect.bar").count()
-        assert drawn >= 3, (name, drawn)
+        assert drawn >= at_least, (name, drawn)
 
 
 def level_cells(page: Any, label: str) -> dict[str, list[tuple[str, float]]]:
@@ -170,9 +172,40 @@ def test_html_report_in_chromium(tmp_path: Path) -> None:
     assert shot.exists()
 
 
-def test_error_bars_log_axis_and_whole_legends_are_visible(sim_study: SimStudy, tmp_path: Path) -> None:
+def check_run_report(page: Any, bench: SimBench, tmp_path: Path) -> None:
+    """`servelab report RUN --html` of the shared bench run: it opens offline with no console error, every
+    plot (against load, the CDFs, the server over time) is drawn with a size, and the level table holds the
+    stored numbers."""
+    report = tmp_path / "run.html"
+    servelab("report", bench.uid, "--html", str(report), home=bench.home)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(report.as_uri())
+    page.wait_for_load_state("load")
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+    check_plots(page, ("throughput",), at_least=2)  # a point per level
+    check_plots(page, ("ttft", "tpot"), at_least=4)  # p50 and p99 per level
+    check_plots(page, ("cdf-ttft", "cdf-tpot"), at_least=20)  # a point per request, or per quantile
+    for i in range(len(bench.result["levels"])):
+        check_plots(
+            page, tuple(f"timeline-{i}-{k}" for k in ("throughput", "latency", "queue", "usage", "power"))
+        )
+    queue = page.locator("svg#fig-timeline-1-queue g.series[data-name='waiting'] circle")
+    assert queue.count() >= 10
+    cells = level_cells(page, bench.uid)
+    levels = [lv["summary"] for lv in bench.result["levels"]]
+    assert [v for _t, v in cells["output_throughput"]] == [s["output_throughput"] for s in levels]
+    assert [v for _t, v in cells["ttft_ms_p99"]] == [s["ttft_ms"]["p99"] for s in levels]
+    assert [t for t, _v in cells["tpot_ms_p50"]] == [f"{s['tpot_ms']['p50']:,.2f}" for s in levels]
+    save_screenshot(page, "report-run.png")
+
+
+def test_error_bars_log_axis_and_whole_legends_are_visible(
+    sim_study: SimStudy, sim_bench: SimBench, tmp_path: Path
+) -> None:
     """The shared two-repeat study: error bars drawn with a height, the TTFT axis logarithmic and labelled
-    so, and every legend inside its plot (nothing cut at the right edge)."""
+    so, and every legend inside its plot (nothing cut at the right edge). Then, in the same browser, the
+    report of the shared bench run (`check_run_report`)."""
     report = tmp_path / "findings.html"
     servelab("report", sim_study.uid, "--html", str(report), home=sim_study.home)
     console: list[str] = []
@@ -201,4 +234,5 @@ def test_error_bars_log_axis_and_whole_legends_are_visible(sim_study: SimStudy, 
                 box = items.nth(i).bounding_box()
                 assert box and box["x"] + box["width"] <= svg_box["x"] + svg_box["width"] + 0.5, (fig, i, box)
         save_screenshot(page, "report-error-bars.png")
+        check_run_report(page, sim_bench, tmp_path)
     assert console == [], console

@@ -25,6 +25,7 @@ from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
 from servelab.bench.load import LevelSpec, PreparedRequest, Watch, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
+from servelab.bench.telemetry import GpuSource, source_for
 from servelab.errors import ConfigError, Interrupted, ServerError
 from servelab.results import (
     CapacityProbe,
@@ -367,12 +368,25 @@ class _RecordMaker:
         return rec
 
 
-async def _sampler(client: Client, scrape: LevelScrape, interval: float) -> None:
+async def _sampler(
+    client: Client, scrape: LevelScrape, interval: float, gpus: GpuSource | None = None
+) -> None:
+    """A `/metrics` sample (and the GPU telemetry with it) every `interval` seconds, on a fixed schedule
+    (a slow scrape does not push the later ones back), each with the client-clock time it was taken."""
+    due = time.perf_counter()
     while True:
-        await asyncio.sleep(interval)
+        due += interval
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
         status, body = await _get(client, "/metrics")
         if status == 200:
+            at, reading = time.perf_counter(), None
+            if gpus is not None:
+                with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
+                    reading = await gpus.read()
+            # appended together, after the last await: a sampler stopped mid-read leaves no half sample
             scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
+            scrape.sample_at.append(at)
+            scrape.gpu_samples.append(reading)
         else:
             scrape.errors += 1
 
@@ -468,6 +482,7 @@ class BenchSession:
         if context.path.via is None:
             context = context.merged(RunContext(path=await direct_path(cfg.url)))
         self.context = context
+        self.gpus = await source_for(self.metrics_client, cfg.url, context)
         config = cfg.model_dump(exclude={"context"}) | {
             "workload_info": wl.describe(),
             "capabilities": caps.__dict__,
@@ -505,6 +520,7 @@ class BenchSession:
             self.notify,
             self.context.clock.speed,
             early_stop=self.early_stop,
+            gpus=self.gpus,
         )
         self.levels.append(level)
         if level.saturation is not None and level.saturation.saturated:
@@ -676,6 +692,7 @@ async def _run_one_level(
     notify: Observer,
     speed: float = 1.0,
     early_stop: bool = False,
+    gpus: GpuSource | None = None,
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
@@ -695,7 +712,7 @@ async def _run_one_level(
     scrape.available = before is not None
     scrape.before = before or {}
     sampler = (
-        asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s))
+        asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s, gpus))
         if scrape.available and cfg.scrape_interval_s > 0
         else None
     )
@@ -746,7 +763,8 @@ async def _run_one_level(
     )
     client_stats = monitor.summary(summary.total_output_tokens, summary.itl_ms.p50) if monitor else {}
     server = scrape.summary()
-    repo.finish_level(level_id, status, summary, server, client_stats)
+    series = scrape.series(t_start, cfg.scrape_interval_s, gpus.name if gpus else None)
+    repo.finish_level(level_id, status, summary, server, client_stats, series=series)
     saturation = None
     if spec.mode == "rate" and records:
         saturation = S.detect(
@@ -768,6 +786,8 @@ async def _run_one_level(
         server_metrics=server,
         client=client_stats,
         saturation=saturation,
+        series=series.in_gpu_time(speed),
+        wall_series=series,
     )
     notify("level_finished", {"index": li, "label": spec.label, "status": status, "client": client_stats})
     if status != "completed":

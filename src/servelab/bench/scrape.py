@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from servelab.results import LevelSeries, SeriesPoint
+
 # servelab name -> (kind, candidate metric names in order of preference)
 ENGINE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "requests_running": ("gauge", ("vllm:num_requests_running", "sglang:num_running_reqs")),
@@ -86,6 +88,19 @@ def detect_engine(raw: dict[str, float]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class GpuReading:
+    """GPU telemetry at one instant, over the GPUs the server holds (`bench.telemetry` reads it)."""
+
+    power_w: float | None
+    util: float | None  # 0..1
+    memory_used_mib: float | None
+    gpus: int
+
+
+_COUNTERS_PER_SAMPLE = ("preemptions", "generation_tokens")
+
+
 @dataclass
 class LevelScrape:
     """Scrapes taken over one level: the before/after snapshots and gauge samples in between."""
@@ -95,6 +110,10 @@ class LevelScrape:
     samples: list[dict[str, float]] = field(default_factory=list)
     errors: int = 0
     available: bool = True
+    # beside `samples`, one per sample: when it was taken (time.perf_counter(), the client's clock) and
+    # the GPU telemetry read with it (None: no GPU source, or it did not answer)
+    sample_at: list[float] = field(default_factory=list)
+    gpu_samples: list[GpuReading | None] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         if not self.available:
@@ -128,3 +147,33 @@ class LevelScrape:
             "num_samples": len(self.samples),
             "scrape_errors": self.errors,
         }
+
+    def series(self, origin: float, interval_s: float, gpu_source: str | None = None) -> LevelSeries:
+        """The samples as a time series on the client's timeline: `t_s` = when each was taken minus
+        `origin` (the level's start, the origin of `RequestRecord.start_s`); counters as the change since
+        the sample before (a counter that went down, a restarted server, counts from zero)."""
+        prev = {k: self.before.get(k) for k in _COUNTERS_PER_SAMPLE}
+        points = []
+        for i, (s, at) in enumerate(zip(self.samples, self.sample_at, strict=False)):
+            delta: dict[str, float | None] = {}
+            for k in _COUNTERS_PER_SAMPLE:
+                now, was = s.get(k), prev[k]
+                delta[k] = None if now is None or was is None else (now - was if now >= was else now)
+                if now is not None:
+                    prev[k] = now
+            gpu = self.gpu_samples[i] if i < len(self.gpu_samples) else None
+            points.append(
+                SeriesPoint(
+                    t_s=at - origin,
+                    requests_running=s.get("requests_running"),
+                    requests_waiting=s.get("requests_waiting"),
+                    kv_cache_usage=s.get("kv_cache_usage"),
+                    preemptions=delta["preemptions"],
+                    generation_tokens=delta["generation_tokens"],
+                    gpu_power_w=gpu.power_w if gpu else None,
+                    gpu_util=gpu.util if gpu else None,
+                    gpu_memory_used_mib=gpu.memory_used_mib if gpu else None,
+                    gpus=gpu.gpus if gpu else None,
+                )
+            )
+        return LevelSeries(interval_s=interval_s, gpu_source=gpu_source, points=points)

@@ -16,11 +16,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servelab.bench import capacity as C
+from servelab.bench import export as request_export
 from servelab.bench.config import IDLE_TIMEOUT_S, BenchConfig
 from servelab.bench.runner import BenchResult, find_capacity, run_bench
 from servelab.cli import aio
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
-from servelab.errors import ConfigError, Interrupted, ServerError
+from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
 from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
@@ -297,6 +298,17 @@ def result_json(res: BenchResult) -> dict[str, Any]:
         return BenchRepo(store).load(res.uid).to_json()
 
 
+def export_requests(run: str, path: Path, fmt: str) -> None:
+    """The stored requests of `run` into `path` (checked by `export.check_path` before measuring)."""
+    with open_store() as store:
+        repo = BenchRepo(store)
+        try:
+            request_export.write(path, fmt, repo.load(run), repo)
+        except ServelabError as exc:
+            exc.hint = f"the run is stored: `servelab runs show {run} --export-requests FILE` writes it again"
+            raise
+
+
 def context_from_flags(opts: dict[str, Any]) -> RunContext:
     """`--gpu/--num-gpus/--interconnect/--tp/--pp/--ep/--dp-attention/--model-config/--quant/--kv-dtype`:
     what the server cannot tell about itself. Each given flag overrides what the server reports."""
@@ -415,6 +427,11 @@ def _run(
     type=click.Path(file_okay=False),
     help="Also write one JSON per level in vllm bench serve's fields to this directory.",
 )
+@click.option(
+    "--export-requests",
+    type=click.Path(dir_okay=False),
+    help="Also write one row per request to FILE.jsonl or FILE.csv (format by extension).",
+)
 @click.option("--gpu", help="GPU kind the server runs on (catalog name), when the server cannot say.")
 @click.option("--num-gpus", type=click.IntRange(min=1), help="GPUs the server uses.")
 @click.option("--interconnect", help="pcie | nvlink | ... (catalog name), when the server cannot say.")
@@ -469,6 +486,8 @@ def bench(**opts: Any) -> None:
     export = opts.pop("export_vllm")
     as_json = opts.pop("as_json")
     out = check_export_dir(export) if export else None
+    requests_to = opts.pop("export_requests")
+    requests_out = request_export.check_path(requests_to) if requests_to else None
     context = context_from_flags(opts)
     chosen: WorkloadKind | None = opts.pop("workload")  # click.Choice allows only these
     workload: WorkloadKind = chosen or ("sharegpt" if opts.get("dataset") else "synthetic")
@@ -519,6 +538,8 @@ def bench(**opts: Any) -> None:
                 exc.document = BenchRepo(store).load(exc.run_uid).to_json()
         raise
     data = result_json(res)
+    if requests_out is not None:
+        export_requests(res.uid, *requests_out)
     if res.status == "failed":
         if not as_json:
             render(data)

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servelab.bench import export as request_export
+from servelab.cli.bench import export_requests
 from servelab.cli.bench import render as render_bench
 from servelab.cli.output import emit, fit_labels, stdout
 from servelab.store import open_store
@@ -181,9 +183,18 @@ def list_runs(limit: int, as_json: bool) -> None:
 
 @runs.command("show")
 @click.argument("run", default="last")
+@click.option(
+    "--export-requests",
+    "export_requests_to",
+    type=click.Path(dir_okay=False),
+    help="Also write the run's requests, one row each, to FILE.jsonl or FILE.csv (format by extension).",
+)
 @click.option("--json", "as_json", is_flag=True)
-def show(run: str, as_json: bool) -> None:
+def show(run: str, export_requests_to: str | None, as_json: bool) -> None:
     """One run (uid, id or `last`) with every level, as `servelab bench` printed it."""
+    out = request_export.check_path(export_requests_to) if export_requests_to else None
     with open_store() as store:
         data = BenchRepo(store).load(run).to_json()
+    if out is not None:
+        export_requests(data["run"], *out)
     emit(data, as_json, render_bench)

@@ -137,7 +137,9 @@ def import_run(store: Store, run: Run, requests: list[list[RequestRecord]]) -> i
         )
         for rec in records:
             repo.add_request(level_id, rec)
-        repo.finish_level(level_id, level.status, level.wall, level.server_metrics, level.client)
+        repo.finish_level(
+            level_id, level.status, level.wall, level.server_metrics, level.client, series=level.wall_series
+        )
     repo.finish_run(run_id, run.status, [lv.wall for lv in run.levels])
     return run_id
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.report.plots import Series, line_chart, stacked_bars
+from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
+from servelab.report.runreport import RunReport, Timeline
 
 PLOTTED = ("measured", "anomalous", "failed", "running")
 
@@ -166,3 +167,194 @@ def figures(model: dict[str, Any]) -> list[Figure]:
             )
         )
     return out
+
+
+# -- the report of one bench run (`servelab report RUN`) ----------------------------------------------
+
+
+def _load_label(mode: str) -> str:
+    return "concurrency (requests in flight)" if mode == "concurrency" else "request rate (req/s)"
+
+
+def _pts(xs: list[float], ys: list[float | None]) -> list[tuple[float, float]]:
+    return [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+
+
+def run_figures(model: RunReport) -> list[Figure]:
+    """Throughput and latency against load, the TTFT and TPOT CDFs of every level, and per level the
+    server's telemetry beside the client's throughput and latency over time."""
+    unit = "GPU s" if model.run.clock_speed != 1 else "s"
+    x_label = _load_label(model.run.mode)
+    xs = [lv.level for lv in model.levels]
+    out: list[Figure] = []
+    thr = [Series("output tok/s", _pts(xs, [lv.output_throughput for lv in model.levels]))]
+    if any(lv.goodput is not None for lv in model.levels):
+        thr.append(Series("goodput tok/s", _pts(xs, [lv.goodput for lv in model.levels]), dashed=True))
+    out.append(
+        Figure(
+            "throughput",
+            "Output throughput against load",
+            "Output tokens per second at every load level (goodput, dashed: the tokens of requests that met "
+            "every --slo limit).",
+            line_chart(
+                "Output throughput against load",
+                thr,
+                x_label=x_label,
+                y_label="output tok/s",
+                log_x=True,
+                ident="fig-throughput",
+            ),
+        )
+    )
+    for key, name in (("ttft", "TTFT"), ("tpot", "TPOT")):
+        series = [
+            Series(
+                f"{name} {stat}",
+                _pts(xs, [getattr(lv, f"{key}_ms_{stat}") for lv in model.levels]),
+                dashed=stat == "p99",
+            )
+            for stat in ("p50", "p99")
+        ]
+        svg = line_chart(
+            f"{name} against load",
+            series,
+            x_label=x_label,
+            y_label=f"{name} (ms)",
+            log_x=True,
+            log_y=None,
+            ident=f"fig-{key}",
+        )
+        out.append(
+            Figure(
+                key,
+                f"{name} p50 and p99 against load",
+                f"Median and 99th-percentile {name} at every load level." + _log_note(svg),
+                svg,
+            )
+        )
+    for key, name in (("ttft", "TTFT"), ("tpot", "TPOT")):
+        series = [Series(c.label, list(getattr(c, key).points)) for c in model.cdfs]
+        values = [x for s in series for x, _ in s.points]
+        svg = line_chart(
+            f"{name} CDF per level",
+            series,
+            x_label=f"{name} (ms)" + (", log scale" if spans_decades(values) else ""),
+            y_label="fraction of requests ≤ x",
+            log_x=spans_decades(values),
+            ident=f"fig-cdf-{key}",
+        )
+        out.append(
+            Figure(
+                f"cdf-{key}",
+                f"{name} distribution per level",
+                f"The fraction of a level's successful requests whose {name} was at most x, one line per level.",
+                svg,
+            )
+        )
+    for tl in model.timelines:
+        out += _timeline_figures(tl, unit)
+    return out
+
+
+def _timeline_figures(tl: Timeline, unit: str) -> list[Figure]:
+    pts = tl.series.points
+    ct = [b.t_s for b in tl.client]
+    st = [p.t_s for p in pts]
+    ident = f"timeline-{tl.index}"
+    x_label = f"time since the level's start ({unit})"
+    # the server's generated tokens per second: each sample's count over the time since the one before
+    gen: list[float | None] = []
+    prev = 0.0
+    for p in pts:
+        dt = p.t_s - prev
+        gen.append(p.generation_tokens / dt if p.generation_tokens is not None and dt > 0 else None)
+        prev = p.t_s
+    figs = [
+        Figure(
+            f"{ident}-throughput",
+            f"{tl.label}: throughput over time",
+            "Output tokens per second as the client received them (bins of "
+            f"{tl.bin_s:.3g} {unit}), beside the tokens the server says it generated between two /metrics "
+            "samples.",
+            line_chart(
+                f"{tl.label}: throughput over time",
+                [
+                    Series("client output tok/s", _pts(ct, [b.output_throughput for b in tl.client])),
+                    Series("server generated tok/s", _pts(st, gen), dashed=True),
+                ],
+                x_label=x_label,
+                y_label="tok/s",
+                ident=f"fig-{ident}-throughput",
+            ),
+        ),
+        Figure(
+            f"{ident}-latency",
+            f"{tl.label}: latency over time",
+            "Median TTFT and TPOT of the requests sent in each bin.",
+            line_chart(
+                f"{tl.label}: latency over time",
+                [
+                    Series("TTFT p50", _pts(ct, [b.ttft_ms_p50 for b in tl.client])),
+                    Series("TPOT p50", _pts(ct, [b.tpot_ms_p50 for b in tl.client])),
+                ],
+                x_label=x_label,
+                y_label="ms",
+                log_y=None,
+                ident=f"fig-{ident}-latency",
+            ),
+        ),
+        Figure(
+            f"{ident}-queue",
+            f"{tl.label}: the server's requests over time",
+            f"Requests waiting (the queue) and running, and preemptions since the sample before, from the "
+            f"server's /metrics ({tl.samples} samples).",
+            line_chart(
+                f"{tl.label}: server requests over time",
+                [
+                    Series("waiting", _pts(st, [p.requests_waiting for p in pts])),
+                    Series("running", _pts(st, [p.requests_running for p in pts])),
+                    Series("preemptions", _pts(st, [p.preemptions for p in pts]), dashed=True),
+                ],
+                x_label=x_label,
+                y_label="requests",
+                ident=f"fig-{ident}-queue",
+            ),
+        ),
+        Figure(
+            f"{ident}-usage",
+            f"{tl.label}: KV cache and GPU over time",
+            "KV-cache usage from the server's /metrics and GPU utilization"
+            + (f" ({tl.series.gpu_source})" if tl.series.gpu_source else " (no GPU telemetry for this run)")
+            + ", in percent.",
+            line_chart(
+                f"{tl.label}: KV cache and GPU utilization",
+                [
+                    Series("KV cache %", _pts(st, [_pct(p.kv_cache_usage) for p in pts])),
+                    Series("GPU util %", _pts(st, [_pct(p.gpu_util) for p in pts])),
+                ],
+                x_label=x_label,
+                y_label="%",
+                ident=f"fig-{ident}-usage",
+            ),
+        ),
+    ]
+    if any(p.gpu_power_w is not None for p in pts):
+        figs.append(
+            Figure(
+                f"{ident}-power",
+                f"{tl.label}: GPU power over time",
+                f"Mean power of the GPUs the server holds ({tl.series.gpu_source}).",
+                line_chart(
+                    f"{tl.label}: GPU power",
+                    [Series("GPU W", _pts(st, [p.gpu_power_w for p in pts]))],
+                    x_label=x_label,
+                    y_label="W",
+                    ident=f"fig-{ident}-power",
+                ),
+            )
+        )
+    return figs
+
+
+def _pct(v: float | None) -> float | None:
+    return None if v is None else v * 100

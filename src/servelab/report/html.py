@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from servelab.report.figures import Figure, figures
-from servelab.report.markdown import LEVEL_HEAD
+from servelab.report.figures import Figure, figures, run_figures
+from servelab.report.markdown import LEVEL_HEAD, run_head_lines
+from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, h
 
 CSS = """
@@ -458,3 +459,37 @@ def study_body(model: dict[str, Any], figs: list[Figure] | None = None, ui: bool
 def render(model: dict[str, Any]) -> str:
     """The whole report as one HTML document."""
     return page(f"servelab findings: {model['study']['name']}", study_body(model))
+
+
+def render_run(model: RunReport) -> str:
+    """The report of one bench run as one self-contained HTML document."""
+    figs = run_figures(model)
+    r = model.run
+    out = [f"<h1>Bench run {h(r.uid)}</h1>", "<ul>"]
+    out += [f"<li>{h(name)}: {h(text)}</li>" for name, text in run_head_lines(model)]
+    out.append("</ul>")
+    out += [f'<p class="bad">warning: {h(w)}</p>' for w in r.warnings]
+    out += [
+        '<h2 id="levels">Every level</h2>',
+        '<p class="note">Latencies in ms, throughputs in tokens per second.</p>',
+        levels_table(r.uid, [lv.model_dump() for lv in model.levels]),
+        '<h2 id="plots">Plots</h2>',
+        figures_html(figs),
+        '<h2 id="over-time">The server over time</h2>',
+        table(
+            ["level", "samples", "interval", "peak waiting", "GPU telemetry"],
+            [
+                [
+                    h(t.label),
+                    num(t.samples, 0, "samples"),
+                    num(t.series.interval_s, 3, "interval_s"),
+                    num(t.peak_waiting, 0, "peak_waiting"),
+                    h(t.series.gpu_source or "none"),
+                ]
+                for t in model.timelines
+            ],
+            "timelines",
+            1,
+        ),
+    ]
+    return page(f"servelab bench run {r.uid}", "\n".join(out))

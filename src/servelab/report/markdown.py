@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servelab.report.figures import Figure, figures
+from servelab.report.figures import Figure, figures, run_figures
+from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, md, md_code, md_inline_code
 
 LEVEL_HEAD = (
@@ -383,4 +384,72 @@ def write(model: dict[str, Any], path: Path) -> list[Path]:
         p.write_text(f.svg + "\n", encoding="utf-8")
         written.append(p)
     path.write_text(render(model, assets.name, figs), encoding="utf-8")
+    return [path, *written]
+
+
+# -- the report of one bench run (`servelab report RUN`) ----------------------------------------------
+
+
+def run_head_lines(model: RunReport) -> list[tuple[str, str]]:
+    """The run's facts as (name, plain text) pairs, one wording for Markdown and HTML."""
+    r = model.run
+    engine = (r.engine or "-") + (f" ({r.personality})" if r.personality else "")
+    gpus = f"{r.num_gpus or '?'} × {r.gpu}" if r.gpu else "not known"
+    work = ", ".join(f"{k}={v}" for k, v in r.workload.items()) or "-"
+    clock = (
+        f"simulated GPU time: the simulator's clock ran {r.clock_speed:g}× faster; every figure and time is "
+        "the simulated GPU's"
+        if r.clock_speed != 1
+        else "wall clock"
+    )
+    return [
+        ("run", f"{r.uid}, {r.status}; started {r.created_at}, finished {r.finished_at or '-'}"),
+        ("model", f"{r.model} at {r.url} ({r.api} API)"),
+        ("engine", engine),
+        ("GPUs", gpus + (f" ({r.layout})" if r.layout else "")),
+        ("workload", work),
+        ("time base", clock),
+    ]
+
+
+def render_run(model: RunReport, assets: str = "report_files", figs: list[Figure] | None = None) -> str:
+    """The run report as Markdown; figures are referenced as `assets/NAME.svg` (see `write_run`)."""
+    figs = run_figures(model) if figs is None else figs
+    L = [f"# Bench run {md(model.run.uid)}", ""]
+    L += [f"- {name}: {md(text)}" for name, text in run_head_lines(model)] + [""]
+    if model.run.warnings:
+        L += ["Warnings:", ""] + [f"- {md(w)}" for w in model.run.warnings] + [""]
+    L += ["## Every level", "", "Latencies in ms, throughputs in tokens per second.", ""]
+    L += _table(LEVEL_HEAD, [level_row(lv.model_dump()) for lv in model.levels])
+    L += ["## Plots", ""]
+    for f in figs:
+        L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
+    L += ["## The server over time", ""]
+    L += _table(
+        ("level", "samples", "interval", "peak waiting", "GPU telemetry"),
+        [
+            [
+                md(t.label),
+                str(t.samples),
+                fmt(t.series.interval_s, 3),
+                fmt(t.peak_waiting, 0),
+                md(t.series.gpu_source or "none"),
+            ]
+            for t in model.timelines
+        ],
+    )
+    return "\n".join(L).rstrip("\n") + "\n"
+
+
+def write_run(model: RunReport, path: Path) -> list[Path]:
+    """Write the run report to `path` and its figures into `<stem>_files/` beside it."""
+    figs = run_figures(model)
+    assets = path.parent / f"{path.stem}_files"
+    assets.mkdir(parents=True, exist_ok=True)
+    written = []
+    for f in figs:
+        p = assets / f"{f.name}.svg"
+        p.write_text(f.svg + "\n", encoding="utf-8")
+        written.append(p)
+    path.write_text(render_run(model, assets.name, figs), encoding="utf-8")
     return [path, *written]

@@ -14,6 +14,7 @@ from servelab.redact import redact
 from servelab.results import (
     CapacityResult,
     Level,
+    LevelSeries,
     LevelSummary,
     RequestRecord,
     Run,
@@ -125,11 +126,21 @@ class BenchRepo:
         summary: LevelSummary,
         server: dict[str, Any],
         client: dict[str, Any],
+        series: LevelSeries | None = None,
     ) -> None:
+        """The level's outcome; `series`: its telemetry time series on the client's clock."""
         self.db.execute(
             "UPDATE bench_levels SET status = ?, finished_at = ?, summary_json = ?, server_metrics_json = ?,"
-            " client_stats_json = ? WHERE id = ?",
-            (status, utcnow(), _j(summary.to_json()), _j(server), _j(client), level_id),
+            " client_stats_json = ?, series_json = ? WHERE id = ?",
+            (
+                status,
+                utcnow(),
+                _j(summary.to_json()),
+                _j(server),
+                _j(client),
+                _j(series.to_json()) if series is not None else None,
+                level_id,
+            ),
         )
 
     def add_request(self, level_id: int, r: RequestRecord) -> None:
@@ -268,6 +279,8 @@ def _run(row: Any, level_rows: list[Any]) -> Run:
         if raw is None:
             continue
         wall = LevelSummary.model_validate(raw)
+        raw_series = _loads(lv["series_json"])
+        series = LevelSeries.model_validate(raw_series) if raw_series else LevelSeries()
         levels.append(
             Level(
                 index=lv["idx"],
@@ -279,6 +292,8 @@ def _run(row: Any, level_rows: list[Any]) -> Run:
                 server_metrics=_loads(lv["server_metrics_json"]) or {},
                 client=_loads(lv["client_stats_json"]) or {},
                 saturation=_saturation(lv),
+                series=series.in_gpu_time(speed),
+                wall_series=series,
             )
         )
     return Run(

@@ -248,4 +248,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE bench_runs ADD COLUMN capacity_json TEXT;
         """,
     ),
+    (
+        "0011_level_series",
+        """
+        -- A level's /metrics samples and GPU telemetry as a time series on the client's timeline
+        -- (servelab.results.LevelSeries, client clock); NULL for levels stored before it.
+        ALTER TABLE bench_levels ADD COLUMN series_json TEXT;
+        """,
+    ),
 ]
