@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from servelab.bench import metrics as M
+from servelab.bench import sessions as S
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
@@ -86,6 +87,17 @@ def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
     """The typical request would be refused (HTTP 400) when the asked lengths exceed the server's
     context: say so before measuring, naming the options. ShareGPT lengths come from the data."""
     if cfg.workload == "sharegpt":
+        return
+    if cfg.workload == "sessions":
+        # the last turn resends everything: the system prompt and every message and reply before it
+        last = cfg.system_prompt_len + cfg.turns * (max(cfg.input_len, cfg.tool_result_len) + cfg.output_len)
+        if last > max_model_len:
+            raise ConfigError(
+                f"a session's last turn can reach {last} tokens (--system-prompt-len + --turns × "
+                f"(max(--input-len, --tool-result-len) + --output-len)), over the server's "
+                f"max_model_len {max_model_len} for {cfg.model!r}",
+                hint="ask for fewer --turns or shorter messages, or start the server with a longer context",
+            )
         return
     prompt = cfg.input_len + (cfg.prefix_len if cfg.workload == "shared-prefix" else 0)
     need = prompt + cfg.output_len
@@ -308,6 +320,19 @@ async def _prepare(
     return out
 
 
+def _session_builder(client: Client, cfg: BenchConfig, caps: Capabilities) -> S.BuildRequest:
+    """A session turn's request: the usual body (exact lengths, usage) with the history as its
+    messages (chat) or prompt (completions)."""
+    path = _path(cfg)
+
+    def build(history: str | list[dict[str, str]], max_tokens: int) -> bytes:
+        body = _body(cfg, caps, "", max_tokens)
+        body["messages" if cfg.api == "chat" else "prompt"] = history
+        return client.build_request(path, body)
+
+    return build
+
+
 def _all_failed(level: Level) -> str | None:
     """Why a level measured nothing: every request failed (a server that died after ready answers
     every request with an error; that is not a measurement)."""
@@ -398,7 +423,7 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             cfg.url,
             api_key=cfg.api_key,
             timeout_s=cfg.timeout_s,
-            keep_text=counter is not None,
+            keep_text=counter is not None or cfg.workload == "sessions",  # a session resends replies
             idle_timeout_s=cfg.idle_timeout_s,
         )
     except ValueError as exc:
@@ -424,11 +449,16 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
             [spec.num_requests or 0 for spec in specs]
             + [2048 if cfg.duration_s else 0, int(max(cfg.levels) * (cfg.duration_s or 0) * 1.5)]
         )
-        wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
+        plans: list[S.SessionPlan] = []
+        if cfg.workload == "sessions":
+            plans = [S.plan_for_level(cfg, int(sp.value), li, counter, fit) for li, sp in enumerate(specs)]
+            wl = S.workload_of(plans, counter, fit is not None)
+        else:
+            wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
         warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
-        prepared = await _prepare(client, cfg, caps, wl)
+        prepared = await _prepare(client, cfg, caps, wl) if not plans else []
         warm = await _prepare(client, cfg, caps, warm_wl)
         context = (await learn_context(metrics_client, caps)).merged(cfg.context)
         if context.path.via is None:
@@ -469,6 +499,8 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
                     slo,
                     notify,
                     context.clock.speed,
+                    plan=plans[li] if plans else None,
+                    caps=caps,
                 )
                 levels_out.append(level)
                 failure = _all_failed(level)
@@ -532,6 +564,8 @@ async def _run_one_level(
     slo: M.SLO | None,
     notify: Observer,
     speed: float = 1.0,
+    plan: S.SessionPlan | None = None,
+    caps: Capabilities | None = None,
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
@@ -576,7 +610,21 @@ async def _run_one_level(
     status = "completed"
     t_start = time.perf_counter()
     try:
-        records, wall, monitor = await run_level(client, prepared, spec, make, on_record, seed=cfg.seed + li)
+        if plan is not None:
+            records, wall, monitor = await S.run_sessions(
+                client,
+                plan,
+                cfg.api,
+                _session_builder(client, cfg, caps or Capabilities()),
+                make,
+                on_record,
+                speed=speed,
+                duration_s=cfg.duration_s,
+            )
+        else:
+            records, wall, monitor = await run_level(
+                client, prepared, spec, make, on_record, seed=cfg.seed + li
+            )
     except asyncio.CancelledError:
         status = "interrupted"
         records, wall, monitor = done, time.perf_counter() - t_start, None
@@ -590,7 +638,7 @@ async def _run_one_level(
         scrape.after = after or {}
     summary = M.summarize(records, slo, duration_s=None).model_copy(
         update={
-            "prompts_repeated": max(0, len(records) - len(prepared)),
+            "prompts_repeated": max(0, len(records) - len(prepared)) if plan is None else 0,
             "mode": spec.mode,
             "value": spec.value,
             "label": spec.label,
@@ -599,6 +647,8 @@ async def _run_one_level(
     )
     client_stats = monitor.summary(summary.total_output_tokens, summary.itl_ms.p50) if monitor else {}
     server = scrape.summary()
+    if plan is not None:
+        summary = summary.model_copy(update={"sessions": S.summarize_sessions(records, plan, server)})
     repo.finish_level(level_id, status, summary, server, client_stats)
     level = Level(
         index=li,

@@ -239,4 +239,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE study_trials ADD COLUMN node_json TEXT;
         """,
     ),
+    (
+        "0009_request_session",
+        """
+        -- `bench --workload sessions`: the conversation a request belongs to and its turn index in it
+        -- (RequestRecord.session_id / turn); NULL for every other workload.
+        ALTER TABLE bench_requests ADD COLUMN session_id INTEGER;
+        ALTER TABLE bench_requests ADD COLUMN turn INTEGER;
+        """,
+    ),
 ]
