@@ -153,9 +153,13 @@ class SessionsSummary(_Model):
         return self.model_copy(
             update={
                 "session_duration_s": self.session_duration_s.scaled(speed),
-                "per_turn": [t.model_copy(update={"ttft_ms": t.ttft_ms.scaled(speed)}) for t in self.per_turn],
+                "per_turn": [
+                    t.model_copy(update={"ttft_ms": t.ttft_ms.scaled(speed)}) for t in self.per_turn
+                ],
                 "per_session": [
-                    p.model_copy(update={"duration_s": None if p.duration_s is None else p.duration_s * speed})
+                    p.model_copy(
+                        update={"duration_s": None if p.duration_s is None else p.duration_s * speed}
+                    )
                     for p in self.per_session
                 ],
             }

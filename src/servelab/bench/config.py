@@ -70,7 +70,9 @@ class BenchConfig(BaseModel):
     def _check(self) -> BenchConfig:
         if self.workload == "sessions":
             if self.mode != "concurrency":
-                raise ValueError("--workload sessions runs --sessions (or --concurrency) conversations at once")
+                raise ValueError(
+                    "--workload sessions runs --sessions (or --concurrency) conversations at once"
+                )
             if self.num_requests is not None or self.requests_per_stream is not None:
                 raise ValueError(
                     "a sessions level is --sessions × --turns requests; give --duration to cap its time"

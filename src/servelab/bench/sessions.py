@@ -94,7 +94,7 @@ def build_plan(
     sys_rng = random.Random(system_seed if system_seed is not None else seed)
     system, sys_tokens = None, 0
     if system_len > 0:
-        system, measured = W._fit_words(sys_rng, system_len, counter, tokens_per_word, prefix="System: ")
+        system, measured = _message(sys_rng, system_len, counter, tokens_per_word, "System: ")
         sys_tokens = measured or system_len
     rng = random.Random(seed * 1_000_003 + 17)
     sessions = []
@@ -104,7 +104,7 @@ def build_plan(
             tool = t > 0 and rng.random() < tool_fraction
             target = (tool_len if tool else user_len).sample(rng)
             tag = f"{TOOL_PREFIX}[{seed}-{sid}-{t}] " if tool else f"[session {seed}-{sid} turn {t}] "
-            text, measured = W._fit_words(rng, target, counter, tokens_per_word, prefix=tag)
+            text, measured = _message(rng, target, counter, tokens_per_word, tag)
             if t == 0 or think_mean_s <= 0:
                 think = 0.0
             elif think_dist == "constant":
@@ -116,6 +116,16 @@ def build_plan(
             )
         sessions.append(SessionSpec(sid, tuple(planned)))
     return SessionPlan(system, sys_tokens, tuple(sessions))
+
+
+def _message(
+    rng: random.Random, target: int, counter: W.TokenCounter | None, tokens_per_word: float, tag: str
+) -> tuple[str, int | None]:
+    """`target` tokens of random words behind `tag`, the tag counted in (a tokenizer cuts exactly;
+    without one the tag's words are taken off the words drawn)."""
+    if counter is None:
+        target = max(1, target - round(len(tag.split()) * tokens_per_word))
+    return W._fit_words(rng, target, counter, tokens_per_word, prefix=tag)
 
 
 def plan_for_level(
