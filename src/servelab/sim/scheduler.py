@@ -391,6 +391,7 @@ class Scheduler:
             r.done_prefill += take
             c.prompt_tokens += take
             if r.done_prefill >= r.need:
+                c.prompt_tokens += r.cached  # the engines count a prompt whole, cached part included
                 r.ctx = r.need + r.cached
                 if self.prefix is not None:
                     self.prefix.insert(r.hashes)
