@@ -61,6 +61,8 @@ class RequestRecord:
     error_kind: str | None = None
     error_message: str | None = None
     tokenizer_output_tokens: int | None = None
+    session_id: int | None = None  # `--workload sessions`: the conversation this turn belongs to
+    turn: int | None = None  # ... and its index in it (0 = the first)
 
     @property
     def end_s(self) -> float | None:
@@ -104,6 +106,66 @@ class Crosscheck(_Model):
     disagree: int
 
 
+class TurnStats(_Model):
+    """One turn index over a level's sessions: how many were sent and answered, how long the prompt
+    had grown (mean input tokens, the server's usage where it reports it), and its TTFT."""
+
+    turn: int
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    mean_input_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    ttft_ms: Stats = Field(default_factory=Stats)
+
+
+class SessionStat(_Model):
+    """One conversation: turns answered and failed (a failed turn ends it), first send to last answer."""
+
+    session: int
+    turns_completed: int
+    turns_failed: int
+    duration_s: float | None = None
+
+
+class SessionsSummary(_Model):
+    """`--workload sessions`: per turn index and per session (docs/cli/bench.md, Multi-turn sessions).
+    `cache_hit_rate`: the server's prefix-cache hits over queries during the level, where it reports
+    them (`cache_source` names the metric), else None."""
+
+    sessions: int = 0
+    turns_planned: int = 0
+    sessions_completed: int = 0  # every planned turn answered
+    turns_completed: int = 0
+    turns_failed: int = 0
+    turns_not_sent: int = 0  # after a failed turn, or past --duration
+    think_time_s: float | None = None  # the mean planned think time between turns (shown time base)
+    session_duration_s: Stats = Field(default_factory=Stats)  # seconds, not ms
+    per_turn: list[TurnStats] = Field(default_factory=list)
+    per_session: list[SessionStat] = Field(default_factory=list)
+    cache_hit_rate: float | None = None
+    cache_source: str | None = None
+
+    def in_gpu_time(self, speed: float) -> SessionsSummary:
+        """Latencies and durations × speed, as `LevelSummary.in_gpu_time` does."""
+        if speed == 1:
+            return self
+        return self.model_copy(
+            update={
+                "session_duration_s": self.session_duration_s.scaled(speed),
+                "per_turn": [
+                    t.model_copy(update={"ttft_ms": t.ttft_ms.scaled(speed)}) for t in self.per_turn
+                ],
+                "per_session": [
+                    p.model_copy(
+                        update={"duration_s": None if p.duration_s is None else p.duration_s * speed}
+                    )
+                    for p in self.per_session
+                ],
+            }
+        )
+
+
 class LevelSummary(_Model):
     """Every metric of one load level (docs/metrics.md gives each formula)."""
 
@@ -139,6 +201,7 @@ class LevelSummary(_Model):
     goodput: float | None = None  # output tokens/s of requests meeting every SLO
     request_goodput: float | None = None  # requests/s meeting every SLO
     slo_attainment: float | None = None
+    sessions: SessionsSummary | None = None  # `--workload sessions` only
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +240,8 @@ class LevelSummary(_Model):
             v = getattr(self, name)
             if v is not None:
                 update[name] = v * speed
+        if self.sessions is not None:
+            update["sessions"] = self.sessions.in_gpu_time(speed)
         return self.model_copy(update=update)
 
     def digest(self) -> dict[str, Any]:

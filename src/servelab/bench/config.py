@@ -30,7 +30,7 @@ class BenchConfig(BaseModel):
     num_requests: int | None = Field(default=None, ge=1)
     duration_s: float | None = Field(default=None, gt=0)
     requests_per_stream: int | None = Field(default=None, ge=1)  # per level: this × concurrency (at least 8)
-    workload: Literal["synthetic", "sharegpt", "shared-prefix"] = "synthetic"
+    workload: Literal["synthetic", "sharegpt", "shared-prefix", "sessions"] = "synthetic"
     input_len: int = Field(default=256, ge=1)
     output_len: int = Field(default=128, ge=1)
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -49,10 +49,17 @@ class BenchConfig(BaseModel):
     api_key: str | None = None
     scrape_interval_s: float = Field(default=1.0, ge=0)
     temperature: float | None = Field(default=None, ge=0)
+    # `--workload sessions` (bench/sessions.py); the defaults are a coding agent's conversations.
+    turns: int = Field(default=8, ge=1, le=10000)
+    think_time_s: float = Field(default=3.0, ge=0)
+    think_dist: Literal["exponential", "constant"] = "exponential"
+    system_prompt_len: int = Field(default=2048, ge=0)
+    tool_turns: float = Field(default=0.5, ge=0.0, le=1.0)
+    tool_result_len: int = Field(default=1024, ge=1)
     # What the run is of, where the server cannot say (a study's candidate, `--gpu/--tp/...`).
     context: RunContext = Field(default_factory=RunContext)
 
-    @field_validator("input_len", "output_len", "prefix_len")
+    @field_validator("input_len", "output_len", "prefix_len", "system_prompt_len", "tool_result_len")
     @classmethod
     def _bounded(cls, value: int) -> int:
         if value > MAX_TOKENS:
@@ -61,7 +68,16 @@ class BenchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:
-        if sum(x is not None for x in (self.num_requests, self.duration_s, self.requests_per_stream)) != 1:
+        if self.workload == "sessions":
+            if self.mode != "concurrency":
+                raise ValueError(
+                    "--workload sessions runs --sessions (or --concurrency) conversations at once"
+                )
+            if self.num_requests is not None or self.requests_per_stream is not None:
+                raise ValueError(
+                    "a sessions level is --sessions × --turns requests; give --duration to cap its time"
+                )
+        elif sum(x is not None for x in (self.num_requests, self.duration_s, self.requests_per_stream)) != 1:
             raise ValueError("give exactly one of --num-requests, --duration or --requests-per-stream")
         if self.requests_per_stream is not None and self.mode != "concurrency":
             raise ValueError(
@@ -100,6 +116,8 @@ class BenchConfig(BaseModel):
 
     def level_requests(self, value: float) -> int | None:
         """Requests of a level: the fixed count, or requests_per_stream × concurrency (at least 8)."""
+        if self.workload == "sessions":
+            return int(value) * self.turns
         if self.requests_per_stream is not None:
             return max(8, self.requests_per_stream * int(value))
         return self.num_requests

@@ -20,6 +20,7 @@ import orjson
 from servelab.bench import capacity as C
 from servelab.bench import metrics as M
 from servelab.bench import saturation as S
+from servelab.bench import sessions as SE
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
@@ -99,6 +100,17 @@ def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
     """The typical request would be refused (HTTP 400) when the asked lengths exceed the server's
     context: say so before measuring, naming the options. ShareGPT lengths come from the data."""
     if cfg.workload == "sharegpt":
+        return
+    if cfg.workload == "sessions":
+        # the last turn resends everything: the system prompt and every message and reply before it
+        last = cfg.system_prompt_len + cfg.turns * (max(cfg.input_len, cfg.tool_result_len) + cfg.output_len)
+        if last > max_model_len:
+            raise ConfigError(
+                f"a session's last turn can reach {last} tokens (--system-prompt-len + --turns × "
+                f"(max(--input-len, --tool-result-len) + --output-len)), over the server's "
+                f"max_model_len {max_model_len} for {cfg.model!r}",
+                hint="ask for fewer --turns or shorter messages, or start the server with a longer context",
+            )
         return
     prompt = cfg.input_len + (cfg.prefix_len if cfg.workload == "shared-prefix" else 0)
     need = prompt + cfg.output_len
@@ -321,6 +333,19 @@ async def _prepare(
     return out
 
 
+def _session_builder(client: Client, cfg: BenchConfig, caps: Capabilities) -> SE.BuildRequest:
+    """A session turn's request: the usual body (exact lengths, usage) with the history as its
+    messages (chat) or prompt (completions)."""
+    path = _path(cfg)
+
+    def build(history: str | list[dict[str, str]], max_tokens: int) -> bytes:
+        body = _body(cfg, caps, "", max_tokens)
+        body["messages" if cfg.api == "chat" else "prompt"] = history
+        return client.build_request(path, body)
+
+    return build
+
+
 def _all_failed(level: Level) -> str | None:
     """Why a level measured nothing: every request failed (a server that died after ready answers
     every request with an error; that is not a measurement)."""
@@ -430,7 +455,7 @@ class BenchSession:
                 cfg.url,
                 api_key=cfg.api_key,
                 timeout_s=cfg.timeout_s,
-                keep_text=self.counter is not None,
+                keep_text=self.counter is not None or cfg.workload == "sessions",  # a session resends replies
                 idle_timeout_s=cfg.idle_timeout_s,
             )
         except ValueError as exc:
@@ -472,11 +497,20 @@ class BenchSession:
         )
         if most is not None:
             count = min(count, most)
-        self.wl = wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
+        # Sessions build their conversations per level (each turn waits for the reply before it);
+        # every other workload is one pool of prepared requests.
+        self.plans: list[SE.SessionPlan] = []
+        if cfg.workload == "sessions":
+            self.plans = [
+                SE.plan_for_level(cfg, int(sp.value), li, counter, fit) for li, sp in enumerate(specs)
+            ]
+            self.wl = wl = SE.workload_of(self.plans, counter, fit is not None)
+        else:
+            self.wl = wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
         warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt":
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
-        self.prepared = await _prepare(self.client, cfg, caps, wl)
+        self.prepared = await _prepare(self.client, cfg, caps, wl) if not self.plans else []
         self.warm = await _prepare(self.client, cfg, caps, warm_wl)
         context = (await learn_context(self.metrics_client, caps)).merged(cfg.context)
         if context.path.via is None:
@@ -521,6 +555,8 @@ class BenchSession:
             self.context.clock.speed,
             early_stop=self.early_stop,
             gpus=self.gpus,
+            plan=self.plans[len(self.levels)] if self.plans else None,
+            caps=self.caps,
         )
         self.levels.append(level)
         if level.saturation is not None and level.saturation.saturated:
@@ -693,6 +729,8 @@ async def _run_one_level(
     speed: float = 1.0,
     early_stop: bool = False,
     gpus: GpuSource | None = None,
+    plan: SE.SessionPlan | None = None,
+    caps: Capabilities | None = None,
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
@@ -737,10 +775,22 @@ async def _run_one_level(
     status = "completed"
     t_start = time.perf_counter()
     try:
-        watch = _watch(done) if early_stop and spec.mode == "rate" else None
-        records, wall, monitor = await run_level(
-            client, prepared, spec, make, on_record, seed=cfg.seed + li, watch=watch
-        )
+        if plan is not None:
+            records, wall, monitor = await SE.run_sessions(
+                client,
+                plan,
+                cfg.api,
+                _session_builder(client, cfg, caps or Capabilities()),
+                make,
+                on_record,
+                speed=speed,
+                duration_s=cfg.duration_s,
+            )
+        else:
+            watch = _watch(done) if early_stop and spec.mode == "rate" else None
+            records, wall, monitor = await run_level(
+                client, prepared, spec, make, on_record, seed=cfg.seed + li, watch=watch
+            )
     except asyncio.CancelledError:
         status = "interrupted"
         records, wall, monitor = done, time.perf_counter() - t_start, None
@@ -754,7 +804,7 @@ async def _run_one_level(
         scrape.after = after or {}
     summary = M.summarize(records, slo, duration_s=None).model_copy(
         update={
-            "prompts_repeated": max(0, len(records) - len(prepared)),
+            "prompts_repeated": max(0, len(records) - len(prepared)) if plan is None else 0,
             "mode": spec.mode,
             "value": spec.value,
             "label": spec.label,
@@ -763,6 +813,8 @@ async def _run_one_level(
     )
     client_stats = monitor.summary(summary.total_output_tokens, summary.itl_ms.p50) if monitor else {}
     server = scrape.summary()
+    if plan is not None:
+        summary = summary.model_copy(update={"sessions": SE.summarize_sessions(records, plan, server)})
     series = scrape.series(t_start, cfg.scrape_interval_s, gpus.name if gpus else None)
     repo.finish_level(level_id, status, summary, server, client_stats, series=series)
     saturation = None

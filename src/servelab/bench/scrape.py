@@ -28,6 +28,10 @@ ENGINE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prompt_tokens": ("counter", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total")),
     "preemptions": ("counter", ("vllm:num_preemptions_total", "vllm:num_preemptions")),
     "requests_finished": ("counter", ("vllm:request_success_total", "sglang:num_requests_total")),
+    # prefix caching, in tokens (vLLM V1; `_total` as Prometheus exposes a counter), and SGLang's rate
+    "prefix_cache_queries": ("counter", ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")),
+    "prefix_cache_hits": ("counter", ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")),
+    "cache_hit_rate": ("gauge", ("sglang:cache_hit_rate",)),
     # histograms: `<name>_sum` and `<name>_count` are read (seconds); vLLM and SGLang renamed the
     # per-token one from time_per_output_token to inter_token_latency
     "ttft": ("histogram", ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")),

@@ -26,7 +26,7 @@ from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 
-WorkloadKind = Literal["synthetic", "sharegpt", "shared-prefix"]  # BenchConfig.workload
+WorkloadKind = Literal["synthetic", "sharegpt", "shared-prefix", "sessions"]  # BenchConfig.workload
 
 
 def parse_levels(text: str | None, name: str) -> list[float] | None:
@@ -46,6 +46,7 @@ def parse_levels(text: str | None, name: str) -> list[float] | None:
 # BenchConfig's fields by the option that sets them, so an error names what the user typed.
 _OPTION = {
     "timeout_s": "--timeout",
+    "think_time_s": "--think-time",
     "idle_timeout_s": "--idle-timeout",
     "duration_s": "--duration",
     "scrape_interval_s": "--scrape-interval",
@@ -199,6 +200,9 @@ def render(data: dict[str, Any]) -> None:
             parts = [f"{k}={v:,.0f}" for k, v in d.items()]
             parts += [f"mean {k.upper()} {v:,.1f} ms" for k, v in sm.get("server_mean_ms", {}).items()]
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
+    for lv in data["levels"]:
+        if lv["summary"].get("sessions"):
+            render_sessions(lv["label"], lv["summary"]["sessions"])
     for w in data["warnings"]:
         stdout.print(f"[yellow]warning:[/yellow] {escape(printable(w))}")
     if data.get("capacity"):
@@ -292,6 +296,32 @@ def render_capacity(cap: dict[str, Any]) -> None:
     )
 
 
+def render_sessions(label: str, ss: dict[str, Any]) -> None:
+    """A sessions level by turn index: how the prompt grew and what it did to TTFT."""
+    table = Table(title=f"{label} sessions by turn", title_justify="left")
+    for c in ("turn", "ok/fail", "mean input tok", "mean output tok", "TTFT p50", "TTFT p99"):
+        table.add_column(c, justify="right")
+    for t in ss["per_turn"]:
+        table.add_row(
+            str(t["turn"]),
+            f"{t['completed']}/{t['failed']}",
+            _fmt(t["mean_input_tokens"], 0),
+            _fmt(t["mean_output_tokens"], 0),
+            _fmt(t["ttft_ms"]["p50"]),
+            _fmt(t["ttft_ms"]["p99"]),
+        )
+    stdout.print(table)
+    dur = ss["session_duration_s"]
+    rate = ss.get("cache_hit_rate")
+    stdout.print(
+        f"{label}: {ss['sessions_completed']}/{ss['sessions']} sessions completed, turns "
+        f"{ss['turns_completed']} ok / {ss['turns_failed']} failed / {ss['turns_not_sent']} not sent; "
+        f"session duration p50 {_fmt(dur['p50'], 2)} s, p99 {_fmt(dur['p99'], 2)} s; "
+        + ("server prefix-cache hit rate " + (f"{rate:.1%}" if rate is not None else "not reported")),
+        markup=False,
+    )
+
+
 def result_json(res: BenchResult) -> dict[str, Any]:
     """The stable `--json` document: the stored run as `servelab runs show --json` prints it."""
     with open_store() as store:
@@ -368,9 +398,47 @@ def _run(
 )
 @click.option(
     "--workload",
-    type=click.Choice(["synthetic", "sharegpt", "shared-prefix"]),
+    type=click.Choice(["synthetic", "sharegpt", "shared-prefix", "sessions"]),
     default=None,
-    help="Default: sharegpt when --dataset is given, else synthetic.",
+    help="Default: sharegpt when --dataset is given, sessions with --sessions, else synthetic.",
+)
+@click.option(
+    "--sessions",
+    "sessions",
+    help="Multi-turn sessions at once, comma-separated levels (like --concurrency; --workload sessions).",
+)
+@click.option("--turns", type=int, default=8, show_default=True, help="Turns per session (sessions).")
+@click.option(
+    "--think-time",
+    "think_time_s",
+    type=float,
+    default=3.0,
+    show_default=True,
+    help="Mean think time between a session's turns, seconds (sessions).",
+)
+@click.option(
+    "--think-dist",
+    type=click.Choice(["exponential", "constant"]),
+    default="exponential",
+    show_default=True,
+    help="Think-time distribution (seeded).",
+)
+@click.option(
+    "--system-prompt-len",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="Tokens of the system prompt every session shares (0: none).",
+)
+@click.option(
+    "--tool-turns",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="Fraction of later turns that carry a tool result instead of a user message.",
+)
+@click.option(
+    "--tool-result-len", type=int, default=1024, show_default=True, help="Tokens of a tool result (sessions)."
 )
 @click.option("--input-len", type=int, default=256, show_default=True, help="Prompt tokens (synthetic).")
 @click.option("--output-len", type=int, default=128, show_default=True, help="Output tokens to ask for.")
@@ -471,8 +539,26 @@ def bench(**opts: Any) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and goodput at one or more load levels."""
     conc = parse_levels(opts.pop("concurrency"), "--concurrency")
     rate = parse_levels(opts.pop("rate"), "--rate")
+    sessions = parse_levels(opts.pop("sessions"), "--sessions")
+    if sessions is not None:  # the number of conversations at once is the closed loop's level
+        if conc is not None or rate is not None:
+            raise ConfigError(
+                "--sessions is the level of a sessions run: give it instead of --concurrency or --rate",
+                hint="e.g. --workload sessions --sessions 1,8",
+            )
+        if opts.get("workload") not in (None, "sessions"):
+            raise ConfigError(f"--sessions needs --workload sessions, not {opts['workload']}")
+        opts["workload"] = "sessions"
+        conc = sessions
     mode: Literal["concurrency", "rate"]
     search = _search_options(opts, conc, rate)
+    if search is not None and opts.get("workload") == "sessions":
+        # A session plan is built per level before the first one runs; a search picks its levels as
+        # it goes.
+        raise ConfigError(
+            "--find-capacity does not search over --workload sessions",
+            hint="give the session counts to measure: --workload sessions --sessions 1,4,16",
+        )
     if search is not None:
         mode, levels = search[0].by, [search[0].start]
     elif conc is not None and rate is None:
@@ -526,6 +612,12 @@ def bench(**opts: Any) -> None:
             api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"),
             temperature=opts["temperature"],
             scrape_interval_s=opts["scrape_interval"],
+            turns=opts["turns"],
+            think_time_s=opts["think_time_s"],
+            think_dist=opts["think_dist"],
+            system_prompt_len=opts["system_prompt_len"],
+            tool_turns=opts["tool_turns"],
+            tool_result_len=opts["tool_result_len"],
             context=context,
         )
     except ValidationError as exc:

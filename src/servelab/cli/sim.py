@@ -65,6 +65,11 @@ from servelab.errors import ConfigError
     help="Mean natural output length (tokens) when a request does not ask for ignore_eos.",
 )
 @click.option("--cpu", type=int, default=None, help="Pin the simulator to this CPU core.")
+@click.option(
+    "--request-log",
+    type=click.Path(dir_okay=False),
+    help="Append one JSON line per generation request received (docs/sim.md): prompt, counts, hashes.",
+)
 @click.option("--list-faults", is_flag=True, help="List the faults and exit.")
 @click.pass_context
 def sim(ctx: click.Context, /, **opts: Any) -> None:
@@ -149,7 +154,23 @@ def build_config(opts: dict[str, Any], engine_argv: list[str]) -> Any:
         port=port,
         box_gpus=opts["num_gpus"],
         api_key=sim_api_key(personality, args.raw.get("api_key")),
+        request_log=_writable(opts.get("request_log")),
     )
+
+
+def _writable(path: str | None) -> str | None:
+    """--request-log is opened at start: say now, with the path, when it cannot be written."""
+    if path is None:
+        return None
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--request-log {path} cannot be written: {exc.strerror or exc}",
+            hint="give a file in a directory you can write to",
+        ) from None
+    return path
 
 
 API_KEY_ENV = "SERVELAB_SIM_API_KEY"

@@ -50,6 +50,9 @@ METRIC_VALUES = (
     "generation_tokens",
     "gen_throughput",
     "finished",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "cache_hit_rate",
 )
 PERIODIC_FIELDS = frozenset(
     {"gen_throughput", "running", "waiting", "kv_usage", "kv_usage_pct", "kv_tokens_used"}

@@ -28,6 +28,7 @@ from typing import Protocol
 from servelab.model.memory import MemoryPlan, plan_memory
 from servelab.model.predict import Setup, Workload, latencies, make_terms
 from servelab.model.step import DecodeBatch, build_perf, step_time
+from servelab.sim.prefix import PrefixCache
 
 WAITING, PREFILL, HOLD, DECODE, DONE = range(5)
 
@@ -59,11 +60,14 @@ class SimRequest:
         "arrival",
         "base",
         "blocks",
+        "cached",
         "ctx",
         "done_prefill",
         "first_at",
         "first_token_time",
+        "full_hashes",
         "generated",
+        "hashes",
         "lag",
         "law_n",
         "max_out",
@@ -97,6 +101,9 @@ class SimRequest:
         self.first_token_time: float | None = None
         self.lag = 0.0  # first token's offset after its step's end; the last token keeps it too
         self.token_times: list[float] | None = None  # filled only when recording (tests)
+        self.cached = 0  # prompt tokens the prefix cache held on arrival (not prefilled)
+        self.hashes: list[bytes] = []  # block hashes of the prompt (sim/prefix.py), when caching
+        self.full_hashes: list[bytes] = []  # ... of prompt + reply, cached when it finishes
 
 
 class Timing:
@@ -189,6 +196,7 @@ class Scheduler:
         self.counters = Counters()
         self.record = record
         self.on_step: Callable[[Step], None] | None = None
+        self.prefix: PrefixCache | None = None  # automatic prefix caching (None: off)
 
     # -- bookkeeping ------------------------------------------------------------------------
     @property
@@ -215,6 +223,10 @@ class Scheduler:
         if self.record:
             req.token_times = []
         self.counters.requests += 1
+        if self.prefix is not None:
+            # looked up once, on arrival: a prompt whose prefix a finished turn left cached skips it
+            req.cached = self.prefix.lookup(req.hashes, req.prompt)
+            req.need = req.prompt - req.cached
         self.waiting.append(req)
 
     def earliest_arrival(self) -> float | None:
@@ -270,6 +282,7 @@ class Scheduler:
         self._release(victim)
         victim.state = WAITING
         victim.need = victim.prompt + victim.generated
+        victim.cached = 0  # recomputed in full (its cached blocks may have gone meanwhile)
         victim.done_prefill = 0
         victim.ctx = 0
         self.waiting.appendleft(victim)
@@ -295,7 +308,7 @@ class Scheduler:
         waiting, running = self.waiting, self.running
         while waiting and waiting[0].ready_at <= now and len(running) < self.limits.max_running:
             r = waiting[0]
-            blocks = -(-(r.need + 1) // bs)
+            blocks = -(-(r.need + r.cached + 1) // bs)
             if blocks > self.free_blocks - need:
                 if not running and blocks > self.total_blocks:  # can never fit: fail it
                     waiting.popleft()
@@ -361,7 +374,8 @@ class Scheduler:
         for r in self.unreleased.values():
             if load > r.law_n and r.state != WAITING:
                 r.law_n = load
-                r.first_at = r.base + laws(r.prompt, r.max_out, load)[0]
+                # a prefix-cache hit prefills only the uncached rest (`need`)
+                r.first_at = r.base + laws(r.need, r.max_out, load)[0]
 
     def complete(self, step: Step) -> None:
         """The step's time has passed: finish its prefill chunks and emit one token per decoder."""
@@ -377,7 +391,10 @@ class Scheduler:
             r.done_prefill += take
             c.prompt_tokens += take
             if r.done_prefill >= r.need:
-                r.ctx = r.need
+                c.prompt_tokens += r.cached  # the engines count a prompt whole, cached part included
+                r.ctx = r.need + r.cached
+                if self.prefix is not None:
+                    self.prefix.insert(r.hashes)
                 r.state = HOLD if r.generated == 0 else DECODE
                 dec.append(r)
                 self.dec_ctx += r.ctx
@@ -417,6 +434,8 @@ class Scheduler:
         self.dec_ctx += emitted
         c.generation_tokens += emitted
         for r in finished:
+            if self.prefix is not None:
+                self.prefix.insert(r.full_hashes)
             self._release(r)
             r.state = DONE
             c.success[r.reason] += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import random
 import signal
@@ -40,10 +41,11 @@ from servelab.sim.http import (
     response_bytes,
 )
 from servelab.sim.personalities import EngineArgs, Logger, Personality, get_personality
+from servelab.sim.prefix import PrefixCache, block_hashes, output_tokens, prompt_tokens
 from servelab.sim.routes import Router
 from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing
 from servelab.sim.startup import engine_dead_lines, run_startup
-from servelab.sim.text import GARBAGE_WORD, greedy_tokens
+from servelab.sim.text import GARBAGE_WORD, greedy_tokens, prompt_text
 from servelab.sim.wire import DONE_EVENT, MALFORMED_EVENT, SseTemplates, completion_body
 
 MIB = 1024 * 1024
@@ -69,6 +71,7 @@ class SimConfig:
     box_gpus: int = 0  # GPUs in the simulated box (default: the ones the layout uses)
     api_key: str | None = None  # /v1/* demands `Authorization: Bearer KEY` (as vLLM and SGLang do)
     persona: Personality | None = None  # default: the packaged personality named by engine.personality
+    request_log: str | None = None  # one JSON line per generation request received (docs/sim.md)
 
     @property
     def personality(self) -> str:
@@ -299,6 +302,9 @@ class SimServer:
             ttft_overhead_s=s.factors.ttft_overhead_ms * 1e-3,
         )
         self.sched = Scheduler(self.timing, self.limits)
+        if cfg.engine.prefix_caching:  # --no-enable-prefix-caching / --disable-radix-cache turn it off
+            self.sched.prefix = PrefixCache(self.sched.total_blocks, self.limits.block_size)
+        self.request_log: Any = open(cfg.request_log, "a", buffering=1) if cfg.request_log else None  # noqa: SIM115
         self.sampler = LengthSampler(cfg.seed, cfg.eos_mean)
         self.fault_rng = random.Random(cfg.seed + 1)
         self.log = Logger(self.persona, s.layout.tp, log_stream)
@@ -432,7 +438,11 @@ class SimServer:
     # -- HTTP (routes in sim/routes.py) ---------------------------------------------------------------
     def metric_values(self) -> dict[str, float]:
         s, c = self.sched, self.sched.counters
+        pc = s.prefix
         return {
+            "prefix_cache_queries": pc.queries if pc else 0,
+            "prefix_cache_hits": pc.hits if pc else 0,
+            "cache_hit_rate": pc.hit_rate if pc else 0.0,
             "running": s.num_running,
             "waiting": s.num_waiting,
             "kv_usage": s.kv_usage,
@@ -470,6 +480,25 @@ class SimServer:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             return max(len(prompt[0].split()), 1)
         raise HttpError(400, "prompt must be a string, a list of token ids, or a 1-element list of strings")
+
+    def _log_request(
+        self, path: str, source: Any, prompt: int, max_tokens: int, n_out: int, hashes: list[bytes]
+    ) -> None:
+        """One line of --request-log: what arrived, as the simulator counts and hashes it."""
+        text = prompt_text(source)
+        line = {
+            "time": time.time(),
+            "model_time_s": self.model_now(),
+            "endpoint": path,
+            "prompt_tokens": prompt,
+            "max_tokens": max_tokens,
+            "output_tokens": n_out,
+            "prompt_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "block_size": self.limits.block_size,
+            "block_hashes": [h.hex() for h in hashes],
+            "prompt": text,
+        }
+        self.request_log.write(orjson.dumps(line).decode() + "\n")
 
     def die(self) -> None:
         """The engine core dies (fault die_after_ready)."""
@@ -549,6 +578,14 @@ class SimServer:
         else:
             sink = BufferSink(self, proto, chat, req.keep_alive, fault, words)
         sreq = SimRequest(rid, prompt, n_out, reason, sink)
+        source = payload["messages"] if chat else payload["prompt"]
+        if self.sched.prefix is not None or self.request_log is not None:
+            tokens = prompt_tokens(source, chat)
+            full = block_hashes(tokens + output_tokens(words, chat), self.limits.block_size)
+            sreq.hashes = full[: len(tokens) // self.limits.block_size]
+            sreq.full_hashes = full
+            if self.request_log is not None:
+                self._log_request(req.path, source, prompt, max_tokens, n_out, sreq.hashes)
         # Arrived when its bytes did: the simulator's own work on a burst is no GPU time.
         now = self.model_now()
         self.sched.add(
@@ -596,6 +633,9 @@ class SimServer:
             self.stop_fut.set_result(None)
 
     def close(self) -> None:
+        if self.request_log is not None:
+            self.request_log.close()
+            self.request_log = None
         if self.server is not None:
             self.server.close()
         elif self.sock is not None:

@@ -146,8 +146,8 @@ class BenchRepo:
     def add_request(self, level_id: int, r: RequestRecord) -> None:
         self.db.execute(
             "INSERT INTO bench_requests (level_id, idx, prompt_idx, scheduled_s, start_s, ok, ttft_s, e2e_s, itl_json,"
-            " input_tokens, output_tokens, requested_output_tokens, token_source, error_kind, error_message)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " input_tokens, output_tokens, requested_output_tokens, token_source, error_kind, error_message,"
+            " session_id, turn) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 level_id,
                 r.idx,
@@ -164,6 +164,8 @@ class BenchRepo:
                 r.token_source,
                 r.error_kind,
                 redact(r.error_message) if r.error_message else None,
+                r.session_id,
+                r.turn,
             ),
         )
 
@@ -255,6 +257,8 @@ class BenchRepo:
                 token_source=r["token_source"],
                 error_kind=r["error_kind"],
                 error_message=r["error_message"],
+                session_id=r["session_id"],
+                turn=r["turn"],
             )
             for r in rows
         ]

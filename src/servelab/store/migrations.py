@@ -240,6 +240,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
+        "0009_request_session",
+        """
+        -- `bench --workload sessions`: the conversation a request belongs to and its turn index in it
+        -- (RequestRecord.session_id / turn); NULL for every other workload.
+        ALTER TABLE bench_requests ADD COLUMN session_id INTEGER;
+        ALTER TABLE bench_requests ADD COLUMN turn INTEGER;
+        """,
+    ),
+    (
         "0010_capacity",
         """
         -- An open-loop level's saturation verdict (servelab.results.Saturation), and a run's capacity

@@ -45,6 +45,10 @@ BASE = ["bench", "--url", "http://127.0.0.1:9", "--model", "m"]
         (["--find-capacity"], "--find-capacity needs --slo"),
         (["--find-capacity", "--slo", "p99_ttft_ms<=9", "--rate", "1,2"], "takes one --rate value"),
         (["--by", "rate", "--rate", "1", "--num-requests", "5"], "--by is an option of --find-capacity"),
+        (
+            ["--find-capacity", "--slo", "p99_ttft_ms<=9", "--workload", "sessions", "--sessions", "2"],
+            "does not search over --workload sessions",
+        ),
     ],
 )
 def test_bad_bench_options(extra: list[str], msg: str) -> None:

@@ -161,6 +161,9 @@ def test_metric_names():
             "success_stop",
             "success_length",
             "success_abort",
+            "prefix_cache_queries",
+            "prefix_cache_hits",
+            "cache_hit_rate",
         ],
         1,
     )
@@ -173,6 +176,8 @@ def test_metric_names():
         "vllm:prompt_tokens_total",
         "vllm:num_preemptions_total",
         "vllm:request_success_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
     ):
         assert name in v
     g = render_metrics("sglang", "m", s).decode()
@@ -183,5 +188,6 @@ def test_metric_names():
         "sglang:gen_throughput",
         "sglang:generation_tokens_total",
         "sglang:prompt_tokens_total",
+        "sglang:cache_hit_rate",
     ):
         assert name in g
