@@ -169,7 +169,7 @@ class SessionsSummary(_Model):
 class LevelSummary(_Model):
     """Every metric of one load level (docs/metrics.md gives each formula)."""
 
-    mode: Literal["concurrency", "rate"] = "concurrency"
+    mode: Literal["concurrency", "rate", "trace"] = "concurrency"  # trace: value is its time scale
     value: float = 0.0
     label: str = ""
     num_requests: int = 0

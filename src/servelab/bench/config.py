@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servelab.bench.load import ARRIVALS, LevelSpec
+from servelab.bench.traces import Trace, formats
 from servelab.results import RunContext
 
 # No served model has a context this long (the longest are 1M tokens plus change); a length above it
@@ -24,7 +25,7 @@ class BenchConfig(BaseModel):
     url: str
     model: str
     api: Literal["completions", "chat"] = "completions"
-    mode: Literal["concurrency", "rate"] = "concurrency"
+    mode: Literal["concurrency", "rate", "trace"] = "concurrency"
     levels: list[float] = Field(min_length=1)
     max_concurrency: int | None = Field(default=None, ge=1)
     num_requests: int | None = Field(default=None, ge=1)
@@ -56,6 +57,11 @@ class BenchConfig(BaseModel):
     system_prompt_len: int = Field(default=2048, ge=0)
     tool_turns: float = Field(default=0.5, ge=0.0, le=1.0)
     tool_result_len: int = Field(default=1024, ge=1)
+    # Trace replay (mode "trace"): the file, its format (None: detected), its clock ÷ time_scale.
+    trace: str | None = None
+    trace_format: str | None = None
+    time_scale: float = Field(default=1.0, gt=0)
+    trace_limit: int | None = Field(default=None, ge=1)
     # What the run is of, where the server cannot say (a study's candidate, `--gpu/--tp/...`).
     context: RunContext = Field(default_factory=RunContext)
 
@@ -68,6 +74,10 @@ class BenchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:
+        if self.mode == "trace" or self.trace is not None:
+            return self._check_trace()
+        if self.time_scale != 1.0 or self.trace_limit is not None or self.trace_format is not None:
+            raise ValueError("--time-scale, --trace-limit and --trace-format need --trace FILE")
         if self.workload == "sessions":
             if self.mode != "concurrency":
                 raise ValueError(
@@ -100,7 +110,33 @@ class BenchConfig(BaseModel):
             )
         return self
 
-    def level_specs(self) -> list[LevelSpec]:
+    def _check_trace(self) -> BenchConfig:
+        if self.mode != "trace" or self.trace is None:
+            raise ValueError("a trace run is its own load: give --trace FILE without --concurrency or --rate")
+        if self.num_requests is not None or self.requests_per_stream is not None:
+            raise ValueError(
+                "a trace replays its own requests: slice it with --trace-limit N or --duration S"
+            )
+        if self.workload != "synthetic" or self.dataset:
+            raise ValueError("a trace is its own workload: drop --workload and --dataset")
+        if self.trace_format is not None and self.trace_format not in formats():
+            raise ValueError(f"--trace-format must be one of {', '.join(formats())}")
+        return self
+
+    def level_specs(self, trace: Trace | None = None) -> list[LevelSpec]:
+        if trace is not None:  # one level: the trace's own schedule, its clock ÷ time_scale
+            offsets = tuple(r.offset_s / self.time_scale for r in trace.requests)
+            return [
+                LevelSpec(
+                    "trace",
+                    self.time_scale,
+                    len(offsets),
+                    self.duration_s,
+                    self.max_concurrency,
+                    offsets=offsets,
+                    trace=trace.format,
+                )
+            ]
         return [
             LevelSpec(
                 self.mode,

@@ -25,7 +25,8 @@ ARRIVALS = ("poisson", "gamma", "constant")
 
 @dataclass(frozen=True, slots=True)
 class LevelSpec:
-    """One load level: `concurrency` (closed loop) or `rate` requests/s (open loop)."""
+    """One load level: `concurrency` (closed loop), `rate` requests/s (open loop), or a `trace` replayed
+    at its own `offsets` (seconds from level start, the trace's clock already ÷ `value`, its time scale)."""
 
     mode: str
     value: float
@@ -34,11 +35,16 @@ class LevelSpec:
     max_concurrency: int | None = None
     arrival: str = "poisson"
     burstiness: float = 1.0
+    offsets: tuple[float, ...] = ()
+    trace: str = ""  # the trace's format, for the label
 
     @property
     def label(self) -> str:
         if self.mode == "concurrency":
             return f"c={int(self.value)}"
+        if self.mode == "trace":
+            cap = f", cap {self.max_concurrency}" if self.max_concurrency else ""
+            return f"trace {self.trace} ×{self.value:g}{cap}"
         cap = f", cap {self.max_concurrency}" if self.max_concurrency else ""
         return f"rate={self.value:g}/s{cap}"
 
@@ -236,14 +242,17 @@ async def run_open(
     seed: int,
     watch: Watch | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Send on the schedule regardless of completions (optionally capped at max_concurrency). `watch`
-    may stop the level early: sending stops, requests in flight are abandoned (not recorded), and
-    `monitor.stopped_early` says why."""
+    """Send on the schedule (a trace's own, or drawn at the rate) regardless of completions (optionally
+    capped at max_concurrency). `watch` may stop the level early: sending stops, requests in flight are
+    abandoned (not recorded), and `monitor.stopped_early` says why."""
     n = spec.num_requests
     if n is None:
         assert spec.duration_s is not None
         n = int(spec.value * spec.duration_s * 1.5) + 10  # generous; cut at the duration below
-    offsets = arrival_offsets(spec.value, n, spec.arrival, spec.burstiness, seed)
+    if spec.mode == "trace":
+        offsets = list(spec.offsets)
+    else:
+        offsets = arrival_offsets(spec.value, n, spec.arrival, spec.burstiness, seed)
     if spec.duration_s is not None:
         offsets = [o for o in offsets if o < spec.duration_s] or [0.0]
     sem = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None

@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ from servelab.bench import capacity as C
 from servelab.bench import metrics as M
 from servelab.bench import saturation as S
 from servelab.bench import sessions as SE
+from servelab.bench import traces as T
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
@@ -99,7 +101,7 @@ async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
 def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
     """The typical request would be refused (HTTP 400) when the asked lengths exceed the server's
     context: say so before measuring, naming the options. ShareGPT lengths come from the data."""
-    if cfg.workload == "sharegpt":
+    if cfg.workload == "sharegpt" or cfg.trace:  # lengths from the data
         return
     if cfg.workload == "sessions":
         # the last turn resends everything: the system prompt and every message and reply before it
@@ -299,9 +301,18 @@ async def _collect(prompts: Iterable[W.Prompt]) -> tuple[W.Prompt, ...]:
 
 
 async def build_workload(
-    cfg: BenchConfig, counter: W.TokenCounter | None, fit: tuple[float, float] | None, count: int, seed: int
+    cfg: BenchConfig,
+    counter: W.TokenCounter | None,
+    fit: tuple[float, float] | None,
+    count: int,
+    seed: int,
+    trace: T.Trace | None = None,
 ) -> W.Workload:
     overhead, per_word = fit if fit else (0.0, 1.0)
+    if trace is not None:
+        prompts = await _collect(T.trace_prompts(trace, seed, counter, per_word, round(overhead)))
+        name = f"trace:{trace.format}:{Path(trace.path).name}"
+        return W.Workload(name, prompts, W._counting(counter, fit is not None))
     in_len = W.LengthSpec(
         max(1, cfg.input_len - round(overhead) if not counter else cfg.input_len), cfg.range_ratio
     )
@@ -319,6 +330,15 @@ async def build_workload(
         return W.Workload("shared-prefix", prompts, W._counting(counter, cal))
     prompts = await _collect(W.synthetic_prompts(count, in_len, out_len, seed, counter, per_word))
     return W.Workload("synthetic", prompts, W._counting(counter, cal))
+
+
+def read_trace(cfg: BenchConfig) -> T.Trace | None:
+    """The trace of a `--trace` run, sliced to `--trace-limit` and `--duration` (the level's seconds:
+    trace time × the time scale), read before the server is asked anything: a bad file is bad input."""
+    if cfg.trace is None:
+        return None
+    until = cfg.duration_s * cfg.time_scale if cfg.duration_s is not None else None
+    return T.read_trace(cfg.trace, cfg.trace_format).sliced(cfg.trace_limit, until)
 
 
 async def _prepare(
@@ -450,6 +470,7 @@ class BenchSession:
         except ValueError as exc:
             raise ConfigError(f"--slo: {exc}") from exc
         self.counter = W.TokenCounter(cfg.tokenizer) if cfg.tokenizer else None
+        self.trace = read_trace(cfg)
         try:
             self.client = Client(
                 cfg.url,
@@ -464,6 +485,10 @@ class BenchSession:
             ) from exc
         self.metrics_client = Client(cfg.url, api_key=cfg.api_key, timeout_s=10)
         self.warnings: list[str] = []
+        if self.trace is not None and self.trace.skipped:
+            self.warnings.append(
+                f"{self.trace.skipped} rows of the trace have a zero length and are not replayed"
+            )
         self.repo = BenchRepo(store)
         self.levels: list[Level] = []
         self.status = "completed"
@@ -506,9 +531,11 @@ class BenchSession:
             ]
             self.wl = wl = SE.workload_of(self.plans, counter, fit is not None)
         else:
-            self.wl = wl = await build_workload(cfg, counter, fit, pool_size(cfg, count), cfg.seed)
+            self.wl = wl = await build_workload(
+                cfg, counter, fit, pool_size(cfg, count), cfg.seed, self.trace
+            )
         warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
-        if cfg.workload == "sharegpt":
+        if cfg.workload == "sharegpt" or self.trace is not None:
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
         self.prepared = await _prepare(self.client, cfg, caps, wl) if not self.plans else []
         self.warm = await _prepare(self.client, cfg, caps, warm_wl)
@@ -517,11 +544,15 @@ class BenchSession:
             context = context.merged(RunContext(path=await direct_path(cfg.url)))
         self.context = context
         self.gpus = await source_for(self.metrics_client, cfg.url, context)
-        config = cfg.model_dump(exclude={"context"}) | {
-            "workload_info": wl.describe(),
-            "capabilities": caps.__dict__,
-            "tokens_per_word_fit": fit,
-        }
+        config = (
+            cfg.model_dump(exclude={"context"})
+            | {
+                "workload_info": wl.describe(),
+                "capabilities": caps.__dict__,
+                "tokens_per_word_fit": fit,
+            }
+            | ({"trace_info": T.describe(self.trace)} if self.trace is not None else {})
+        )
         self.run_id, self.uid = self.repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash, context)
         self.repo.set_run_info(self.run_id, warnings=warnings)
         self.notify(
@@ -625,7 +656,7 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = N
     """Run every level of `cfg` against the server and store each request as it finishes."""
     session = BenchSession(cfg, store, observe)
     try:
-        specs = cfg.level_specs()
+        specs = cfg.level_specs(session.trace)
         await session.start(specs)
 
         async def fixed(s: BenchSession) -> None:

@@ -19,6 +19,7 @@ from servelab.bench import capacity as C
 from servelab.bench import export as request_export
 from servelab.bench.config import IDLE_TIMEOUT_S, BenchConfig
 from servelab.bench.runner import BenchResult, find_capacity, run_bench
+from servelab.bench.traces import formats as trace_formats
 from servelab.cli import aio
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
@@ -459,6 +460,24 @@ def _run(
 @click.option(
     "--tokenizer", type=click.Path(), help="Local tokenizer (model dir or tokenizer.json) to count tokens."
 )
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    help="Replay this request trace at its timestamps (instead of --concurrency/--rate).",
+)
+@click.option(
+    "--trace-format",
+    type=click.Choice(sorted(trace_formats())),
+    help="The trace's format (default: told from its first line).",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Replay the trace this many times faster (2: twice as fast).",
+)
+@click.option("--trace-limit", type=int, help="Replay only the trace's first N requests.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slo", help="Latency limits for goodput, e.g. ttft_ms<=500,tpot_ms<=50")
 @click.option(
@@ -550,8 +569,13 @@ def bench(**opts: Any) -> None:
             raise ConfigError(f"--sessions needs --workload sessions, not {opts['workload']}")
         opts["workload"] = "sessions"
         conc = sessions
-    mode: Literal["concurrency", "rate"]
+    mode: Literal["concurrency", "rate", "trace"]
     search = _search_options(opts, conc, rate)
+    if search is not None and opts["trace"] is not None:
+        raise ConfigError(
+            "--find-capacity does not search over a --trace: it replays the trace's own schedule",
+            hint="replay it faster or slower with --time-scale X",
+        )
     if search is not None and opts.get("workload") == "sessions":
         # A session plan is built per level before the first one runs; a search picks its levels as
         # it goes.
@@ -561,13 +585,16 @@ def bench(**opts: Any) -> None:
         )
     if search is not None:
         mode, levels = search[0].by, [search[0].start]
-    elif conc is not None and rate is None:
+    elif opts["trace"] is not None and conc is None and rate is None:
+        mode, levels = "trace", [opts["time_scale"]]  # one level: the trace at its time scale
+    elif conc is not None and rate is None and opts["trace"] is None:
         mode, levels = "concurrency", conc
-    elif rate is not None and conc is None:
+    elif rate is not None and conc is None and opts["trace"] is None:
         mode, levels = "rate", rate
     else:
         raise ConfigError(
-            "give exactly one of --concurrency or --rate", hint="e.g. --concurrency 1,8,64 or --rate 2,4,8"
+            "give exactly one of --concurrency or --rate, or --trace FILE",
+            hint="e.g. --concurrency 1,8,64, --rate 2,4,8 or --trace FILE",
         )
     export = opts.pop("export_vllm")
     as_json = opts.pop("as_json")
@@ -618,6 +645,10 @@ def bench(**opts: Any) -> None:
             system_prompt_len=opts["system_prompt_len"],
             tool_turns=opts["tool_turns"],
             tool_result_len=opts["tool_result_len"],
+            trace=opts["trace"],
+            trace_format=opts["trace_format"],
+            time_scale=opts["time_scale"],
+            trace_limit=opts["trace_limit"],
             context=context,
         )
     except ValidationError as exc:
