@@ -50,6 +50,16 @@ def vllm_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
 
 
 @pytest.fixture(scope="session")
+def vllm_prefix_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
+    """vLLM with prefix caching on (vllm_server has it off), for the tests of what a workload's shared
+    prefixes do to the server's cache; eager (no graph capture: the tests measure hits, not speed)."""
+    with engines.vllm_server(
+        tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS, enforce_eager=True
+    ) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="session")
 def transformers_server(tiny_dense: Path) -> Iterator[engines.ServerHandle]:
     with engines.transformers_server(tiny_dense) as handle:
         yield handle

@@ -11,7 +11,8 @@ placeholders and literal file names, in one working directory per command and a 
   examples/glm5-ray.toml: the shipped file as it is (the docs only dry-run it);
   S: 30 (seconds); PORT: a free port;
 - server.log: that study's tp8-cutlass server log; info.json: the simulator's /get_server_info;
-  sharegpt.json: a small ShareGPT file; serving_measurements.csv: every 25th row of the published
+  sharegpt.json: a small ShareGPT file; mooncake.jsonl, burstgpt.csv, azure.csv: the sample traces
+  (tests/fixtures/traces); serving_measurements.csv: every 25th row of the published
   measurements (the bare name resolves to a file in the working directory first).
 
 Reduced forms: --num-requests is capped at 20 and --duration at 3 s; `servelab sim` gets --fast-start
@@ -37,7 +38,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from tests.support import doccommands, simruns
+from tests.support import doccommands, simruns, trace_samples
 from tests.support.sshd import SshdHandle
 
 from servelab import naming
@@ -143,6 +144,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         (work / "sharegpt.json").write_text(
             json.dumps([{"id": str(i), "conversations": convo} for i in range(40)])
         )
+        for trace in trace_samples.SAMPLES:
+            shutil.copy(trace_samples.DIR / trace, work / trace)
         rows = (
             resources.files("servelab").joinpath("data", "serving_measurements.csv").read_text().splitlines()
         )

@@ -354,9 +354,12 @@ def trace_prompts(
         rest = target - used
         if rest > 0:
             rng = random.Random(f"servelab-trace-tail:{seed}:{i}")
-            if parts and counter is not None:
-                rest = max(1, target - counter.count(" ".join(parts) + " "))
-            tail, _ = _fit_words(rng, rest, counter, tokens_per_word, prefix=f"{seed}-{i}: ")
+            tag = f"{seed}-{i}: "
+            if counter is not None:  # the tag is inside the cut; count what the blocks took
+                rest = max(1, target - counter.count(" ".join(parts) + " ")) if parts else rest
+            else:  # the tag is one word more than asked: take it out of the words
+                rest = max(1, rest - round(tokens_per_word))
+            tail, _ = _fit_words(rng, rest, counter, tokens_per_word, prefix=tag)
             parts.append(tail)
         text = " ".join(parts)
         yield Prompt(text, r.output_len, counter.count(text) if counter else target)

@@ -211,6 +211,7 @@ def test_tokens_past_the_blocks_are_the_requests_own(tmp_path: Path) -> None:
     assert heads == {True}  # one shared block: 512 tokens at 2 per word
     tails = [" ".join(p.text.split(" ")[256:]) for p in prompts]
     assert len(set(tails)) == 3 and tails[0].startswith("0-0: ")
+    assert all(len(t.split()) * 2 == 590 - 512 for t in tails)  # the tag is one of the tail's words
     assert [p.input_len for p in prompts] == [590] * 3  # less the server's template overhead
 
 
@@ -219,6 +220,8 @@ def test_a_trace_without_hash_ids_has_no_shared_prefix() -> None:
     prompts = list(T.trace_prompts(t, seed=0))
     assert len({p.text.split(":")[0] for p in prompts}) == len(prompts)
     assert [p.output_len for p in prompts] == [r.output_len for r in t.requests]
+    # one word a token (the simulator's count): the tag is one of the request's words
+    assert [len(p.text.split()) for p in prompts] == [r.input_len for r in t.requests]
 
 
 def _word_tokenizer(tmp_path: Path) -> W.TokenCounter:
