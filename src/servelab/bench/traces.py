@@ -79,7 +79,7 @@ class Trace:
     source: str
     block_tokens: int | None = None
     skipped: int = 0
-    total: int = field(default=0)  # requests in the file, before any slice
+    total: int = field(default=0)  # requests in the file (rows skipped aside), before any slice
 
     @property
     def span_s(self) -> float:
