@@ -1,6 +1,7 @@
 """`servelab bench --trace` (issue 18): each format replays at its timestamps ÷ --time-scale with the
 lengths it records, against the simulator; Mooncake's shared hash ids are prefix-cache hits on a real
-vLLM, a trace without them is none."""
+vLLM (vllm_prefix_server: ~50–80 s to start, the one costly part) and on the simulator's prefix cache,
+a trace without them is none."""
 
 from __future__ import annotations
 
@@ -178,3 +179,25 @@ def test_shared_hash_ids_are_prefix_cache_hits_on_vllm(
     print(f"prefix-cache hits: {hits_shared:.0f} of {expected} shared tokens; {hits_unique:.0f} without")
     assert hits_shared >= 0.6 * expected, (hits_shared, expected)
     assert hits_unique <= 128, hits_unique
+
+
+def test_shared_hash_ids_are_prefix_cache_hits_on_the_simulator(tmp_path: Path) -> None:
+    """The same on the simulator's prefix cache (vLLM's metrics), counted over the level alone."""
+    sim = simruns.start_sim(
+        tmp_path / "sim", "--model", simruns.MODEL, "--gpu", "rtx-pro-6000", "--num-gpus", "8", "--tp", "8",
+        "--personality", "vllm", speed=200,
+    )  # fmt: skip
+    n = 20
+    try:
+        args = ["--trace-limit", str(n), "--time-scale", "5"]
+        runs = [
+            simruns.bench(tmp_path, sim.url, simruns.MODEL, "--trace", str(SAMPLES / name), *args)
+            for name in ("mooncake.jsonl", "azure.csv")
+        ]
+    finally:
+        sim.stop()
+    shared, unique = (r["levels"][0]["server_metrics"]["deltas"]["prefix_cache_hits"] for r in runs)
+    expected = _shared_tokens(T.read_trace(SAMPLES / "mooncake.jsonl").sliced(limit=n))
+    print(f"simulator prefix-cache hits: {shared:.0f} of {expected} shared tokens; {unique:.0f} without")
+    assert shared >= 0.6 * expected, (shared, expected)
+    assert unique <= 0.01 * expected, unique
