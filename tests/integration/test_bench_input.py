@@ -39,7 +39,12 @@ def _runs() -> list[str]:
     if not db.exists():
         return []
     with sqlite3.connect(db) as con:
-        return [s for (s,) in con.execute("SELECT status FROM bench_runs")]
+        try:
+            return [s for (s,) in con.execute("SELECT status FROM bench_runs")]
+        except sqlite3.OperationalError as exc:  # the file exists; its migrations are still running
+            if "no such table" not in str(exc):
+                raise
+            return []
 
 
 BASE = ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--num-requests", "1"]

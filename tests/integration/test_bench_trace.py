@@ -67,7 +67,7 @@ def test_each_format_replays_at_its_timestamps(
     rate = len(records) / (trace.span_s / SCALE)
     assert 45 <= rate <= 55  # the 50 requests/s of the lateness bound
     # Sends are on time: p99 within the 5 ms. On a box whose other jobs stall this process
-    # (2 shared cores: timers then fire whole milliseconds late), the client's own idle 10 ms tick over
+    # (2 shared cores: timers then fire whole milliseconds late), the client's own idle lag ticker over
     # the same level sees those stalls too (loop_lag_ms); the sends may then be no later than the
     # longest of them plus 3 ms (what a slow send path, a prompt built or a row written, would exceed).
     late, lag = level["client"]["send_lateness_ms"], level["client"]["loop_lag_ms"]
