@@ -26,7 +26,7 @@ from servelab.bench import traces as T
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
-from servelab.bench.load import LevelSpec, PreparedRequest, Watch, run_level, warmup
+from servelab.bench.load import LevelSpec, PreparedRequest, Watch, frozen_heap, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource, source_for
 from servelab.errors import ConfigError, Interrupted, ServerError
@@ -804,32 +804,34 @@ async def _run_one_level(
         )
 
     status = "completed"
-    t_start = time.perf_counter()
-    try:
-        if plan is not None:
-            records, wall, monitor = await SE.run_sessions(
-                client,
-                plan,
-                cfg.api,
-                _session_builder(client, cfg, caps or Capabilities()),
-                make,
-                on_record,
-                speed=speed,
-                duration_s=cfg.duration_s,
-            )
-        else:
-            watch = _watch(done) if early_stop and spec.mode == "rate" else None
-            records, wall, monitor = await run_level(
-                client, prepared, spec, make, on_record, seed=cfg.seed + li, watch=watch
-            )
-    except asyncio.CancelledError:
-        status = "interrupted"
-        records, wall, monitor = done, time.perf_counter() - t_start, None
-    finally:
-        if sampler is not None:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+    # the collector skips what exists before the level (see frozen_heap)
+    with frozen_heap():
+        t_start = time.perf_counter()
+        try:
+            if plan is not None:
+                records, wall, monitor = await SE.run_sessions(
+                    client,
+                    plan,
+                    cfg.api,
+                    _session_builder(client, cfg, caps or Capabilities()),
+                    make,
+                    on_record,
+                    speed=speed,
+                    duration_s=cfg.duration_s,
+                )
+            else:
+                watch = _watch(done) if early_stop and spec.mode == "rate" else None
+                records, wall, monitor = await run_level(
+                    client, prepared, spec, make, on_record, seed=cfg.seed + li, watch=watch
+                )
+        except asyncio.CancelledError:
+            status = "interrupted"
+            records, wall, monitor = done, time.perf_counter() - t_start, None
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
     if scrape.available:
         after = await _snapshot(metrics_client) if status == "completed" else None
         scrape.after = after or {}

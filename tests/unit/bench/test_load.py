@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
-from servelab.bench.load import arrival_offsets
+from servelab.bench.load import arrival_offsets, frozen_heap
 
 
 def test_constant_schedule_is_evenly_spaced() -> None:
@@ -34,3 +36,12 @@ def test_schedule_is_seeded() -> None:
 def test_bad_rate_rejected() -> None:
     with pytest.raises(ValueError):
         arrival_offsets(0, 5, "poisson", 1, 0)
+
+
+def test_frozen_heap_hides_older_objects_from_the_collector_only_while_a_level_runs() -> None:
+    before = gc.get_freeze_count()
+    kept = [[i] for i in range(1000)]  # made before the level: frozen with it
+    with frozen_heap():
+        assert gc.get_freeze_count() >= before + len(kept)
+    assert gc.get_freeze_count() == 0
+    assert len(kept) == 1000
