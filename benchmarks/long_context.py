@@ -112,12 +112,13 @@ def measure(runner: Any, n: int, repeats: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one repeat, fewer requests")
+    ap.add_argument("--repeats", type=int, default=3, help="N/2N pairs per case (median)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_context.json"))
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two cores: the simulator and the client run on separate cores")
     tok = str(build_tiny_model("qwen3_moe"))
-    n, repeats = (8, 1) if args.quick else (16, 3)
+    n, repeats = (8, 1) if args.quick else (16, args.repeats)
     home, result_dir = tempfile.mkdtemp(prefix="servelab-lc-"), tempfile.mkdtemp(prefix="vllm-lc-")
     log_dir = Path(tempfile.mkdtemp(prefix="servelab-lc-sim-"))
     proc, url = start(SIM, log_dir)
