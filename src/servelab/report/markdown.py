@@ -6,6 +6,7 @@ or `text.md_code` (a fenced block), so a hostile log line stays text in any Mark
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -373,9 +374,9 @@ def _plan(model: dict[str, Any]) -> list[str]:
     return L
 
 
-def write(model: dict[str, Any], path: Path) -> list[Path]:
-    """Write `path` and its figures into `<stem>_files/` beside it; returns every file written."""
-    figs = figures(model)
+def _write_with_figures(path: Path, figs: list[Figure], text: Callable[[str], str]) -> list[Path]:
+    """Write the figures into `<stem>_files/` beside `path`, then `text(assets_dir_name)` to `path`;
+    returns every file written."""
     assets = path.parent / f"{path.stem}_files"
     assets.mkdir(parents=True, exist_ok=True)
     written = []
@@ -383,8 +384,14 @@ def write(model: dict[str, Any], path: Path) -> list[Path]:
         p = assets / f"{f.name}.svg"
         p.write_text(f.svg + "\n", encoding="utf-8")
         written.append(p)
-    path.write_text(render(model, assets.name, figs), encoding="utf-8")
+    path.write_text(text(assets.name), encoding="utf-8")
     return [path, *written]
+
+
+def write(model: dict[str, Any], path: Path) -> list[Path]:
+    """Write `path` and its figures into `<stem>_files/` beside it; returns every file written."""
+    figs = figures(model)
+    return _write_with_figures(path, figs, lambda assets: render(model, assets, figs))
 
 
 # -- the report of one bench run (`servelab report RUN`) ----------------------------------------------
@@ -444,12 +451,4 @@ def render_run(model: RunReport, assets: str = "report_files", figs: list[Figure
 def write_run(model: RunReport, path: Path) -> list[Path]:
     """Write the run report to `path` and its figures into `<stem>_files/` beside it."""
     figs = run_figures(model)
-    assets = path.parent / f"{path.stem}_files"
-    assets.mkdir(parents=True, exist_ok=True)
-    written = []
-    for f in figs:
-        p = assets / f"{f.name}.svg"
-        p.write_text(f.svg + "\n", encoding="utf-8")
-        written.append(p)
-    path.write_text(render_run(model, assets.name, figs), encoding="utf-8")
-    return [path, *written]
+    return _write_with_figures(path, figs, lambda assets: render_run(model, assets, figs))
