@@ -569,3 +569,20 @@ def guard_node_spread(ranking: Ranking, spread: NodeSpread | None, *, cluster: b
             f"; it exceeds the node-to-node spread {spread.spread:,.4g}{pct} measured on the baseline"
         )
     return ranking
+
+
+def pareto_front(
+    points: list[tuple[str, float, float]], signs: list[float]
+) -> list[tuple[str, float, float]]:
+    """The points no other beats on both axes (`signs`: +1 higher is better, -1 lower), best first on
+    the first axis."""
+    s0, s1 = signs
+    out = []
+    for label, a, b in points:
+        dominated = any(
+            (s0 * a2 >= s0 * a and s1 * b2 >= s1 * b) and (s0 * a2 > s0 * a or s1 * b2 > s1 * b)
+            for _, a2, b2 in points
+        )
+        if not dominated:
+            out.append((label, a, b))
+    return sorted(out, key=lambda p: -s0 * p[1])

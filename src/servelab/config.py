@@ -324,6 +324,46 @@ class AnomalySpec(_Strict):
     )
 
 
+class ConstraintSpec(_Strict):
+    """Where `when` holds (every key's test: a value, a list of values, or `{gt/ge/lt/le/ne = n}`), the
+    point's values must pass `allow` and take the values in `set` (e.g. `disable_radix_cache = true` with
+    NSA attention)."""
+
+    when: dict[str, Any] = Field(default_factory=dict)
+    allow: dict[str, Any] = Field(default_factory=dict)
+    set: dict[str, Any] = Field(default_factory=dict)
+
+
+class SearchSpec(_Strict):
+    """`[search]`: how the candidates are found. `grid` runs every point of the space; `optuna` (TPE, or
+    NSGA-II for two objectives) and `halving` (successive halving) search it within a budget."""
+
+    strategy: Literal["grid", "optuna", "halving"] = "grid"
+    budget_trials: int | None = Field(default=None, ge=1, description="trials in all, repeats included")
+    budget_minutes: float | None = Field(default=None, gt=0)
+    seed: int = 0
+    space: dict[str, Any] = Field(default_factory=dict)
+    constraints: list[ConstraintSpec] = Field(default_factory=list)
+    # several objectives: a Pareto front (NSGA-II); the first also ranks the winner
+    objectives: list[str] = Field(default_factory=list)
+    prior_trials: int = Field(default=3, ge=0, description="the model's best-ranked points, tried first")
+    refit: bool = True  # refit the model's factors from the study's own runs after each trial
+    contenders: int = Field(default=3, ge=1, description="the top candidates that get the study's repeats")
+    eta: int = Field(default=3, ge=2, description="halving: one in eta candidates goes on to the next rung")
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v: list[str]) -> list[str]:
+        for o in v:
+            if o not in OBJECTIVES or o == "capacity":
+                raise ValueError(
+                    f"unknown objective {o!r}; use {', '.join(k for k in OBJECTIVES if k != 'capacity')}"
+                )
+        if len(v) > 2:
+            raise ValueError("at most two objectives (a Pareto front of two)")
+        return v
+
+
 class Study(_Strict):
     study: StudyInfo
     model: ModelSpec
@@ -332,6 +372,7 @@ class Study(_Strict):
     engine: EngineSpec
     candidates: list[CandidateSpec] = Field(default_factory=list)
     matrix: dict[str, list[Any]] = Field(default_factory=dict)
+    search: SearchSpec | None = None
     workload: WorkloadSpec
     load: LoadSpec
     slo: SLOSpec = Field(default_factory=SLOSpec)
@@ -340,6 +381,8 @@ class Study(_Strict):
     verify_output: bool = True
     anomalies: AnomalySpec = Field(default_factory=AnomalySpec)
     _explicit: int = PrivateAttr(default=0)  # how many candidates the file lists before the matrix's
+    _gridded: int = PrivateAttr(default=0)  # how many of the candidates the search space's grid made
+    _space_checks: list[CandidateSpec] = PrivateAttr(default_factory=list)  # points a search is checked on
 
     @field_validator("objective")
     @classmethod
@@ -362,8 +405,18 @@ class Study(_Strict):
         explicit = self._explicit = len(self.candidates)
         expanded = expand_matrix(self.matrix)
         self.candidates = [*self.candidates, *expanded]
-        if not self.candidates:
-            raise ValueError("the study has no candidates: add [[candidates]] tables or a [matrix]")
+        space_checks: list[CandidateSpec] = []
+        if self.search is not None:
+            space_checks = self._search_points()
+            if self.search.strategy == "grid":
+                self._gridded = len(space_checks)
+                self.candidates = [*self.candidates, *space_checks]
+                space_checks = []
+        self._space_checks = space_checks
+        if not self.candidates and not space_checks:
+            raise ValueError(
+                "the study has no candidates: add [[candidates]] tables, a [matrix] or a [search.space]"
+            )
         seen: dict[str, int] = {}
         dup: set[str] = set()
         for c in self.candidates:  # one pass: a large matrix is checked in linear time
@@ -384,12 +437,60 @@ class Study(_Strict):
                 "executor.kind = 'ray' places trials on the Ray cluster's nodes; [host] ssh names one box "
                 "(drop one of the two)"
             )
-        problems = self._check_engine(explicit)
+        problems = self._check_engine(explicit, space_checks)
         if problems:
             raise StudyProblems(problems)
         return self
 
-    def _check_engine(self, explicit: int) -> list[tuple[tuple[Any, ...], str]]:
+    def _search_points(self) -> list[CandidateSpec]:
+        """The grid's candidates (strategy grid), else the points every candidate's checks run on: the whole
+        space when it is small, else each value of each parameter once (the others at their first)."""
+        from servelab.search import space as sp
+
+        assert self.search is not None
+        if self.search.strategy == "halving" and not self.search.space:
+            raise StudyProblems([(("search", "space"), "halving needs a [search.space]")])
+        if not self.search.space:
+            if self.search.strategy == "grid":
+                return []
+            raise StudyProblems([(("search", "space"), f"{self.search.strategy} needs a [search.space]")])
+        try:
+            space = sp.build(self.search)
+        except sp.SpaceError as exc:
+            raise StudyProblems([(("search", *_path_parts(exc.path)), exc.message)]) from None
+        size = space.size()
+        if self.search.strategy in ("grid", "halving") and size is None:
+            raise StudyProblems(
+                [
+                    (
+                        ("search", "space"),
+                        f"{self.search.strategy} needs a finite space: give every range a "
+                        'step (or integer bounds without log), or use strategy = "optuna"',
+                    )
+                ]
+            )
+        if size is not None and size > sp.GRID_LIMIT:
+            raise StudyProblems(
+                [
+                    (
+                        ("search", "space"),
+                        f"{size:,} points is more than {sp.GRID_LIMIT:,}: search a smaller space",
+                    )
+                ]
+            )
+        if self.search.strategy == "grid" or (size is not None and size <= 2000):
+            try:
+                points = list(space.points())
+            except ValueError as exc:
+                raise StudyProblems([(("search", "space"), str(exc))]) from None
+            if not points:
+                raise StudyProblems([(("search", "constraints"), "the constraints rule out every point")])
+            return [CandidateSpec.model_validate(sp.candidate_fields(p, space)) for p in points]
+        return [CandidateSpec.model_validate(sp.candidate_fields(p, space)) for p in sp.corners(space)]
+
+    def _check_engine(
+        self, explicit: int, space_checks: list[CandidateSpec] | None = None
+    ) -> list[tuple[tuple[Any, ...], str]]:
         """Each candidate's merged engine options against the engine's typed model, and its layout
         against the box the study declares; (field path, message) for each problem, each once."""
         from servelab.engines import registry
@@ -409,8 +510,15 @@ class Study(_Strict):
                 out[(("engine", "options", *err["loc"]), _message(err))] = None
         checked: dict[str, list[tuple[tuple[Any, ...], str]]] = {}
         matrix_seen: set[tuple[tuple[Any, ...], str]] = set()  # one line per problem, not per item
-        for i, c in enumerate(self.candidates):
-            where: tuple[Any, ...] = ("candidates", i) if i < explicit else ("matrix",)
+        gridded_from = len(self.candidates) - self._gridded
+        for i, c in enumerate([*self.candidates, *(space_checks or [])]):
+            where: tuple[Any, ...] = (
+                ("candidates", i)
+                if i < explicit
+                else ("matrix",)
+                if i < gridded_from
+                else ("search", "space")
+            )
             merged = {**self.engine.options, **c.options}
             key = repr(sorted(c.options.items()))  # candidates with the same options share one check
             if key not in checked:
@@ -451,14 +559,27 @@ class Study(_Strict):
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     def where(self, index: int) -> str:
-        """The field path of candidate `index`: its [[candidates]] table, or the matrix that made it."""
-        return f"candidates[{index}]" if index < self._explicit else "matrix"
+        """The field path of candidate `index`: its [[candidates]] table, or the matrix or space that made it."""
+        if index < self._explicit:
+            return f"candidates[{index}]"
+        return "matrix" if index < len(self.candidates) - self._gridded else "search.space"
 
     def baseline_label(self) -> str:
+        """The baseline's label: the one marked, else the first candidate ("" for a search without
+        listed candidates: its first trial, the model's best, becomes the baseline)."""
         for c in self.candidates:
             if c.baseline:
                 return c.label()
-        return self.candidates[0].label()
+        return self.candidates[0].label() if self.candidates else ""
+
+    @property
+    def adaptive(self) -> bool:
+        """Candidates are proposed as the study runs (optuna, halving), not all listed up front."""
+        return self.search is not None and self.search.strategy != "grid"
+
+    def space_checks(self) -> list[CandidateSpec]:
+        """Candidates that stand for an adaptive search's space in the checks (the dry run's too)."""
+        return list(self._space_checks)
 
 
 def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
@@ -532,6 +653,17 @@ def _message(err: Any) -> str:
     if err["type"] == "extra_forbidden":
         msg = "unknown field (check the spelling; docs/study.md lists the fields)"
     return msg
+
+
+def _path_parts(path: str) -> tuple[Any, ...]:
+    """`constraints[0].when.pp` → ("constraints", 0, "when", "pp")."""
+    out: list[Any] = []
+    for part in path.split("."):
+        name, *idx = part.replace("]", "").split("[")
+        if name:
+            out.append(name)
+        out += [int(i) for i in idx]
+    return tuple(out)
 
 
 def _where(loc: tuple[Any, ...]) -> str:

@@ -77,15 +77,19 @@ class StudyOutcome:
     candidates: list[dict[str, Any]]
     ranking: dict[str, Any]
     swept: list[dict[str, Any]] = field(default_factory=list)
+    search: dict[str, Any] | None = None  # [search]: strategy, budget, pruned regions, model errors, Pareto
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "study": self.uid,
             "status": self.status,
             "candidates": self.candidates,
             "ranking": self.ranking,
             "orphans_cleaned": self.swept,
         }
+        if self.search is not None:
+            out["search"] = self.search
+        return out
 
 
 def spec_hash(study: Study) -> str:
@@ -169,7 +173,9 @@ def preflight(study: Study, engine: Engine) -> None:
         bench_config(study, "http://127.0.0.1:1", study.model.served_name or study.model.path)
     except UserError as exc:
         problems.append(f"  workload/load: {exc.message}")
-    for i, cand in enumerate(study.candidates):
+    checks = [(study.where(i), c) for i, c in enumerate(study.candidates)]
+    checks += [("search.space", c) for c in study.space_checks()]
+    for where, cand in checks:
         label = cand.label()
         try:
             launch = engine.command(settings_for(study, cand, port=engine.default_port or 8000))
@@ -178,7 +184,7 @@ def preflight(study: Study, engine: Engine) -> None:
                 raise ConfigError("the command line holds a NUL character")
         except UserError as exc:
             problems.append(
-                f"  {study.where(i)}: {label!r}: {exc.message}"
+                f"  {where}: {label!r}: {exc.message}"
                 + (f" ({exc.hint})" if exc.hint and exc.hint != exc.default_hint else "")
             )
         if len(problems) >= 20:
@@ -203,6 +209,10 @@ class Tuner:
         self.notify: Observer = opts.observe or (lambda _e, _d: None)
         self.swept: list[dict[str, Any]] = []  # the interrupted run's processes a resume ended
         self._sid = 0
+        self._want: dict[
+            str, int
+        ] = {}  # an adaptive search's measured trials per candidate (contenders: repeats)
+        self._rung: dict[str, int] = {}  # the rung a candidate's next trial runs at (halving)
         self._lease: tuple[int, leases.Owner] | None = None  # (study id, us) while we hold its lease
         target = transport.target_of(opts.host, study.host.ssh)
         # None: this machine. An SSH host runs every server (and its sweep) over there.
@@ -240,9 +250,24 @@ class Tuner:
     def repeats_of(self, label: str) -> int:
         """How many measured trials a candidate needs: the study's repeats; on a cluster the baseline also
         runs on `executor.baseline_nodes` different nodes, to measure the node-to-node spread."""
+        if self.study.adaptive:  # one trial each while searching; the contenders get the repeats
+            return self._want.get(label, 1)
         if self.executor.parallel and label == self.study.baseline_label():
             return max(self.study.repeats, self.study.executor.baseline_nodes)
         return self.study.repeats
+
+    def predicted(self, cand: CandidateSpec) -> dict[str, Any] | None:
+        """The model's view of a candidate the search proposed (as `order_candidates` stores it)."""
+        return predict_candidate(self.study, cand)
+
+    def base_label(self) -> str:
+        """The baseline: the study's (marked or first listed); for a search without listed candidates, its
+        first candidate (the model's best point), once it is stored."""
+        label = self.study.baseline_label()
+        if label or not self._sid:
+            return label
+        cands = self.repo.candidates(self._sid)
+        return cands[0]["label"] if cands else ""
 
     # -- study bookkeeping ------------------------------------------------------------------------
     def _open(self) -> tuple[int, str, list[dict[str, Any]]]:
@@ -260,7 +285,12 @@ class Tuner:
                     hint="resume with the same file, or run without --resume to start a new study.",
                 )
             labels = {c.label() for c in self.study.candidates}
-            renamed = [c["label"] for c in self.repo.candidates(prev["id"]) if c["label"] not in labels]
+            renamed = [
+                c["label"]
+                for c in self.repo.candidates(prev["id"])
+                # a search's own candidates come from its space, not from the file's list
+                if c["label"] not in labels and (c.get("search") or {}).get("origin", "listed") == "listed"
+            ]
             if renamed:  # a servelab whose labels were derived differently started it (same file)
                 raise ConfigError(
                     f"study {prev['uid']} names candidates this servelab does not derive from the file "
@@ -289,9 +319,18 @@ class Tuner:
                 self.study.study.name, self.source, self.study.model_dump(mode="json"), h
             )
             self._lease = (sid, leases.acquire(self.store, sid, uid))
-        for idx, (cand, pred) in enumerate(order_candidates(self.study)):
-            self.repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred)
-        self.notify("study_started", {"uid": uid, "candidates": len(self.study.candidates)})
+        listed = order_candidates(self.study) if self.study.candidates else []
+        for idx, (cand, pred) in enumerate(listed):
+            search = {"origin": "listed", "point": None, "rung": 0} if self.study.adaptive else None
+            self.repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred, search)
+        self.notify(
+            "study_started",
+            {
+                "uid": uid,
+                "candidates": len(self.study.candidates),
+                "search": self.study.search.strategy if self.study.adaptive and self.study.search else None,
+            },
+        )
         cands = self.repo.candidates(sid)
         self._fill_plan(uid, cands)
         return sid, uid, cands
@@ -322,7 +361,11 @@ class Tuner:
         self._sid = sid
         specs = {c.label(): c for c in self.study.candidates}
         try:
-            if self.executor.parallel:
+            if self.study.adaptive:
+                from servelab.search.driver import SearchDriver
+
+                await SearchDriver(self, uid, sid).run()
+            elif self.executor.parallel:
                 await self._run_parallel(uid, cands, specs)
             else:
                 for cand in cands:
@@ -371,12 +414,10 @@ class Tuner:
         """Combine repeats, flag anomalies against the baseline, rank, and store the result."""
         cands = self.repo.candidates(sid)
         levels_by = {
-            c["label"]: analyze.combine_repeats(
-                [t["levels"] for t in self.repo.trials(c["id"]) if t["status"] == "measured" and t["levels"]]
-            )
+            c["label"]: analyze.combine_repeats([t["levels"] for t in self.scored_trials(c["id"])])
             for c in cands
         }
-        base_label = self.study.baseline_label()
+        base_label = self.base_label()
         baseline = levels_by.get(base_label) or None
         scores = []
         out = []
@@ -414,13 +455,44 @@ class Tuner:
                     c["status"],
                     {k: v for k, v in c.items() if k not in ("label", "status", "predicted")},
                 )
+        search_view: dict[str, Any] | None = None
+        if self.study.adaptive:
+            from servelab.search.driver import eligible
+
+            # halving: only the candidates that reached the top rung compete (the others ran short)
+            keep = eligible(self, cands)
+            scores = [
+                s
+                if s.label in keep
+                else analyze.Score(
+                    s.label,
+                    s.status,
+                    None,
+                    None,
+                    None,
+                    "eliminated on the short benchmark (halving's rung 0)",
+                )
+                for s in scores
+            ]
         ranking = analyze.rank(scores, self.study.objective, samples)
         spread = self._node_spread(cands, scores, base_label)
         ranking = analyze.guard_node_spread(ranking, spread, cluster=self.executor.parallel)
         self._note_nodes(cands, out)
-        result = {"ranking": ranking.to_dict(), "baseline": base_label}
+        result: dict[str, Any] = {"ranking": ranking.to_dict(), "baseline": base_label}
+        if self.study.search is not None:
+            from servelab.search.driver import summary
+
+            search_view = summary(self, sid, cands, out, ranking)
+            result["search"] = search_view
         self.repo.set_study_status(sid, "completed", result)
-        return StudyOutcome(uid, "completed", out, ranking.to_dict(), self.swept)
+        return StudyOutcome(uid, "completed", out, ranking.to_dict(), self.swept, search_view)
+
+    def scored_trials(self, cand_id: int) -> list[dict[str, Any]]:
+        """A candidate's measured trials at its highest rung (halving's short benchmarks do not mix with
+        its full ones; every other study has rung 0 only)."""
+        measured = [t for t in self.repo.trials(cand_id) if t["status"] == "measured" and t["levels"]]
+        top = max((t.get("rung") or 0 for t in measured), default=0)
+        return [t for t in measured if (t.get("rung") or 0) == top]
 
     def _nodes(self, cand_id: int) -> list[tuple[dict[str, Any], Node]]:
         """A candidate's measured trials that ran on a cluster node, with the node."""
@@ -479,9 +551,7 @@ class Tuner:
             if s.level is None:
                 continue
             clusters: list[analyze.Cluster] = []
-            for t in self.repo.trials(c["id"]):
-                if t["status"] != "measured":
-                    continue
+            for t in self.scored_trials(c["id"]):
                 d = next((d for d in t["levels"] or [] if float(d["level"]) == s.level), None)
                 cl = self._cluster(bench, d, objective) if d else None
                 if cl is None:
@@ -511,7 +581,8 @@ class Tuner:
     # -- one candidate ----------------------------------------------------------------------------
     async def _run_candidate(self, uid: str, cand: dict[str, Any], spec: CandidateSpec) -> None:
         trials = self.repo.trials(cand["id"])
-        measured = [t for t in trials if t["status"] == "measured"]
+        rung = self._rung.get(cand["label"], 0)
+        measured = [t for t in trials if t["status"] == "measured" and (t.get("rung") or 0) == rung]
         final = [t for t in trials if t["status"] in ("not_applied", "failed")]
         if cand["status"] in ("not_applied",) or (final and not self.opts.retry_failed):
             if final and cand["status"] not in ("not_applied", "failed"):
@@ -525,7 +596,9 @@ class Tuner:
                 self.repo.set_candidate(cand["id"], "measured", {})
             return
         self.repo.set_candidate(cand["id"], "running")
-        for repeat in range(len(measured), repeats):
+        for n in range(len(measured), repeats):
+            # a candidate's trials at every rung have their own repeat numbers (its markers differ)
+            repeat = n + sum(1 for t in trials if t["status"] == "measured" and (t.get("rung") or 0) != rung)
             status, outcome = await self._trial(uid, cand, spec, repeat, trials)
             if status != "measured":
                 self.repo.set_candidate(cand["id"], status, outcome)
@@ -543,8 +616,11 @@ class Tuner:
         gpus = spec.tp * spec.pp * (spec.dp or 1)
         # Repeats on nodes not used yet: a candidate's interval then holds the node-to-node noise too.
         avoid = frozenset(n.id for _, n in self._nodes(cand["id"]))
+        rung = self._rung.get(label, 0)
         for attempt in (0, 1):
-            tid = self.repo.start_trial(cand["id"], repeat, marker, **carried)
+            tid = self.repo.start_trial(
+                cand["id"], repeat, marker, **carried, **({"rung": rung} if rung else {})
+            )
             self.notify("trial_started", {"label": label, "repeat": repeat})
             self._plan(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
             recorder = _TrialRecorder(self, uid, tid, label, cand["id"], repeat == self.repeats_of(label) - 1)
@@ -604,7 +680,7 @@ class Tuner:
         if placed.bind is not None and settings.host in ("127.0.0.1", "localhost", "::1"):
             settings = dataclasses.replace(settings, host=placed.bind)  # reachable from the driver
         trial = Trial(
-            self.study,
+            self.study_for(label),
             self.engine,
             self.store,
             recorder,
@@ -620,12 +696,28 @@ class Tuner:
             done=kept,
         )
 
+    def study_for(self, label: str) -> Study:
+        """The study a candidate's next trial measures: the study itself, or at halving's rung 0 its short
+        benchmark (the main level only, a fraction of the requests)."""
+        if (
+            self._rung.get(label, 0) != 0
+            or self.study.search is None
+            or self.study.search.strategy != "halving"
+        ):
+            return self.study
+        from servelab.search.driver import short_study
+
+        return short_study(self.study)
+
     # -- the plan: one item per candidate, moved as trials run ------------------------------------
     def _fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
         specs = {c.label(): c for c in self.study.candidates}
         rows = []
         for c in cands:
-            req = self.engine.requested(settings_for(self.study, specs[c["label"]]))
+            if c["status"] == "pruned":
+                continue
+            spec = specs.get(c["label"]) or CandidateSpec.model_validate(c["spec"])  # a search's own
+            req = self.engine.requested(settings_for(self.study, spec))
             own = {k: v for k, v in req.items() if k not in _NOT_PLANNED}
             rows.append((c["label"], (c["predicted"] or {}).get("output_throughput"), own))
         from servelab.store import plans
@@ -671,7 +763,7 @@ class Tuner:
 
     def _baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
         """The baseline candidate's measured levels (None for the baseline itself or before it ran)."""
-        base = self.study.baseline_label()
+        base = self.base_label()
         if label == base:
             return None
         for c in self.repo.candidates(self._sid):

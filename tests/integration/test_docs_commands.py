@@ -9,6 +9,8 @@ placeholders and literal file names, in one working directory per command and a 
   examples/glm5-pcie.toml: a reduced copy of examples/glm5-pcie.toml (candidates tp8-cutlass and
   tp8-trtllm, concurrency 1 and 4, one request per stream, one repeat), tuned once into the store;
   examples/glm5-ray.toml: the shipped file as it is (the docs only dry-run it);
+  examples/glm5-search.toml: the shipped search reduced as tests/integration/test_tune_search.py does, to
+  a budget of 6 trials;
   S: 30 (seconds); PORT: a free port;
 - server.log: that study's tp8-cutlass server log; info.json: the simulator's /get_server_info;
   sharegpt.json: a small ShareGPT file; mooncake.jsonl, burstgpt.csv, azure.csv: the sample traces
@@ -38,6 +40,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from tests.integration.test_tune_search import reduced as reduced_search
 from tests.support import doccommands, simruns, trace_samples
 from tests.support.sshd import SshdHandle
 
@@ -127,6 +130,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         reduced_study((ROOT / "examples/glm5-pcie.toml").read_text())
     )
     shutil.copy(ROOT / "examples/glm5-ray.toml", work / "examples/glm5-ray.toml")  # dry runs only
+    (work / "examples/glm5-search.toml").write_text(reduced_search(budget=6))
     sim = simruns.start_sim(root / "logs", *simruns.SIM_ARGS, speed=SPEED)
     try:
         tuned = cli_run(home, work, ["tune", "examples/glm5-pcie.toml", "--json"])

@@ -276,3 +276,25 @@ def test_ctrl_c_tears_down_every_node_and_a_layout_no_node_holds_fails_clearly(
     fit = next(r for r in rows if r["label"] == "tp8-pp2")
     assert fit["status"] == "failed" and fit["node"] is None  # never placed
     assert fit["diagnosis"]["class"] == "does_not_fit" and "16 GPUs" in fit["diagnosis"]["evidence"]
+
+
+def test_a_search_on_the_cluster_runs_its_trials_in_parallel(ray_nodes: RayCluster, tmp_path: Path) -> None:
+    """`[search]` with the Ray executor: as many proposals at once as the cluster holds of the space's
+    largest layout (three 8-GPU slots here), each stored before it runs; the budget holds."""
+    study = ray_study(tmp_path / "search.toml", "ray-search", [], levels=[8])
+    study.write_text(
+        study.read_text()
+        + '[search]\nstrategy = "optuna"\nbudget_trials = 6\nseed = 1\n'
+        + '[search.space]\nlayout = ["tp8", "tp4-pp2"]\nmax_running_requests = [16, 64, 256]\n'
+    )
+    home = tmp_path / "home"
+    out = json.loads(
+        tune(ray_nodes, str(study), "--ray-address", ray_nodes.address, "--json", home=home).stdout
+    )
+    rows = trial_rows(home)
+    assert 4 <= len(rows) <= 6 and out["search"]["used"]["trials"] == len(rows)
+    assert len({r["label"] for r in rows}) == len(rows)  # one trial per point: repeats = 1
+    spans = sorted((r["started_at"], r["finished_at"]) for r in rows)
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans)), spans  # in parallel
+    assert len({r["node"]["id"] for r in rows}) >= 2
+    assert out["ranking"]["winner"] in {r["label"] for r in rows}

@@ -50,6 +50,18 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "servelab.trial",
         "servelab.cli",
     ),
+    # the search proposes and learns; the tuner runs what it proposes (search.driver gets the tuner passed in)
+    "servelab.search": (
+        "servelab.bench",
+        "servelab.engines",
+        "servelab.executors",
+        "servelab.trial",
+        "servelab.tune",
+        "servelab.deploy",
+        "servelab.report",
+        "servelab.ui",
+        "servelab.cli",
+    ),
     "servelab.executors": (
         "servelab.bench",
         "servelab.trial",

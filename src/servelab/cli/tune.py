@@ -135,7 +135,26 @@ class _Progress:
         if self.live_enabled:
             self._live(event, d)
         msg = {
-            "study_started": lambda: f"study {d['uid']}: {d['candidates']} candidates",
+            "study_started": lambda: (
+                f"study {d['uid']}: {d['candidates']} candidates"
+                + (f" listed, then a {d['search']} search" if d.get("search") else "")
+            ),
+            "search_proposed": lambda: (
+                f"search: next {escape(d['label'])} ({d['origin']}"
+                + (f", model {_fmt(d['predicted'], 0)}" if d.get("predicted") is not None else "")
+                + ")"
+            ),
+            "search_pruned": lambda: (
+                f"search: [yellow]pruned[/yellow] {escape(d['label'])}: "
+                + _safe(
+                    str((d.get("region") or {}).get("kind"))
+                    + " where "
+                    + str((d.get("region") or {}).get("where"))
+                )
+            ),
+            "search_promoted": lambda: (
+                f"search: {escape(d['label'])} goes on to rung {d['rung']} (the full levels)"
+            ),
             "study_resumed": lambda: (
                 f"resuming study {d['uid']}"
                 + (f"; ended {len(d['orphans'])} leftover processes" if d["orphans"] else "")
@@ -243,6 +262,27 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     for line in notes:
         out.print(_safe(line))
     out.print(_safe(data["ranking"]["verdict"]))
+    if data.get("search"):
+        from servelab.report.search import search_lines
+
+        for line in search_lines(data["search"]):
+            out.print(_safe(line))
+
+
+def _show_search_plan(data: dict[str, Any]) -> None:
+    s = data["search"]
+    size = f"{s['space_size']:,} points" if s.get("space_size") else "a continuous space"
+    stdout.print(
+        f"study {escape(data['study'])}: {s['strategy']} search over {size}"
+        + (f" ({s['feasible']:,} within the constraints)" if s.get("feasible") is not None else "")
+        + f", budget {s['budget']}"
+    )
+    for c in data["candidates"]:
+        stdout.print(f"  listed first: {escape(c['label'])}")
+    t = Table("#", "candidate", "model's objective", title="the model's best points (tried first)")
+    for i, it in enumerate(s["first"], 1):
+        t.add_row(str(i), escape(it["label"]), _fmt(it["predicted"], 1))
+    stdout.print(t)
 
 
 def _check_ray(target: str | None, address: str | None) -> None:
@@ -323,8 +363,16 @@ def tune_cmd(
         preflight(study, registry.get(study.engine.name))
         plan = [
             {"label": c.label(), "predicted": p, "settings": c.model_dump(mode="json")}
-            for c, p in order_candidates(study)
+            for c, p in (order_candidates(study) if study.candidates else [])
         ]
+        if study.adaptive:
+            from servelab.search.driver import dry_run_view
+
+            search = dry_run_view(study)
+            emit(
+                {"study": study.study.name, "candidates": plan, "search": search}, as_json, _show_search_plan
+            )
+            return
 
         def show(data: dict[str, Any]) -> None:
             t = Table(

@@ -21,6 +21,7 @@ OUTCOME_TEXT = {
     "failed": "failed",
     "pending": "not yet run",
     "running": "running",
+    "pruned": "pruned by the search (in a region a failed, not-applied or collapsed trial ruled out)",
 }
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
@@ -110,6 +111,7 @@ def build(
         "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
         "pareto": pareto(candidates, slo),
         "ranking": ranking,
+        "search": result.get("search"),
         "winner": _winner(ranking, candidates),
         "explain": model_view,
         "plan_state": plan_state(candidates),
@@ -429,6 +431,9 @@ def plan_state(cands: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The study's own todo list: what was done, what the engine did not apply, what is not done yet."""
     out: dict[str, list[str]] = {"done": [], "not_applied": [], "failed": [], "not_yet_done": []}
     for c in cands:
+        if c["status"] == "pruned":  # never a plan item: the search ruled it out before it ran
+            out.setdefault("pruned", []).append(c["label"])
+            continue
         key = {"measured": "done", "anomalous": "done", "not_applied": "not_applied", "failed": "failed"}.get(
             c["status"], "not_yet_done"
         )

@@ -111,8 +111,14 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
     else:
         L += [md(win["why"] or "no candidate met every SLO"), ""]
 
+    if model.get("search"):
+        from servelab.report.search import search_lines
+
+        L += ["## The search", ""]
+        L += [("- " + md(line.strip())) for line in search_lines(model["search"])]
+        L += [""]
     L += _host(model["host"])
-    L += _tried(model["candidates"])
+    L += _tried([c for c in model["candidates"] if c.get("status") != "pruned"])
     L += _performance(model, figs, assets)
     L += _plan(model)
     return "\n".join(L).rstrip("\n") + "\n"

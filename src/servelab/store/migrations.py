@@ -265,4 +265,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE bench_levels ADD COLUMN series_json TEXT;
         """,
     ),
+    (
+        "0012_search",
+        """
+        -- An adaptive search's view of a candidate (servelab.search): its point in [search.space], who
+        -- proposed it (prior | model | sampler | rung | pruned), and for a pruned one the region that ruled
+        -- it out; NULL for listed candidates. A trial's rung: halving's fidelity (0 = the short benchmark).
+        ALTER TABLE study_candidates ADD COLUMN search_json TEXT;
+        ALTER TABLE study_trials ADD COLUMN rung INTEGER;
+        """,
+    ),
 ]

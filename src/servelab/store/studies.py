@@ -98,14 +98,32 @@ class StudyRepo:
 
     # -- candidates -------------------------------------------------------------------------------
     def add_candidate(
-        self, study_id: int, idx: int, label: str, spec: dict[str, Any], predicted: dict[str, Any] | None
+        self,
+        study_id: int,
+        idx: int,
+        label: str,
+        spec: dict[str, Any],
+        predicted: dict[str, Any] | None,
+        search: dict[str, Any] | None = None,
+        status: str = "pending",
     ) -> int:
         new_id = self.db.insert(
-            "INSERT INTO study_candidates (study_id, idx, label, spec_json, predicted_json, status)"
-            " VALUES (?, ?, ?, ?, ?, 'pending')",
-            (study_id, idx, label, _j(spec), _j(predicted) if predicted is not None else None),
+            "INSERT INTO study_candidates (study_id, idx, label, spec_json, predicted_json, status, search_json)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                study_id,
+                idx,
+                label,
+                _j(spec),
+                _j(predicted) if predicted is not None else None,
+                status,
+                _j(search) if search is not None else None,
+            ),
         )
         return new_id
+
+    def set_search(self, cand_id: int, search: dict[str, Any]) -> None:
+        self.db.execute("UPDATE study_candidates SET search_json = ? WHERE id = ?", (_j(search), cand_id))
 
     def candidates(self, study_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM study_candidates WHERE study_id = ? ORDER BY idx", (study_id,))
@@ -149,6 +167,7 @@ class StudyRepo:
                 "error",
                 "bench_open",
                 "resumed_from",
+                "rung",
             ):
                 cols.append(f"{key} = ?")
                 vals.append(redact(value) if isinstance(value, str) else value)
@@ -226,6 +245,7 @@ def _candidate(row: Any) -> dict[str, Any]:
         "predicted": _load(row["predicted_json"]),
         "status": row["status"],
         "outcome": _load(row["outcome_json"]),
+        "search": _load(row["search_json"]),
     }
 
 
@@ -249,6 +269,7 @@ def _trial(row: Any) -> dict[str, Any]:
             "error",
             "bench_open",
             "resumed_from",
+            "rung",
         )
     }
     for key in _TRIAL_JSON:

@@ -1,0 +1,475 @@
+"""The tuner's adaptive loop: ask the strategy for a point, store it, run it, learn, until the budget is
+spent; then give the contenders the study's repeats and report the search.
+
+Every decision is in the store before it is acted on (a proposed candidate is stored `pending` before its
+trial starts, a promotion or a contender's extra repeats in its `search` record), so a kill at any point
+resumes to the search the uninterrupted run would have made: pending work first, then proposals from the
+same stored history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from servelab import analyze
+from servelab.config import CandidateSpec, LoadSpec, Study, WorkloadSpec
+from servelab.model.factors import Factors
+from servelab.search import prior, prune
+from servelab.search import space as sp
+from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key
+from servelab.search.space import label as point_label
+from servelab.search.strategies import Budget, make, promoted
+
+if TYPE_CHECKING:
+    from servelab.tune import Tuner
+
+# Anomalies that rule a configuration out: throughput collapsed against the baseline, or the server died.
+# A power or utilization drop alone is what a smaller batch cap does at the same load: a slower point, not
+# a broken region (TPE learns it from the value).
+COLLAPSE = ("throughput_collapse", "server_died")
+# Pruned proposals stored before the search stops asking (a sampler stuck in ruled-out regions).
+MAX_PRUNED = 200
+
+
+def short_study(study: Study) -> Study:
+    """Halving's rung 0: the study's main level only, with a 1/eta share of its requests (at least one per
+    stream, or a 1/eta share of its duration)."""
+    assert study.search is not None
+    eta = study.search.eta
+    main = study.load.main or max(study.load.levels)
+    load = study.load.model_dump()
+    key = "concurrency" if study.load.mode == "concurrency" else "rate"
+    load[key] = [int(main) if key == "concurrency" else main]
+    load["main"] = None
+    wl = study.workload.model_dump()
+    if wl.get("requests_per_stream"):
+        wl["requests_per_stream"] = max(1, math.ceil(wl["requests_per_stream"] / eta))
+    elif wl.get("num_requests"):
+        wl["num_requests"] = max(int(main), math.ceil(wl["num_requests"] / eta))
+    elif wl.get("duration_s"):
+        wl["duration_s"] = wl["duration_s"] / eta
+    return study.model_copy(
+        update={"load": LoadSpec.model_validate(load), "workload": WorkloadSpec.model_validate(wl)}
+    )
+
+
+def _seconds(start: str | None, end: str | None) -> float:
+    if not start or not end:
+        return 0.0
+    return max(0.0, (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
+
+
+def objectives(study: Study) -> list[str]:
+    assert study.search is not None
+    return list(study.search.objectives or [study.objective])
+
+
+class SearchDriver:
+    def __init__(self, tuner: Tuner, uid: str, sid: int) -> None:
+        assert tuner.study.search is not None
+        self.t, self.uid, self.sid = tuner, uid, sid
+        self.study = tuner.study
+        self.spec = tuner.study.search
+        self.space = sp.build(self.spec)
+        self.objectives = objectives(self.study)
+        self.signs = [prior.better(o) for o in self.objectives]
+        self.strategy = make(
+            self.spec.strategy,
+            self.space,
+            self.signs,
+            self.spec.seed,
+            self.spec.prior_trials,
+            self.spec.eta,
+            self.spec.contenders,
+        )
+        reserve = self.spec.contenders * max(0, self.study.repeats - 1)
+        self.budget = Budget(
+            self.spec.budget_trials,
+            self.spec.budget_minutes * 60 if self.spec.budget_minutes else None,
+            reserve,
+        )
+        self.factors: Factors | None = None
+        self.fitted: list[str] = []
+        self._fit_from = -1  # measured runs the factors were fitted on
+        self._cache: dict[tuple[object, ...], float | None] = {}
+
+    # -- the history, from the store --------------------------------------------------------------
+    def history(self) -> History:
+        t = self.t
+        cands = t.repo.candidates(self.sid)
+        base = t.base_label()
+        base_levels = t._baseline_levels("") if base else None
+        h = History()
+        for c in cands:
+            trials = t.repo.trials(c["id"])
+            # a trial a kill cut short (or a lost node's) is run again, not charged to the budget
+            h.trials_used += sum(1 for x in trials if x["status"] not in ("interrupted", "lost"))
+            h.elapsed_s += sum(_seconds(x["started_at"], x["finished_at"]) for x in trials)
+            search = c.get("search") or {}
+            point = search.get("point")
+            if point is None:
+                spec = CandidateSpec.model_validate(c["spec"])
+                point = {"layout": _layout(spec)} if "layout" in self.space.keys else {}
+            h.tried.append(self._tried(c, trials, search, point, base_levels if c["label"] != base else None))
+        return h
+
+    def _tried(
+        self,
+        c: dict[str, Any],
+        trials: list[dict[str, Any]],
+        search: dict[str, Any],
+        point: dict[str, Any],
+        base_levels: list[dict[str, Any]] | None,
+    ) -> Tried:
+        status = c["status"]
+        origin = search.get("origin", "listed")
+        target = int(search.get("rung", 0))
+        measured = self.t.scored_trials(c["id"])
+        rung = max((x.get("rung") or 0 for x in measured), default=0)
+        values: tuple[float | None, ...] = ()
+        outcome: Outcome
+        reason = ""
+        keys: tuple[str, ...] = ()
+        if status == "pruned":
+            outcome, reason = "pruned", (search.get("region") or {}).get("reason", "")
+        elif status == "not_applied":
+            outcome = "not_applied"
+            last = trials[-1] if trials else {}
+            mism = last.get("not_applied") or (c.get("outcome") or {}).get("not_applied") or []
+            keys = tuple(str(m.get("key")) for m in mism if isinstance(m, dict))
+            reason = (
+                "; ".join(
+                    f"requested {m.get('key')}={m.get('requested')!r}, runs {m.get('effective')!r}"
+                    for m in mism
+                )
+                or "not applied"
+            )
+        elif status == "failed":
+            outcome = "failed"
+            diag = (c.get("outcome") or {}).get("diagnosis") or {}
+            reason = str(diag.get("summary") or diag.get("kind") or "failed")
+        elif measured and (status in ("measured", "anomalous")):
+            levels = analyze.combine_repeats([x["levels"] for x in measured])
+            flags = [
+                a for a in analyze.anomalies(levels, base_levels, self.study.anomalies) if a.kind in COLLAPSE
+            ]
+            outcome = "collapsed" if flags else "measured"
+            reason = "; ".join(f"{a.kind}: {a.detail}" for a in flags)
+            values = tuple(self._value(c["label"], levels, o) for o in self.objectives)
+            want = int(search.get("repeats", 1))
+            if rung < target or len(measured) < want:
+                outcome = "pending"
+        else:
+            outcome = "pending"
+        return Tried(c["label"], dict(point), outcome, values, rung, origin, keys, reason)
+
+    def _value(self, label: str, levels: list[dict[str, Any]], objective: str) -> float | None:
+        """The objective at the level the study's own objective scores (a Pareto pair is one level)."""
+        main = analyze.score(label, "measured", levels, self.study.slo, self.objectives[0])
+        if main.level is None:
+            return None
+        if objective == self.objectives[0]:
+            return main.value
+        d = next((d for d in levels if float(d["level"]) == main.level), None)
+        v = d.get(objective) if d else None
+        return float(v) if v is not None else None
+
+    # -- the model --------------------------------------------------------------------------------
+    def _refit(self, h: History) -> None:
+        """Refit the factors from the study's measured runs (when a new one arrived). Collapsed and
+        not-applied points are left out: the model has no lever for a fallback or a broken fusion."""
+        if not self.spec.refit:
+            return
+        from servelab.store.bench import BenchRepo
+
+        bench = BenchRepo(self.t.store)
+        uids: list[str] = []
+        good = {x.label for x in h.tried if x.ok}
+        for c in self.t.repo.candidates(self.sid):
+            if c["label"] not in good:
+                continue
+            for tr in self.t.scored_trials(c["id"]):
+                uids += [str(d["bench_run"]) for d in tr["levels"] or [] if d.get("bench_run")]
+        if len(uids) == self._fit_from:
+            return
+        self._fit_from = len(uids)
+        runs = []
+        for u in dict.fromkeys(uids):
+            try:
+                runs.append(bench.load(u))
+            except Exception:  # a run the store cannot give back is left out of the fit
+                continue
+        factors, fitted = prior.refit(self.study, runs)
+        if factors is not None:
+            self.factors, self.fitted = factors, fitted
+            self._cache.clear()
+
+    def rank(self, point: sp.Point) -> float | None:
+        key = point_key(point)
+        if key not in self._cache:
+            self._cache[key] = prior.predict(self.study, candidate(point, self.space), self.factors).value
+        return self._cache[key]
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        t = self.t
+        for c in t.repo.candidates(self.sid):  # listed candidates first: the user's seeds
+            if (c.get("search") or {}).get("origin") == "listed":
+                await t._run_candidate(self.uid, c, CandidateSpec.model_validate(c["spec"]))
+        pruned = 0
+        width = self.width()
+        while True:
+            h = self.history()
+            pending = [x for x in h.tried if x.outcome == "pending"]
+            prop = None
+            if len(pending) < width:  # a cluster: propose until every slot has a trial
+                if not pending:
+                    self._refit(h)
+                prop = self.strategy.propose(h, self.rank, self._budget(pending))
+            if prop is None:
+                if not pending:
+                    break
+                # stored before a kill, or just proposed: run them (at once on a cluster)
+                await asyncio.gather(*(self._run(x.label) for x in pending))
+                continue
+            if prop.pruned:
+                pruned += 1
+                self._store(prop, status="pruned")
+                t.notify(
+                    "search_pruned",
+                    {
+                        "label": point_label(prop.point, self.space),
+                        "region": prop.region.to_dict() if prop.region else None,
+                    },
+                )
+                if pruned >= MAX_PRUNED:
+                    break
+                continue
+            if prop.rung > 0:
+                self._promote(point_label(prop.point, self.space), prop.rung)
+            else:
+                self._store(prop)
+        await self.confirm()
+
+    def width(self) -> int:
+        """How many trials run at once: one on a box; on a cluster as many of the space's largest layout as
+        its GPUs hold (so no slot waits for GPUs another proposal holds)."""
+        if not self.t.executor.parallel:
+            return 1
+        biggest = max((c.tp * c.pp * (c.dp or 1) for c in self.study.space_checks()), default=1)
+        return max(1, self.t.executor.capacity() // max(1, biggest))
+
+    def _budget(self, pending: list[Tried]) -> Budget:
+        """The budget with the pending trials counted as spent (they are about to run)."""
+        b = self.budget
+        return Budget(None if b.trials is None else b.trials - len(pending), b.seconds, b.reserve_trials)
+
+    async def confirm(self) -> None:
+        """The contenders get the study's repeats (at their top rung), so the winner is judged against the
+        noise; every other candidate keeps its one trial."""
+        if self.study.repeats <= 1:
+            return
+        while True:
+            h = self.history()
+            pending = [x for x in h.tried if x.outcome == "pending"]
+            if pending:
+                await asyncio.gather(*(self._run(x.label) for x in pending))
+                continue
+            marked = sum(bool(self._search_of(x.label).get("contender")) for x in h.tried)
+            todo = [
+                x
+                for x in promoted(h, self.signs[0], self.spec.contenders)
+                if not self._search_of(x.label).get("contender")
+            ][: max(0, self.spec.contenders - marked)]
+            if not todo:
+                return
+            for x in todo:  # stored first: a resume finishes these repeats
+                self._set_search(x.label, repeats=self.study.repeats, contender=True)
+
+    def _store(self, prop: Proposal, status: str = "pending") -> None:
+        t = self.t
+        name = point_label(prop.point, self.space)
+        cand = candidate(prop.point, self.space)
+        idx = len(t.repo.candidates(self.sid))
+        prior_value = prior.predict(self.study, cand, None).value
+        search: dict[str, Any] = {
+            "origin": prop.origin,
+            "point": prop.point,
+            "rung": prop.rung,
+            "repeats": 1,
+            "predicted": {
+                "prior": prior_value,
+                "refit": prop.predicted if self.factors is not None else None,
+                "refit_from_runs": self._fit_from if self.factors is not None else 0,
+                "refit_factors": self.fitted,
+            },
+        }
+        if prop.region is not None:
+            search["region"] = prop.region.to_dict()
+        pred = t.predicted(cand) if status != "pruned" else None
+        cid = t.repo.add_candidate(self.sid, idx, name, cand.model_dump(mode="json"), pred, search, status)
+        if status != "pruned":
+            t._fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c["id"] == cid])
+            t.notify("search_proposed", {"label": name, "origin": prop.origin, "predicted": prop.predicted})
+
+    def _search_of(self, label: str) -> dict[str, Any]:
+        c = next(c for c in self.t.repo.candidates(self.sid) if c["label"] == label)
+        return dict(c.get("search") or {})
+
+    def _set_search(self, label: str, **changes: Any) -> None:
+        c = next(c for c in self.t.repo.candidates(self.sid) if c["label"] == label)
+        self.t.repo.set_search(
+            c["id"], {**(c.get("search") or {"origin": "listed", "point": None}), **changes}
+        )
+
+    def _promote(self, label: str, rung: int) -> None:
+        self._set_search(label, rung=rung, promoted=True)
+        self.t.notify("search_promoted", {"label": label, "rung": rung})
+
+    async def _run(self, label: str) -> None:
+        t = self.t
+        c = next(c for c in t.repo.candidates(self.sid) if c["label"] == label)
+        search = c.get("search") or {}
+        t._rung[label] = int(search.get("rung", 0))
+        t._want[label] = int(search.get("repeats", 1))
+        if c["status"] in ("measured", "anomalous"):
+            t.repo.set_candidate(c["id"], "running")
+        fresh = next(x for x in t.repo.candidates(self.sid) if x["id"] == c["id"])
+        await t._run_candidate(self.uid, fresh, CandidateSpec.model_validate(c["spec"]))
+        after = next(x for x in t.repo.candidates(self.sid) if x["id"] == c["id"])
+        if after["status"] == "running":  # every trial it needed had been measured before
+            t.repo.set_candidate(c["id"], "measured", {})
+
+
+def dry_run_view(study: Study) -> dict[str, Any]:
+    """What `tune --dry-run` shows of a search: the space, the budget and the model's first points."""
+    assert study.search is not None
+    spec = study.search
+    space = sp.build(spec)
+    from servelab.search.strategies import pool, ranked
+
+    points = pool(space, spec.seed)
+    sign = prior.better(objectives(study)[0])
+    first = ranked(points, lambda p: prior.predict(study, candidate(p, space)).value, sign)
+    n = spec.prior_trials if spec.strategy == "optuna" else min(len(first), 10)
+    budget = " / ".join(
+        x
+        for x in (
+            f"{spec.budget_trials} trials" if spec.budget_trials else "",
+            f"{spec.budget_minutes:g} min" if spec.budget_minutes else "",
+        )
+        if x
+    )
+    return {
+        "strategy": spec.strategy,
+        "seed": spec.seed,
+        "space_size": space.size(),
+        "feasible": len(points) if space.finite() else None,
+        "budget": budget or "none (the whole space)",
+        "objectives": objectives(study),
+        "first": [{"label": sp.label(p, space), "point": p, "predicted": v} for p, v in first[:n]],
+    }
+
+
+def _layout(spec: CandidateSpec) -> str:
+    parts = [f"tp{spec.tp}"] + ([f"pp{spec.pp}"] if spec.pp > 1 else [])
+    parts += [f"dp{spec.dp}"] if spec.dp else []
+    parts += [f"ep{spec.ep}"] if spec.ep else []
+    return "-".join(parts)
+
+
+def eligible(tuner: Tuner, cands: list[dict[str, Any]]) -> set[str]:
+    """The candidates the final ranking compares: for halving, those that reached the top rung."""
+    if tuner.study.search is None or tuner.study.search.strategy != "halving":
+        return {c["label"] for c in cands}
+    rungs = {
+        c["label"]: max((x.get("rung") or 0 for x in tuner.scored_trials(c["id"])), default=0) for c in cands
+    }
+    top = max(rungs.values(), default=0)
+    return {label for label, r in rungs.items() if r == top}
+
+
+def summary(
+    tuner: Tuner, sid: int, cands: list[dict[str, Any]], out: list[dict[str, Any]], ranking: analyze.Ranking
+) -> dict[str, Any]:
+    """What the search did: budget used, each candidate's origin and model error, the regions it pruned,
+    the contenders, a tie when the winner's margin is within the noise, and the Pareto front."""
+    study = tuner.study
+    assert study.search is not None
+    spec = study.search
+    objs = objectives(study)
+    trials_used = 0
+    elapsed = 0.0
+    rows = []
+    regions: dict[str, dict[str, Any]] = {}
+    by_label = {o["label"]: o for o in out}
+    for c in cands:
+        trials = tuner.repo.trials(c["id"])
+        trials_used += len(trials)
+        elapsed += sum(_seconds(x["started_at"], x["finished_at"]) for x in trials)
+        search = c.get("search") or {}
+        o = by_label.get(c["label"], {})
+        score = (o.get("score") or {}).get("value")
+        pred = search.get("predicted") or {}
+        row: dict[str, Any] = {
+            "label": c["label"],
+            "origin": search.get("origin", "grid" if spec.strategy == "grid" else "listed"),
+            "status": c["status"],
+            "rung": max((x.get("rung") or 0 for x in trials if x["status"] == "measured"), default=0),
+            "trials": len(trials),
+            "measured": score,
+            "predicted_prior": pred.get("prior"),
+            "predicted_refit": pred.get("refit"),
+        }
+        for k in ("prior", "refit"):
+            p = pred.get(k)
+            row[f"error_{k}"] = abs(p / score - 1.0) if (p and score) else None
+        if c["status"] == "pruned" and search.get("region"):
+            reg = search["region"]
+            row["pruned_by"] = reg
+            regions.setdefault(reg["where"], {**reg, "pruned": 0})["pruned"] += 1
+        rows.append(row)
+    errs = {k: [r[f"error_{k}"] for r in rows if r[f"error_{k}"] is not None] for k in ("prior", "refit")}
+    out_d: dict[str, Any] = {
+        "strategy": spec.strategy,
+        "seed": spec.seed,
+        "objectives": objs,
+        "budget": {"trials": spec.budget_trials, "minutes": spec.budget_minutes},
+        "used": {"trials": trials_used, "minutes": round(elapsed / 60, 3)},
+        "space_size": sp.build(spec).size() if spec.space else None,
+        "candidates": rows,
+        "regions": list(regions.values()),
+        "model_error": {
+            k: {"median": sorted(v)[len(v) // 2] if v else None, "n": len(v)} for k, v in errs.items()
+        },
+        "contenders": [c["label"] for c in cands if (c.get("search") or {}).get("contender")],
+    }
+    if ranking.winner and ranking.significant is False:
+        lo_hi = (ranking.noise or {}).get("difference_ci95")
+        out_d["tied"] = {
+            "labels": [ranking.winner, ranking.runner_up],
+            "margin": ranking.margin,
+            "margin_pct": ranking.margin_pct,
+            "interval": lo_hi,
+            "why": "the winner's margin is within the noise: the two are reported as tied",
+        }
+    if len(objs) == 2:
+        pts = [(r["label"], by_label.get(r["label"], {})) for r in rows if r["measured"] is not None]
+        pairs = []
+        for label, o in pts:
+            lvl = (o.get("score") or {}).get("level")
+            d = next((d for d in o.get("levels") or [] if float(d["level"]) == lvl), None)
+            if d is not None and d.get(objs[1]) is not None:
+                pairs.append((label, float(d[objs[0]]), float(d[objs[1]])))
+        out_d["pareto"] = {
+            "objectives": objs,
+            "front": [
+                {"label": label, objs[0]: a, objs[1]: b}
+                for label, a, b in analyze.pareto_front(pairs, [prior.better(o) for o in objs])
+            ],
+        }
+    _ = prune  # the regions above are what prune learned, read back from the stored pruned candidates
+    return out_d

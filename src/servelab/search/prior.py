@@ -1,0 +1,106 @@
+"""The performance model as the search's prior: it ranks points before any runs, and is refitted from
+the study's own measured runs (`calibrate`'s few-observation fit) as they arrive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from servelab.config import OBJECTIVES, CandidateSpec, Study
+from servelab.errors import ServelabError
+from servelab.model.factors import Factors, default_factors
+
+if TYPE_CHECKING:
+    from servelab.results import Run
+
+# Engine flags whose meaning the model has a lever for: the running-batch cap (the model's concurrency is
+# at most it) and the prefill chunk (the model's `prefill_budget`). vLLM's and SGLang's spellings.
+RUNNING_CAP = ("max_running_requests", "max_num_seqs")
+PREFILL_CHUNK = ("chunked_prefill_size", "max_num_batched_tokens")
+# The prediction each objective reads (the throughput kinds all follow output throughput).
+_PREDICTED = {"tpot_ms_p50": "tpot_ms", "ttft_ms_p50": "ttft_ms"}
+
+
+def _flag(cand: CandidateSpec, names: tuple[str, ...]) -> int | None:
+    args = cand.args
+    for i, a in enumerate(args[:-1]):
+        if a.lstrip("-").replace("-", "_") in names:
+            try:
+                return int(float(args[i + 1]))
+            except ValueError:
+                return None
+    return None
+
+
+@dataclass(frozen=True)
+class Predicted:
+    value: float | None  # the objective, as the model predicts it at the study's main level
+    feasible: bool
+    reason: str | None = None
+
+
+def predict(
+    study: Study, cand: CandidateSpec, factors: Factors | None = None, objective: str | None = None
+) -> Predicted:
+    """The model's objective for a candidate at the study's main level; value None when it cannot say."""
+    objective = objective or study.objective
+    model = study.model.config or study.model.path
+    if not study.host.gpu:
+        return Predicted(None, True, "the study declares no GPU kind (host.gpu)")
+    engine = str(study.engine.options.get("personality", study.engine.name))
+    f = factors or default_factors(engine)
+    chunk = _flag(cand, PREFILL_CHUNK)
+    if chunk:
+        f = f.merged({"prefill_budget": float(chunk)})
+    main = study.load.main or max(study.load.levels)
+    conc = max(1, int(main))
+    cap = _flag(cand, RUNNING_CAP) or cand.max_concurrency
+    if cap:
+        conc = min(conc, cap)
+    try:
+        from servelab.model.predict import Workload
+        from servelab.model.predict import predict as model_predict
+
+        p = model_predict(
+            model,
+            study.host.gpu,
+            study.host.num_gpus,
+            Workload(isl=study.workload.input_len, osl=study.workload.output_len, concurrency=conc),
+            tp=cand.tp,
+            pp=cand.pp,
+            ep=cand.ep or 1,
+            dp=cand.dp or 1,
+            quant=cand.quantization,
+            kv_dtype=cand.kv_cache_dtype,
+            factors=f,
+        )
+    except ServelabError as exc:
+        return Predicted(None, False, exc.message)
+    except Exception as exc:  # the model's own gaps must not stop a search
+        return Predicted(None, True, f"model error: {exc}")
+    if not p.feasible:
+        return Predicted(None, False, p.reason)
+    key = _PREDICTED.get(objective, "output_throughput")
+    value = getattr(p, key)
+    return Predicted(float(value) if value is not None else None, True)
+
+
+def better(objective: str) -> float:
+    """+1 when higher is better, -1 when lower is."""
+    return 1.0 if OBJECTIVES[objective] == "max" else -1.0
+
+
+def refit(study: Study, runs: list[Run]) -> tuple[Factors | None, list[str]]:
+    """Factors fitted from the study's measured bench runs (None before any has a usable level), and the
+    names of the factors the fit moved."""
+    from servelab.model.calibrate import fit_observations, observations_from_runs
+
+    obs = observations_from_runs(runs)
+    if not obs:
+        return None, []
+    engine = str(study.engine.options.get("personality", study.engine.name))
+    try:
+        glob, _engines, report = fit_observations(obs, default_factors(engine), holdout=0.0)
+    except Exception:  # a fit that cannot converge leaves the model as it was
+        return None, []
+    return glob, list(report.get("fitted") or [])
