@@ -1,7 +1,10 @@
 """Shared real servers for integration tests.
 
 Each real engine starts once per session: vLLM takes ~70 s (more when the box
-is busy) to start on 2 cores and CI has 90 minutes for everything. The fault
+is busy) to start on 2 cores and CI has 90 minutes for everything. A variant only
+one module needs is that module's own fixture, stopped when the module ends (vLLM
+with prefix caching on: test_bench_prefix_cache_vllm.py), so it is not left idle
+beside `vllm_server` on its core while later modules measure that one. The fault
 server starts in ~0.2 s and keeps per-run state (fault RNG, counters, the
 ``die`` countdown), so every test gets fresh instances from a factory.
 """
@@ -45,16 +48,6 @@ def vllm_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
     # TTFT depend on which tool ran first.
     with engines.vllm_server(
         tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS, no_enable_prefix_caching=True
-    ) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="session")
-def vllm_prefix_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
-    """vLLM with prefix caching on (vllm_server has it off), for the tests of what a workload's shared
-    prefixes do to the server's cache; eager (no graph capture: the tests measure hits, not speed)."""
-    with engines.vllm_server(
-        tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS, enforce_eager=True
     ) as handle:
         yield handle
 

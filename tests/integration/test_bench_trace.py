@@ -1,26 +1,17 @@
 """`servelab bench --trace` (issue 18): each format replays at its timestamps ÷ --time-scale with the
-lengths it records, against the simulator; Mooncake's shared hash ids are prefix-cache hits on a real
-vLLM (vllm_prefix_server: ~50–80 s to start, the one costly part) and on the simulator's prefix cache,
-a trace without them is none."""
+lengths it records, against the simulator; Mooncake's shared hash ids are prefix-cache hits on the
+simulator's prefix cache, a trace without them is none. The same on a real vLLM is in
+test_bench_prefix_cache_vllm.py (with the other tests that need vLLM's prefix cache on)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.integration.conftest import CLIENT_CPUS
-from tests.support import engines, simruns, trace_samples
+from tests.support import simruns, trace_samples
 
 from servelab.bench import traces as T
-from servelab.bench.scrape import parse_prometheus
-from servelab.results import RequestRecord
-from servelab.store.bench import BenchRepo
-from servelab.store.db import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +28,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[simruns.SimProcess
         proc.stop()
 
 
-def _records(home: Path, uid: str) -> list[RequestRecord]:
-    with open_store(home / "servelab.db") as store:
-        repo = BenchRepo(store)
-        ids = repo.level_ids(repo.load(uid).id)
-        assert list(ids) == [0]  # a trace is one level
-        return repo.requests(ids[0])
-
-
 @pytest.mark.parametrize(
     "name,fmt", [("mooncake.jsonl", "mooncake"), ("burstgpt.csv", "burstgpt"), ("azure.csv", "azure")]
 )
@@ -58,7 +41,7 @@ def test_each_format_replays_at_its_timestamps(
     (level,) = out["levels"]
     assert level["label"] == f"trace {fmt} ×{SCALE}" and level["summary"]["mode"] == "trace"
     assert out["config"]["trace_info"]["requests"] == len(trace.requests)
-    records = sorted(_records(tmp_path, out["run"]), key=lambda r: r.idx)
+    records = sorted(simruns.level_records(tmp_path, out["run"]), key=lambda r: r.idx)
     assert len(records) == len(trace.requests) and all(r.ok for r in records)
     # every request was due at its trace time ÷ the scale, and latency counts from then
     for rec, req in zip(records, trace.requests, strict=True):
@@ -88,97 +71,12 @@ def test_a_slice_replays_the_first_requests_or_the_first_seconds(
         tmp_path, sim.url, simruns.MODEL, "--trace", str(SAMPLES / "burstgpt.csv"), "--trace-limit", "40",
         "--time-scale", "10", "--duration", "0.2",
     )  # fmt: skip
-    records = _records(tmp_path, out["run"])
+    records = simruns.level_records(tmp_path, out["run"])
     # the first 40 requests, of those the ones due in the level's first 0.2 s: 2 s of the trace at ×10
     want = [r for r in trace.requests[:40] if r.offset_s < 2.0]
     assert 0 < len(records) == len(want) < 40
     assert max(r.scheduled_s or 0 for r in records) < 0.2
     assert any("zero length" in w for w in out["warnings"])
-
-
-def _pin() -> None:
-    if CLIENT_CPUS:
-        import os
-
-        os.sched_setaffinity(0, CLIENT_CPUS)
-
-
-def _bench(server: engines.ServerHandle, home: Path, *args: str) -> dict:
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "servelab",
-            "bench",
-            "--url",
-            server.url,
-            "--model",
-            server.model,
-            "--json",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=_pin,
-        env={**__import__("os").environ, "SERVELAB_HOME": str(home)},
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout)
-
-
-def _hits(server: engines.ServerHandle) -> float:
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-        return parse_prometheus(r.read().decode())["vllm:prefix_cache_hits_total"]
-
-
-def _shared_tokens(trace: T.Trace) -> int:
-    """Tokens of full blocks whose ids (and so whole prefix) an earlier request of the trace sent."""
-    seen: set[tuple[int, ...]] = set()
-    total = 0
-    size = trace.block_tokens or 512
-    for r in trace.requests:
-        for k in range(1, r.input_len // size + 1):
-            key = r.hash_ids[:k]
-            if len(key) == k and key in seen:
-                total += size
-        seen.update(r.hash_ids[:k] for k in range(1, len(r.hash_ids) + 1))
-    return total
-
-
-def test_shared_hash_ids_are_prefix_cache_hits_on_vllm(
-    vllm_prefix_server: engines.ServerHandle, tmp_path: Path
-) -> None:
-    server = vllm_prefix_server
-    tok = str(server.model_dir)  # the tokenizer: lengths exact, no calibration probes to hit the cache
-    n = 10
-    shared = T.read_trace(SAMPLES / "mooncake.jsonl").sliced(limit=n)
-    expected = _shared_tokens(shared)
-    assert expected >= 4 * 512  # the sample's first requests do share prefixes
-
-    before = _hits(server)
-    out = _bench(
-        server, tmp_path, "--trace", str(SAMPLES / "mooncake.jsonl"), "--trace-limit", str(n),
-        "--time-scale", "2", "--tokenizer", tok, "--warmup", "0",
-    )  # fmt: skip
-    hits_shared = _hits(server) - before
-    records = _records(tmp_path, out["run"])
-    assert all(r.ok for r in records)
-    # the server's count of each prompt is the trace's (blocks meet at word edges: a token either way)
-    for rec, req in zip(sorted(records, key=lambda r: r.idx), shared.requests, strict=True):
-        assert rec.input_tokens is not None and abs(rec.input_tokens - req.input_len) <= 2
-
-    before = _hits(server)
-    _bench(
-        server, tmp_path, "--trace", str(SAMPLES / "azure.csv"), "--trace-limit", str(n),
-        "--time-scale", "2", "--tokenizer", tok, "--warmup", "0",
-    )  # fmt: skip
-    hits_unique = _hits(server) - before
-
-    # vLLM caches whole blocks of its own (128 tokens on CPU): a shared 512-token block is 3–4 of them
-    print(f"prefix-cache hits: {hits_shared:.0f} of {expected} shared tokens; {hits_unique:.0f} without")
-    assert hits_shared >= 0.6 * expected, (hits_shared, expected)
-    assert hits_unique <= 128, hits_unique
 
 
 def test_shared_hash_ids_are_prefix_cache_hits_on_the_simulator(tmp_path: Path) -> None:
@@ -197,7 +95,7 @@ def test_shared_hash_ids_are_prefix_cache_hits_on_the_simulator(tmp_path: Path) 
     finally:
         sim.stop()
     shared, unique = (r["levels"][0]["server_metrics"]["deltas"]["prefix_cache_hits"] for r in runs)
-    expected = _shared_tokens(T.read_trace(SAMPLES / "mooncake.jsonl").sliced(limit=n))
+    expected = trace_samples.shared_block_tokens(T.read_trace(SAMPLES / "mooncake.jsonl").sliced(limit=n))
     print(f"simulator prefix-cache hits: {shared:.0f} of {expected} shared tokens; {unique:.0f} without")
     assert shared >= 0.6 * expected, (shared, expected)
     assert unique <= 0.01 * expected, unique

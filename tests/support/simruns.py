@@ -17,6 +17,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.results import RequestRecord
+from servelab.store.bench import BenchRepo
+from servelab.store.db import open_store
+
 # The seed story's box (GLM-5 NVFP4, TP8 on eight PCIe RTX PRO 6000, SGLang): its prefill per token is
 # heavy enough that the client's and the simulator's own wall time per request, which the clock's ×20
 # adds to every simulated latency, stays inside the simulator's 5 %.
@@ -124,6 +128,16 @@ def bench(home: Path, url: str, model: str, *args: str) -> dict:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
+
+
+def level_records(home: Path, uid: str) -> list[RequestRecord]:
+    """Every request record of run `uid`'s one level (a trace or a sessions run is one), as the store under
+    `home` holds what `bench` wrote."""
+    with open_store(home / "servelab.db") as store:
+        repo = BenchRepo(store)
+        ids = repo.level_ids(repo.load(uid).id)
+        assert list(ids) == [0], ids
+        return repo.requests(ids[0])
 
 
 def copy_store(src_home: Path, dst_home: Path) -> None:

@@ -17,6 +17,10 @@ import datetime as dt
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servelab.bench.traces import Trace
 
 DIR = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 N = 100
@@ -79,6 +83,21 @@ def azure() -> str:
             f"{rng.randint(16, 1500)},{rng.randint(4, 48)}"
         )
     return "\n".join(rows) + "\n"
+
+
+def shared_block_tokens(trace: Trace) -> int:
+    """Tokens of full blocks whose ids (and so whole prefix) an earlier request of the trace sent: what a
+    prefix cache can hit at best."""
+    seen: set[tuple[int, ...]] = set()
+    total = 0
+    size = trace.block_tokens or BLOCK
+    for r in trace.requests:
+        for k in range(1, r.input_len // size + 1):
+            key = r.hash_ids[:k]
+            if len(key) == k and key in seen:
+                total += size
+        seen.update(r.hash_ids[:k] for k in range(1, len(r.hash_ids) + 1))
+    return total
 
 
 SAMPLES = {"mooncake.jsonl": mooncake, "burstgpt.csv": burstgpt, "azure.csv": azure}
