@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -34,9 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "examples" / "glm5-search.toml"
 
 
-def variant(text: str, strategy: str) -> str:
-    """The study file with another strategy (the rest as written)."""
-    return text.replace('strategy = "optuna"', f'strategy = "{strategy}"', 1)
+def variant(text: str, strategy: str, seed: int | None = None) -> str:
+    """The study file with another strategy and seed (the rest as written)."""
+    out = text.replace('strategy = "optuna"', f'strategy = "{strategy}"', 1)
+    if seed is not None:
+        out = out.replace("seed = 7\n", f"seed = {seed}\n", 1)
+    return out
 
 
 def run(text: str, name: str, work: Path) -> dict[str, Any]:
@@ -57,6 +61,11 @@ def run(text: str, name: str, work: Path) -> dict[str, Any]:
         raise SystemExit(f"{name} failed: {res.stderr[-2000:]}")
     out: dict[str, Any] = json.loads(res.stdout)
     out["wall_s"] = wall
+    con = sqlite3.connect(home / "servelab.db")
+    try:
+        out["trials_run"] = con.execute("SELECT COUNT(*) FROM study_trials").fetchone()[0]
+    finally:
+        con.close()
     return out
 
 
@@ -73,35 +82,56 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", default="grid,optuna,halving")
+    ap.add_argument("--seeds", default="7", help="the searches' seeds, each run once (the grid once)")
     args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
     text = STUDY.read_text()
     seed = tomllib.loads(text)["search"]["seed"]
     results: dict[str, Any] = {"study": str(STUDY.relative_to(ROOT)), "seed": seed, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         runs = {}
-        for name in args.only.split(","):
-            runs[name] = run(variant(text, name) if name != "optuna" else text, name, work)
+        names = [
+            (n, None) if n == "grid" else (f"{n}-s{sd}", sd)
+            for n in args.only.split(",")
+            for sd in ([None] if n == "grid" else seeds)
+        ]
+        for name, sd in names:
+            runs[name] = run(variant(text, name.split("-s")[0], sd), name, work)
             r = runs[name]
-            trials = sum(
-                len((c.get("levels") and [1]) or []) for c in r["candidates"]
-            )  # candidates scored (for the log line only)
             print(
-                f"{name}: {r['wall_s']:.1f} s, winner {r['ranking']['winner']}, {trials} scored", flush=True
+                f"{name}: {r['wall_s']:.1f} s, {r['trials_run']} trials, winner {r['ranking']['winner']}",
+                flush=True,
             )
     grid = runs.get("grid")
     table = []
     for name, r in runs.items():
         row: dict[str, Any] = {
             "strategy": name,
+            "candidates": [
+                {
+                    "label": c["label"],
+                    "status": c["status"],
+                    "value": (c.get("score") or {}).get("value"),
+                    "levels": {
+                        f"{d['level']:g}": [
+                            round(d["output_throughput"], 1),
+                            round(d["tpot_ms_p50"], 1),
+                            d.get("repeats"),
+                        ]
+                        for d in c.get("levels") or []
+                    },
+                }
+                for c in r["candidates"]
+                if c["status"] != "pruned"
+            ],
             "wall_s": round(r["wall_s"], 1),
             "winner": r["ranking"]["winner"],
             "winner_value": next(
                 (s["value"] for s in r["ranking"]["ranked"] if s["label"] == r["ranking"]["winner"]), None
             ),
             "significant": r["ranking"]["significant"],
-            "trials": (r.get("search") or {}).get("used", {}).get("trials")
-            or sum(1 for c in r["candidates"] if c["status"] not in ("pruned",)) * 2,
+            "trials": r["trials_run"],
             "pruned": sum(1 for c in r["candidates"] if c["status"] == "pruned"),
             "regions": [x["where"] for x in (r.get("search") or {}).get("regions", [])],
             "model_error": (r.get("search") or {}).get("model_error"),

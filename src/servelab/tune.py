@@ -101,27 +101,14 @@ def spec_hash(study: Study) -> str:
 
 def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | None:
     """The model's view of a candidate at the study's main level, or None when it does not know the setup."""
-    model = study.model.config or study.model.path
     if not study.host.gpu:
         return None
     try:
-        from servelab.model.predict import Workload, predict
+        from servelab.search.prior import prediction
 
         main = study.load.main or max(study.load.levels)
         conc = int(main) if study.load.mode == "concurrency" else max(1, int(main))
-        p = predict(
-            model,
-            study.host.gpu,
-            study.host.num_gpus,
-            Workload(isl=study.workload.input_len, osl=study.workload.output_len, concurrency=conc),
-            tp=cand.tp,
-            pp=cand.pp,
-            ep=cand.ep or 1,
-            dp=cand.dp or 1,
-            quant=cand.quantization,
-            kv_dtype=cand.kv_cache_dtype,
-            engine=study.engine.options.get("personality", study.engine.name),
-        )
+        p = prediction(study, cand, conc)
     except ServelabError as exc:
         return {"feasible": False, "reason": exc.message, "known": False}
     except Exception as exc:  # the model's own gaps must not stop a study
@@ -457,20 +444,16 @@ class Tuner:
                 )
         search_view: dict[str, Any] | None = None
         if self.study.adaptive:
-            from servelab.search.driver import eligible
+            from servelab.search.driver import excluded
 
-            # halving: only the candidates that reached the top rung compete (the others ran short)
-            keep = eligible(self, cands)
+            # only the contenders compete (the others ran once: no margin of theirs can be judged), and
+            # for halving only those that reached the top rung (the others ran the short benchmark)
+            left_out = excluded(self, cands)
             scores = [
                 s
-                if s.label in keep
+                if s.label not in left_out or s.value is None
                 else analyze.Score(
-                    s.label,
-                    s.status,
-                    None,
-                    None,
-                    None,
-                    "eliminated on the short benchmark (halving's rung 0)",
+                    s.label, s.status, None, None, None, f"{left_out[s.label]} (its value {s.value:,.4g})"
                 )
                 for s in scores
             ]

@@ -26,7 +26,7 @@ BUDGET = 12
 
 
 def reduced(strategy: str = "optuna", budget: int = BUDGET) -> str:
-    """The shipped example with one load level, one request per stream, two contenders."""
+    """The shipped example with one load level, one request per stream, two contenders, a faster clock."""
     text = (ROOT / "examples" / "glm5-search.toml").read_text()
     for old, new in (
         ("concurrency = [32, 128]\nmain = 128", "concurrency = [32]"),
@@ -34,6 +34,7 @@ def reduced(strategy: str = "optuna", budget: int = BUDGET) -> str:
         ("budget_trials = 24", f"budget_trials = {budget}"),
         ("contenders = 3", "contenders = 2"),
         ('strategy = "optuna"', f'strategy = "{strategy}"'),
+        ("speed = 50 ", "speed = 100 "),  # the bookkeeping is under test, not the figures
     ):
         assert old in text, f"examples/glm5-search.toml changed: {old!r} is gone; update reduced()"
         text = text.replace(old, new, 1)
@@ -109,8 +110,13 @@ def assert_search_learned(rows: list[dict[str, Any]], budget: int) -> None:
 
 
 def test_search_prunes_what_failures_teach_and_reports_it(tmp_path: Path) -> None:
+    """Two objectives (NSGA-II): throughput and median TPOT, the Pareto front in the report."""
     study = tmp_path / "search.toml"
-    study.write_text(reduced())
+    study.write_text(
+        reduced().replace(
+            "contenders = 2", 'contenders = 2\nobjectives = ["output_throughput", "tpot_ms_p50"]'
+        )
+    )
     home = tmp_path / "home"
     res = servelab("tune", str(study), "--json", home=home, timeout=900)
     out = json.loads(res.stdout)
@@ -123,8 +129,9 @@ def test_search_prunes_what_failures_teach_and_reports_it(tmp_path: Path) -> Non
     assert wheres["moe_runner_backend = 'flashinfer_trtllm'"]["kind"] == "not_applied"
     assert wheres["enable_flashinfer_allreduce_fusion = True"]["kind"] == "collapsed"
     assert sum(r["pruned"] for r in s["regions"]) == sum(r["status"] == "pruned" for r in rows)
-    # the model's error per measured candidate, before and after refitting on the trials before it
-    measured = [c for c in s["candidates"] if c["measured"] is not None]
+    # the model's error per measured candidate at the main level, before and after refitting on the
+    # trials before it
+    measured = [c for c in s["candidates"] if c["measured_at_main"] is not None]
     assert measured and all(c["error_prior"] is not None for c in measured)
     assert sum(c["error_refit"] is not None for c in measured) >= len(measured) - 3  # after the first fits
     assert s["model_error"]["prior"]["n"] == len(measured)
@@ -132,6 +139,23 @@ def test_search_prunes_what_failures_teach_and_reports_it(tmp_path: Path) -> Non
     assert out["ranking"]["winner"] in s["contenders"]
     assert out["ranking"]["significant"] is not None
     assert ("tied" in s) == (out["ranking"]["significant"] is False)
+    # the Pareto front: measured candidates no other beats on both throughput and TPOT (at one level)
+    front = s["pareto"]["front"]
+    assert s["pareto"]["objectives"] == ["output_throughput", "tpot_ms_p50"] and front
+    pairs = {}
+    for c in out["candidates"]:
+        lvl = (c.get("score") or {}).get("level")
+        d = next((d for d in c.get("levels") or [] if d["level"] == lvl), None)
+        if d is not None:
+            pairs[c["label"]] = (d["output_throughput"], d["tpot_ms_p50"])
+    for p in front:
+        thr, tpot = pairs[p["label"]]
+        assert (p["output_throughput"], p["tpot_ms_p50"]) == (thr, tpot)
+        assert not any(a >= thr and b <= tpot and (a, b) != (thr, tpot) for a, b in pairs.values())
+    on_front = {p["label"] for p in front}
+    for label, (thr, tpot) in pairs.items():  # everything off the front is dominated by something on it
+        if label not in on_front:
+            assert any(a >= thr and b <= tpot for a, b in (pairs[x] for x in on_front)), label
     # the human view says the same
     text = servelab("runs", "--json", home=home).stdout
     assert out["study"] in text
@@ -194,9 +218,11 @@ def test_halving_keeps_its_short_and_full_trials_apart(tmp_path: Path) -> None:
         if t["status"] == "measured":
             assert [d["level"] for d in json.loads(t["levels_json"])] == [8, 32]
     promoted = {r["label"] for r, _t in rung1}
-    assert out["ranking"]["winner"] in promoted
+    assert out["ranking"]["winner"] in promoted and out["ranking"]["winner"] in out["search"]["contenders"]
     # only candidates that reached rung 1 compete: the others are eliminated, with the reason
     for s in out["ranking"]["ranked"]:
         if s["label"] not in promoted and s["status"] == "measured":
             assert s["value"] is None and "eliminated" in s["why"]
+        elif s["label"] not in out["search"]["contenders"] and s["status"] == "measured":
+            assert s["value"] is None and "not a contender" in s["why"]
     assert sum(len(r["trials"]) for r in rows) <= 10

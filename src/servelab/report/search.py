@@ -33,7 +33,7 @@ def search_lines(s: dict[str, Any]) -> list[str]:
     if (me.get("prior") or {}).get("n"):
         refit = me.get("refit") or {}
         out.append(
-            f"  model error (median |predicted/measured - 1|): {me['prior']['median']:.0%} before refitting"
+            f"  model error at the main level (median |predicted/measured - 1|): {me['prior']['median']:.0%} before refitting"
             + (f", {refit['median']:.0%} after (fitted on the trials before each)" if refit.get("n") else "")
         )
     if s.get("tied"):

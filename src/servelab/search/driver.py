@@ -186,20 +186,21 @@ class SearchDriver:
         from servelab.store.bench import BenchRepo
 
         bench = BenchRepo(self.t.store)
-        uids: list[str] = []
+        wanted: list[tuple[str, CandidateSpec]] = []
         good = {x.label for x in h.tried if x.ok}
         for c in self.t.repo.candidates(self.sid):
             if c["label"] not in good:
                 continue
+            spec = CandidateSpec.model_validate(c["spec"])
             for tr in self.t.scored_trials(c["id"]):
-                uids += [str(d["bench_run"]) for d in tr["levels"] or [] if d.get("bench_run")]
-        if len(uids) == self._fit_from:
+                wanted += [(str(d["bench_run"]), spec) for d in tr["levels"] or [] if d.get("bench_run")]
+        if len(wanted) == self._fit_from:
             return
-        self._fit_from = len(uids)
+        self._fit_from = len(wanted)
         runs = []
-        for u in dict.fromkeys(uids):
+        for u, spec in dict(wanted).items():
             try:
-                runs.append(bench.load(u))
+                runs.append((bench.load(u), spec))
             except Exception:  # a run the store cannot give back is left out of the fit
                 continue
         factors, fitted = prior.refit(self.study, runs)
@@ -278,13 +279,14 @@ class SearchDriver:
             if pending:
                 await asyncio.gather(*(self._run(x.label) for x in pending))
                 continue
-            marked = sum(bool(self._search_of(x.label).get("contender")) for x in h.tried)
-            todo = [
-                x
-                for x in promoted(h, self.signs[0], self.spec.contenders)
-                if not self._search_of(x.label).get("contender")
-            ][: max(0, self.spec.contenders - marked)]
-            if not todo:
+            # the top `contenders` by what is measured now: a repeat can move one out and another in,
+            # which then gets its repeats too, as long as the budget has room for them
+            top = promoted(h, self.signs[0], self.spec.contenders)
+            todo = [x for x in top if not self._search_of(x.label).get("contender")]
+            extra = (self.study.repeats - 1) * len(todo)
+            if not todo or (
+                self.spec.budget_trials is not None and h.trials_used + extra > self.spec.budget_trials
+            ):
                 return
             for x in todo:  # stored first: a resume finishes these repeats
                 self._set_search(x.label, repeats=self.study.repeats, contender=True)
@@ -381,15 +383,30 @@ def _layout(spec: CandidateSpec) -> str:
     return "-".join(parts)
 
 
-def eligible(tuner: Tuner, cands: list[dict[str, Any]]) -> set[str]:
-    """The candidates the final ranking compares: for halving, those that reached the top rung."""
-    if tuner.study.search is None or tuner.study.search.strategy != "halving":
-        return {c["label"] for c in cands}
-    rungs = {
-        c["label"]: max((x.get("rung") or 0 for x in tuner.scored_trials(c["id"])), default=0) for c in cands
-    }
-    top = max(rungs.values(), default=0)
-    return {label for label, r in rungs.items() if r == top}
+ONCE = "ran once, not a contender: no margin of it can be judged against the noise"
+SHORT = "eliminated on the short benchmark (halving's rung 0)"
+
+
+def excluded(tuner: Tuner, cands: list[dict[str, Any]]) -> dict[str, str]:
+    """The candidates the final ranking leaves out, each with why: with contenders (the study's repeats),
+    every other one (it ran once); for halving, those that did not reach the top rung (short benchmark)."""
+    spec = tuner.study.search
+    if spec is None:
+        return {}
+    contenders = {c["label"] for c in cands if (c.get("search") or {}).get("contender")}
+    out: dict[str, str] = {}
+    if spec.strategy == "halving":
+        rungs = {
+            c["label"]: max((x.get("rung") or 0 for x in tuner.scored_trials(c["id"])), default=0)
+            for c in cands
+        }
+        top = max(rungs.values(), default=0)
+        out.update({label: SHORT for label, r in rungs.items() if r < top})
+    if contenders:
+        out.update(
+            {c["label"]: ONCE for c in cands if c["label"] not in contenders and c["label"] not in out}
+        )
+    return out
 
 
 def summary(
@@ -401,18 +418,24 @@ def summary(
     assert study.search is not None
     spec = study.search
     objs = objectives(study)
+    main = float(study.load.main or max(study.load.levels))
     trials_used = 0
+    redone = 0  # trials a kill or a lost node cut short, run again (not charged to the budget)
     elapsed = 0.0
     rows = []
     regions: dict[str, dict[str, Any]] = {}
     by_label = {o["label"]: o for o in out}
     for c in cands:
         trials = tuner.repo.trials(c["id"])
-        trials_used += len(trials)
+        trials_used += sum(x["status"] not in ("interrupted", "lost") for x in trials)
+        redone += sum(x["status"] in ("interrupted", "lost") for x in trials)
         elapsed += sum(_seconds(x["started_at"], x["finished_at"]) for x in trials)
         search = c.get("search") or {}
         o = by_label.get(c["label"], {})
-        score = (o.get("score") or {}).get("value")
+        # what was measured, also for a candidate left out of the ranking (one trial, or halving's rung 0)
+        score = analyze.score(c["label"], "measured", o.get("levels") or [], study.slo, study.objective).value
+        if c["status"] not in ("measured", "anomalous"):
+            score = None
         pred = search.get("predicted") or {}
         row: dict[str, Any] = {
             "label": c["label"],
@@ -424,9 +447,13 @@ def summary(
             "predicted_prior": pred.get("prior"),
             "predicted_refit": pred.get("refit"),
         }
+        # the model predicts the main level: its error is judged there (the score may sit at another level)
+        at_main = next((d for d in o.get("levels") or [] if float(d["level"]) == main), None)
+        m = at_main.get(study.objective) if at_main and c["status"] in ("measured", "anomalous") else None
+        row["measured_at_main"] = m
         for k in ("prior", "refit"):
             p = pred.get(k)
-            row[f"error_{k}"] = abs(p / score - 1.0) if (p and score) else None
+            row[f"error_{k}"] = abs(p / m - 1.0) if (p and m) else None
         if c["status"] == "pruned" and search.get("region"):
             reg = search["region"]
             row["pruned_by"] = reg
@@ -438,7 +465,7 @@ def summary(
         "seed": spec.seed,
         "objectives": objs,
         "budget": {"trials": spec.budget_trials, "minutes": spec.budget_minutes},
-        "used": {"trials": trials_used, "minutes": round(elapsed / 60, 3)},
+        "used": {"trials": trials_used, "minutes": round(elapsed / 60, 3), "cut_short": redone},
         "space_size": sp.build(spec).size() if spec.space else None,
         "candidates": rows,
         "regions": list(regions.values()),

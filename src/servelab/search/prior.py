@@ -11,6 +11,7 @@ from servelab.errors import ServelabError
 from servelab.model.factors import Factors, default_factors
 
 if TYPE_CHECKING:
+    from servelab.model.predict import Prediction
     from servelab.results import Run
 
 # Engine flags whose meaning the model has a lever for: the running-batch cap (the model's concurrency is
@@ -39,12 +40,37 @@ class Predicted:
     reason: str | None = None
 
 
+def prediction(
+    study: Study, cand: CandidateSpec, concurrency: int, factors: Factors | None = None
+) -> Prediction:
+    """The model's prediction for a candidate at `concurrency` (factors: the engine's defaults unless
+    given). Raises the model's ServelabError when it does not know the setup."""
+    from servelab.model.predict import Workload
+    from servelab.model.predict import predict as model_predict
+
+    assert study.host.gpu is not None
+    return model_predict(
+        study.model.config or study.model.path,
+        study.host.gpu,
+        study.host.num_gpus,
+        Workload(isl=study.workload.input_len, osl=study.workload.output_len, concurrency=concurrency),
+        tp=cand.tp,
+        pp=cand.pp,
+        ep=cand.ep or 1,
+        dp=cand.dp or 1,
+        quant=cand.quantization,
+        kv_dtype=cand.kv_cache_dtype,
+        factors=factors,
+        engine=str(study.engine.options.get("personality", study.engine.name)),
+    )
+
+
 def predict(
     study: Study, cand: CandidateSpec, factors: Factors | None = None, objective: str | None = None
 ) -> Predicted:
-    """The model's objective for a candidate at the study's main level; value None when it cannot say."""
+    """The model's objective for a candidate at the study's main level, with the flags it has a lever for
+    (the running-batch cap, the prefill chunk); value None when it cannot say."""
     objective = objective or study.objective
-    model = study.model.config or study.model.path
     if not study.host.gpu:
         return Predicted(None, True, "the study declares no GPU kind (host.gpu)")
     engine = str(study.engine.options.get("personality", study.engine.name))
@@ -52,36 +78,19 @@ def predict(
     chunk = _flag(cand, PREFILL_CHUNK)
     if chunk:
         f = f.merged({"prefill_budget": float(chunk)})
-    main = study.load.main or max(study.load.levels)
-    conc = max(1, int(main))
-    cap = _flag(cand, RUNNING_CAP) or cand.max_concurrency
+    conc = max(1, int(study.load.main or max(study.load.levels)))
+    cap = running_cap(cand)
     if cap:
         conc = min(conc, cap)
     try:
-        from servelab.model.predict import Workload
-        from servelab.model.predict import predict as model_predict
-
-        p = model_predict(
-            model,
-            study.host.gpu,
-            study.host.num_gpus,
-            Workload(isl=study.workload.input_len, osl=study.workload.output_len, concurrency=conc),
-            tp=cand.tp,
-            pp=cand.pp,
-            ep=cand.ep or 1,
-            dp=cand.dp or 1,
-            quant=cand.quantization,
-            kv_dtype=cand.kv_cache_dtype,
-            factors=f,
-        )
+        p = prediction(study, cand, conc, f)
     except ServelabError as exc:
         return Predicted(None, False, exc.message)
     except Exception as exc:  # the model's own gaps must not stop a search
         return Predicted(None, True, f"model error: {exc}")
     if not p.feasible:
         return Predicted(None, False, p.reason)
-    key = _PREDICTED.get(objective, "output_throughput")
-    value = getattr(p, key)
+    value = getattr(p, _PREDICTED.get(objective, "output_throughput"))
     return Predicted(float(value) if value is not None else None, True)
 
 
@@ -90,12 +99,21 @@ def better(objective: str) -> float:
     return 1.0 if OBJECTIVES[objective] == "max" else -1.0
 
 
-def refit(study: Study, runs: list[Run]) -> tuple[Factors | None, list[str]]:
+def running_cap(cand: CandidateSpec) -> int | None:
+    """The most requests the candidate's engine runs at once, when a flag or field caps it."""
+    return _flag(cand, RUNNING_CAP) or cand.max_concurrency
+
+
+def refit(study: Study, runs: list[tuple[Run, CandidateSpec]]) -> tuple[Factors | None, list[str]]:
     """Factors fitted from the study's measured bench runs (None before any has a usable level), and the
-    names of the factors the fit moved."""
+    names of the factors the fit moved. A level above a candidate's running-batch cap is left out: the
+    engine ran the cap, not the level, and the fit's rows know only the level."""
     from servelab.model.calibrate import fit_observations, observations_from_runs
 
-    obs = observations_from_runs(runs)
+    obs = []
+    for run, cand in runs:
+        cap = running_cap(cand)
+        obs += [o for o in observations_from_runs([run]) if cap is None or o.concurrency <= cap]
     if not obs:
         return None, []
     engine = str(study.engine.options.get("personality", study.engine.name))

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from servelab.redact import is_secret_name
+
 
 class ConstraintLike(Protocol):
     """A `[[search.constraints]]` table (config.ConstraintSpec): this module sits below config."""
@@ -345,6 +347,12 @@ def _flatten(space: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
 def check_key(key: str, path: str) -> None:
     if key == "layout" or key in FIELDS:
         return
+    if is_secret_name(key.split(".", 1)[-1]):
+        raise SpaceError(
+            path,
+            f"{key} looks like a secret: a secret is not searched (it would name candidates); set it once in "
+            "[engine] env",
+        )
     if key.startswith("env."):
         if not _ENV.match(key[4:]):
             raise SpaceError(path, f"{key[4:]!r} is not an environment variable name")

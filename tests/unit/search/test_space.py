@@ -146,6 +146,11 @@ def test_a_grid_space_becomes_the_study_candidates_with_constraints_applied() ->
             "rule out every point",
         ),
         ({"strategy": "optuna", "space": {"layout": ["tp16"]}}, "search.space", "16 GPUs"),
+        (
+            {"strategy": "optuna", "space": {"env": {"HF_TOKEN": ["a", "b"]}}},
+            "search.space.env.HF_TOKEN",
+            "secret",
+        ),
     ],
 )
 def test_bad_search_tables_name_the_field(search: dict[str, Any], path: str, words: str) -> None:
