@@ -401,12 +401,15 @@ async def _many_streams(url: str, n: int, max_tokens: int) -> tuple[list[tuple[i
 
 def test_fault_server_sustains_1024_concurrent_streams(fault_server_factory: FaultFactory) -> None:
     srv = fault_server_factory(token_interval_ms=20, cpu=0)
+    light, _ = asyncio.run(_many_streams(srv.url, 8, 20))  # the same server, lightly loaded, just before
     results, wall = asyncio.run(_many_streams(srv.url, 1024, 20))
     assert [n for n, _ in results] == [20] * 1024
-    # Ideal: 19 x 20 ms = 0.38 s per stream; allow connection set-up and a busy 2-core box.
-    assert statistics.median(d for _, d in results) < 0.38 * 1.5, statistics.median(d for _, d in results)
-    assert wall < 5.0, wall
-    assert metrics(srv.url)["vllm:generation_tokens_total"] == 1024 * 20
+    # Ideal: 19 x 20 ms = 0.38 s per stream. Sustained: 1024 streams take at most 1.75x what 8 take on
+    # this box now (an absolute 0.57 s failed on a loaded CI box where 8 streams alone took longer too).
+    many, few = statistics.median(d for _, d in results), statistics.median(d for _, d in light)
+    assert few >= 0.38 and many < 1.75 * few, (few, many)
+    assert wall < 10 * few, (wall, few)
+    assert metrics(srv.url)["vllm:generation_tokens_total"] == (1024 + 8) * 20
 
 
 def test_fault_server_is_cheap_per_token(fault_server_factory: FaultFactory) -> None:

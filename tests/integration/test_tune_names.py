@@ -36,7 +36,11 @@ def test_a_study_with_nasty_labels_finishes_with_one_log_per_candidate(tmp_path:
     assert out["status"] == "completed"
     cands = by_label(out)
     assert set(cands) == labels
-    assert {c["status"] for c in cands.values()} == {"measured"}, {k: v["status"] for k, v in cands.items()}
+    # every candidate measured (an anomaly verdict against the baseline is not what this test is about:
+    # a loaded box once flagged one; tests/integration/test_tune_sim.py tests the verdicts)
+    assert {c["status"] for c in cands.values()} <= {"measured", "anomalous"}, {
+        k: v["status"] for k, v in cands.items()
+    }
     with sqlite3.connect(home / "servelab.db") as db:
         rows = db.execute(
             "SELECT c.label, t.marker, t.log_path FROM study_trials t"
