@@ -73,7 +73,7 @@ fi
 .venv/bin/ruff format --check src tests benchmarks examples scripts
 .venv/bin/mypy --strict src
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"  # the 30 slowest: where CI time goes
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -53,10 +55,20 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], None] | None = None) 
     if isinstance(data, dict | list):
         data = redact(data)
     if as_json or render is None:
+        _blocking_stdout()
         sys.stdout.write(dumps_json(data) + "\n")
         sys.stdout.flush()
     else:
         render(data)
+
+
+def _blocking_stdout() -> None:
+    """stdout back to blocking before a document is written: an event loop or a child left the shared
+    fd non-blocking, and a pipe whose reader lags then took only its first 64 KiB (a `tune --json` of
+    a large search arrived cut at 65,535 bytes with exit 0)."""
+    # not a real fd (a test runner's buffer: io.UnsupportedOperation): nothing to restore
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.set_blocking(sys.stdout.fileno(), True)
 
 
 def warn(message: str) -> None:
