@@ -40,7 +40,8 @@ class SearchLike(Protocol):
 Value = str | int | float | bool
 Point = dict[str, Value]
 
-# Candidate fields a space key may name directly (`layout` sets tp/pp/dp/ep together).
+# Candidate fields a space key may name directly (`layout` sets tp/pp/dp/ep together); the report shows
+# the same ones as a candidate's settings.
 FIELDS = (
     "tp",
     "pp",
