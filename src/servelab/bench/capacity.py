@@ -17,14 +17,12 @@ closed loop's first wave arrives at once, an open loop's queue is still filling.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from servelab.bench import metrics as M
 from servelab.results import (
-    LATENCY_METRICS,
     CapacityProbe,
     CapacityResult,
     LevelSummary,
@@ -33,7 +31,6 @@ from servelab.results import (
 )
 
 STATS = ("p50", "p90", "p95", "p99", "mean")
-_PART = re.compile(r"^(?:(p50|p90|p95|p99|mean)_)?([a-z0-9_]+)$")
 # A probe with more failed requests than this fails the SLO whatever its latencies.
 MAX_FAILURE_RATE = 0.01
 WARMUP_FRACTION = 0.2
@@ -80,24 +77,7 @@ def parse_capacity_slo(text: str | None) -> CapacitySLO:
     """`p99_ttft_ms<=2000,p99_tpot_ms<=50` → CapacitySLO. Raises ValueError naming the bad part."""
     if not text or not text.strip():
         raise ValueError("--find-capacity needs --slo, e.g. --slo p99_ttft_ms<=2000,p99_tpot_ms<=50")
-    limits: list[Limit] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, value = part.partition("<=")
-        m = _PART.match(name.strip())
-        if not sep or m is None:
-            raise ValueError(f"SLO part {part!r} must look like [STAT_]METRIC<=MS, e.g. p99_ttft_ms<=2000")
-        stat, metric = m.group(1) or "p99", m.group(2)
-        if metric not in LATENCY_METRICS:
-            raise ValueError(f"unknown SLO metric {metric!r}; known: {', '.join(LATENCY_METRICS)}")
-        try:
-            limit = float(value)
-        except ValueError:
-            raise ValueError(f"SLO limit {value.strip()!r} for {name.strip()} is not a number") from None
-        if not math.isfinite(limit) or limit <= 0:
-            raise ValueError(f"SLO limit for {name.strip()} must be a positive number, got {value.strip()!r}")
-        limits.append(Limit(metric, stat, limit))
+    limits = [Limit(metric, stat or "p99", limit) for stat, metric, limit in M.parse_limits(text)]
     if not limits:
         raise ValueError("--slo names no limit, e.g. p99_ttft_ms<=2000")
     return CapacitySLO(tuple(limits), text)

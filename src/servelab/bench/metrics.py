@@ -50,7 +50,7 @@ class SLO:
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
-_STAT_PREFIX = re.compile(r"^(p50|p90|p95|p99|mean)_")
+_LIMIT_NAME = re.compile(r"^(?:(p50|p90|p95|p99|mean)_)?([a-z0-9_]+)$")
 
 
 def slo_value_ms(rec: RequestRecord, name: str) -> float | None:
@@ -168,28 +168,33 @@ def summarize(
     )
 
 
-def parse_slo(text: str | None) -> SLO | None:
-    """`ttft_ms<=500,tpot_ms<=50` → SLO. Raises ValueError with the offending part."""
-    if not text:
-        return None
-    limits: list[tuple[str, float]] = []
-    for part in text.split(","):
-        part = part.strip()
+def parse_limits(text: str) -> list[tuple[str | None, str, float]]:
+    """`p99_ttft_ms<=2000,tpot_ms<=50` → [(stat or None, metric, limit ms)]: the one spelling of an SLO,
+    read per request by `--slo` and per level by `--find-capacity`. Raises ValueError naming the bad part."""
+    limits: list[tuple[str | None, str, float]] = []
+    for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if "<=" not in part:
-            raise ValueError(f"SLO part {part!r} must look like NAME<=VALUE, e.g. ttft_ms<=500")
-        name, _, value = part.partition("<=")
-        # `p99_ttft_ms` (a capacity search's level statistic, bench.capacity) is, per request, the
-        # same limit as `ttft_ms`
-        name = _STAT_PREFIX.sub("", name.strip())
-        if name not in SLO_METRICS:
-            raise ValueError(f"unknown SLO metric {name!r}; known: {', '.join(SLO_METRICS)}")
+        name, sep, value = part.partition("<=")
+        m = _LIMIT_NAME.match(name.strip())
+        if not sep or m is None:
+            raise ValueError(f"SLO part {part!r} must look like [STAT_]METRIC<=MS, e.g. p99_ttft_ms<=2000")
+        stat, metric = m.group(1), m.group(2)
+        if metric not in SLO_METRICS:
+            raise ValueError(f"unknown SLO metric {metric!r}; known: {', '.join(SLO_METRICS)}")
         try:
             limit = float(value)
         except ValueError:
-            raise ValueError(f"SLO limit {value.strip()!r} for {name} is not a number") from None
+            raise ValueError(f"SLO limit {value.strip()!r} for {name.strip()} is not a number") from None
         if not math.isfinite(limit) or limit <= 0:
-            raise ValueError(f"SLO limit for {name} must be a positive number, got {value.strip()!r}")
-        limits.append((name, limit))
-    return SLO(tuple(limits))
+            raise ValueError(f"SLO limit for {name.strip()} must be a positive number, got {value.strip()!r}")
+        limits.append((stat, metric, limit))
+    return limits
+
+
+def parse_slo(text: str | None) -> SLO | None:
+    """`ttft_ms<=500,tpot_ms<=50` → SLO. Per request, `p99_ttft_ms` (a capacity search's level
+    statistic) is the same limit as `ttft_ms`. Raises ValueError with the offending part."""
+    if not text:
+        return None
+    return SLO(tuple((metric, limit) for _, metric, limit in parse_limits(text)))
