@@ -178,7 +178,7 @@ class Finding:
     """A stale assumption `check` found: an open item that no longer matches what is observed."""
 
     item: str
-    kind: str  # server_down | server_unobserved | config_mismatch | config_unconfirmed | service_healthy
+    kind: str  # server_down | server_healthy | server_unobserved | config_mismatch | config_unconfirmed | service_healthy
     #            | service_down | service_unobserved | dependency_cancelled
     severity: str  # warning | info
     message: str
@@ -1072,10 +1072,31 @@ def check(items: list[Item] | tuple[Item, ...], observation: dict[str, Any]) -> 
                 )
             )
         t = targets(it, units)
-        if it.status == "in_progress":
+        healthy = _repaired_server(it, t, servers)
+        if healthy is not None:
+            out.append(healthy)
+        elif it.status == "in_progress":
             out.extend(_check_server(it, t, servers))
         out.extend(_check_service(it, t, services))
     return out
+
+
+def _repaired_server(it: Item, t: dict[str, Any], servers: list[dict[str, Any]]) -> Finding | None:
+    """An item about repairing the server it names ("restart the crashed server at URL") while that server
+    answers healthy: the assumption that it is down no longer holds."""
+    if not (t["repair"] and t["url"]):
+        return None
+    srv = next((s for s in servers if _norm_url(str(s.get("url", ""))) == _norm_url(t["url"])), None)
+    if srv is None or not srv.get("up"):
+        return None
+    return Finding(
+        it.id,
+        "server_healthy",
+        "warning",
+        f"item {it.id} is about repairing {t['url']}, which answers healthy "
+        f"({srv.get('engine') or 'a server'}, {srv.get('running', 0)} running, {srv.get('waiting', 0)} waiting)",
+        {"url": t["url"], "server": srv},
+    )
 
 
 def _check_server(it: Item, t: dict[str, Any], servers: list[dict[str, Any]]) -> list[Finding]:

@@ -73,6 +73,19 @@ FLOORS: dict[str, tuple[str, ...]] = {
     ),
     "servelab.trial": ("servelab.tune", "servelab.deploy", "servelab.cli"),
     "servelab.tune": ("servelab.deploy", "servelab.cli"),
+    # a front end beside the CLI: it runs the commands as children and reads the store, never runs a
+    # study in its own process (a study's driver is a `servelab tune` child holding the lease)
+    "servelab.mcp": (
+        "servelab.tune",
+        "servelab.trial",
+        "servelab.search",
+        "servelab.executors",
+        "servelab.bench",
+        "servelab.deploy",
+        "servelab.report",
+        "servelab.ui",
+        "servelab.cli",
+    ),
 }
 ALLOWED = {"servelab.errors", "servelab.paths", "servelab.redact"}
 

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("servelab.cli.report", "report"),
     "ui": ("servelab.cli.ui", "ui"),
     "db": ("servelab.cli.db", "db"),
+    "mcp": ("servelab.cli.mcp", "mcp_cmd"),
 }
 
 

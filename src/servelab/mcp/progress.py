@@ -1,0 +1,130 @@
+"""A study's progress from what its driver stored: the store is the one place a study's state is
+written (every step commits), so any number of readers can poll it while a `servelab tune` runs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from servelab.mcp.models import CandidateProgress, Driver, Finding, TrialProgress, TuneProgress
+from servelab.store.db import Store
+from servelab.store.leases import holder
+from servelab.store.studies import TERMINAL_TRIAL, StudyRepo
+
+_ENDED_TRIAL = (*TERMINAL_TRIAL, "interrupted", "lost")
+
+
+def _ts(text: str | None) -> datetime | None:
+    return None if not text else datetime.fromisoformat(text)
+
+
+def _levels(trial: dict[str, Any]) -> list[float]:
+    return [float(lv["level"]) for lv in trial.get("levels") or [] if lv.get("level") is not None]
+
+
+def _findings(cand: dict[str, Any], trials: list[dict[str, Any]]) -> list[Finding]:
+    label = str(cand["label"])
+    out = [
+        Finding(
+            candidate=label,
+            kind="not_applied",
+            detail=f"requested {n.get('key')}={n.get('requested')!r}, the engine runs {n.get('effective')!r}",
+        )
+        for n in (cand.get("outcome") or {}).get("not_applied") or []
+    ]
+    out += [
+        Finding(
+            candidate=label, kind=str(a.get("kind")), detail=f"level {a.get('level'):g}: {a.get('detail')}"
+        )
+        for a in (cand.get("outcome") or {}).get("anomalies") or []
+        if isinstance(a, dict)
+    ]
+    if not out:  # a trial that ended without its candidate's outcome yet (the study still runs)
+        for t in trials:
+            if t["status"] == "not_applied":
+                out += [
+                    Finding(
+                        candidate=label,
+                        kind="not_applied",
+                        detail=f"requested {n.get('key')}={n.get('requested')!r}, "
+                        f"the engine runs {n.get('effective')!r}",
+                    )
+                    for n in t.get("not_applied") or []
+                ]
+    out += [
+        Finding(candidate=label, kind="failed", detail=str(t.get("error") or "the trial failed"))
+        for t in trials
+        if t["status"] == "failed"
+    ]
+    return out
+
+
+def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgress:
+    """The study `ref` (uid, name or `last`) as it stands: trials under way, levels measured of the
+    levels planned, the ETA at the pace of the trials that ended, and what was found so far."""
+    repo = StudyRepo(store)
+    st = repo.resolve(ref)
+    now = now or datetime.now(UTC)
+    spec = st.get("spec") or {}
+    adaptive = bool(spec.get("search"))
+    repeats = int(spec.get("repeats") or 1)
+    planned_levels = len((spec.get("load") or {}).get("concurrency") or []) or None
+    cands = repo.candidates(st["id"])
+    running: list[TrialProgress] = []
+    rows: list[CandidateProgress] = []
+    findings: list[Finding] = []
+    ended: list[float] = []
+    levels_done = 0
+    trials_done = 0
+    for c in cands:
+        trials = repo.trials(c["id"])
+        done_here = 0
+        for t in trials:
+            got = _levels(t)
+            done_here += len(got)
+            if t["status"] in _ENDED_TRIAL:
+                trials_done += 1
+                start, end = _ts(t["started_at"]), _ts(t["finished_at"])
+                if start and end:
+                    ended.append((end - start).total_seconds())
+            else:
+                running.append(
+                    TrialProgress(
+                        candidate=str(c["label"]),
+                        repeat=int(t["repeat"]),
+                        status=str(t["status"]),
+                        levels_done=got,
+                        started_at=t["started_at"],
+                    )
+                )
+        levels_done += done_here
+        findings += _findings(c, trials)
+        rows.append(
+            CandidateProgress(
+                label=str(c["label"]), status=str(c["status"]), trials=len(trials), levels_done=done_here
+            )
+        )
+    total = None if adaptive else len(cands) * repeats
+    owner = holder(store, st["id"])
+    started = _ts(st["created_at"]) or now
+    finished = _ts(st["finished_at"])
+    eta: float | None = None
+    if st["status"] != "running":
+        eta = 0.0
+    elif ended and total is not None:
+        eta = sum(ended) / len(ended) * max(total - trials_done, 0)
+    return TuneProgress(
+        study=str(st["uid"]),
+        name=str(st["name"]),
+        status=str(st["status"]),
+        driver=None if owner is None else Driver(pid=owner.pid, host=owner.host, alive=owner.alive()),
+        running=running,
+        candidates=rows,
+        trials_done=trials_done,
+        trials_total=total,
+        levels_done=levels_done,
+        levels_total=None if total is None or planned_levels is None else total * planned_levels,
+        elapsed_s=((finished or now) - started).total_seconds(),
+        eta_s=eta,
+        findings=findings,
+    )
