@@ -140,12 +140,23 @@ class ExplainView(View):
     """`servelab explain RUN --json`: where a measured run's time goes against the model."""
 
 
-class BenchView(View):
-    """`servelab bench --json` (docs/cli/bench.md): the stored run and its levels."""
-
-
 class RunView(View):
-    """`servelab runs show RUN --json`: one stored run with every level."""
+    """`servelab runs show RUN --json`: `results.Run.to_json()`, one stored run with every level, its
+    figures in the time base it names (the simulated GPU's on the simulator)."""
+
+    run: str = Field(description="The run's uid (b-…): `runs_show`, `explain` and `report` take it.")
+    status: str
+    url: str
+    model: str
+    engine: str | None = None
+    time_base: str | None = None
+    levels: list[dict[str, Any]] = Field(
+        description="Each load level: its digest (throughput, TTFT, TPOT, …)."
+    )
+
+
+class BenchView(RunView):
+    """`servelab bench --json` (docs/cli/bench.md): the run it stored, as `runs_show` shows it."""
 
 
 class ReportView(View):

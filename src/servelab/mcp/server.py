@@ -374,7 +374,9 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
     async def bench(
         url: Annotated[str, Field(description="The OpenAI-compatible server's base URL.")],
         model: Annotated[str, Field(description="The model as the server serves it.")],
-        concurrency: Annotated[list[int] | None, Field(description="Closed-loop levels.")] = None,
+        concurrency: Annotated[
+            list[int] | None, Field(description="Closed-loop levels (default: one stream).")
+        ] = None,
         num_requests: Annotated[
             int | None, Field(description="Requests per level (capped by the server).")
         ] = None,
@@ -412,8 +414,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             slo=slo,
             seed=seed,
         )
-        if concurrency:
-            args += ["--concurrency", ",".join(str(c) for c in concurrency)]
+        args += ["--concurrency", ",".join(str(c) for c in concurrency or [1])]
         return await call(M.BenchView, ["bench", *args])
 
     @mcp.tool()

@@ -20,7 +20,7 @@ import orjson
 from servelab.errors import ConfigError, NotFoundError, ServelabError, UserError
 from servelab.paths import data_home
 
-_STUDY_LINE = re.compile(r"^study (s-[0-9a-f]+)", re.MULTILINE)
+_STUDY_LINE = re.compile(r"^(?:resuming )?study (s-[0-9a-f]+)", re.MULTILINE)
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
 
