@@ -338,6 +338,9 @@ def test_a_client_that_disconnects_mid_study_leaves_nothing_and_resume_continues
             got["before"] = before
             got["resumed"] = await c.call("tune_resume", study=uid)
             got["busy"] = await c.error("tune_resume", study=uid)
+            await wait_study(c, uid, until_running=True)
+            got["stopped"] = await c.call("tune_stop", study=uid)
+            got["again"] = await c.call("tune_resume", study=uid)
             got["end"] = (await wait_study(c, uid))[-1]
             await more_tools(c, world, uid, got)
 
@@ -346,6 +349,8 @@ def test_a_client_that_disconnects_mid_study_leaves_nothing_and_resume_continues
     assert got["before"]["trials_done"] < 3
     assert got["resumed"]["study"] == uid
     assert "running" in got["busy"] and "hint:" in got["busy"]
+    assert got["stopped"]["exit_code"] == 130 and got["stopped"]["status"] == "interrupted"
+    assert got["again"]["study"] == uid and got["again"]["pid"] != got["resumed"]["pid"]
     end_ = got["end"]
     assert end_["status"] == "completed" and end_["exit_code"] == 0
     assert {c["label"]: c["status"] for c in end_["candidates"]}["tp8-trtllm"] == "not_applied"

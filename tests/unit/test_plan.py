@@ -544,3 +544,15 @@ def test_json_import_checks_field_types() -> None:
     ]:
         with pytest.raises(ConfigError, match=msg):
             P.import_json(P.Plan("w"), {"format": P.JSON_FORMAT, "items": [item]}, **KW)
+
+
+def test_check_flags_a_repair_item_whose_server_answers_healthy() -> None:
+    p = P.add(P.Plan("w"), "restart the crashed server http://127.0.0.1:8000/v1", **KW).plan
+    found = P.check(p.items, {"servers": [server()]})
+    assert [f.kind for f in found] == ["server_healthy"]
+    assert "answers healthy" in found[0].message and found[0].evidence["url"] == "http://127.0.0.1:8000/v1"
+    assert kinds(p, {"servers": [server(up=False)]}) == []  # down, as the item assumes
+    assert kinds(p, {"servers": [server("http://10.0.0.9:8000")]}) == []  # another server
+    assert (
+        kinds(P.add(P.Plan("w"), "benchmark http://127.0.0.1:8000", **KW).plan, {"servers": [server()]}) == []
+    )
