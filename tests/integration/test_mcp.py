@@ -382,6 +382,7 @@ async def more_tools(c: Client, world: World, uid: str, got: dict[str, Any]) -> 
     doc = await c.call("doctor", gpu_source=f"sim:{world.sim.url}")
     assert doc["checks"] and doc["worst"] in ("ok", "warn", "fail")
     unit = await c.call("deploy_preview", run=uid)
-    assert "tp8-cutlass" in json.dumps(unit) and "ExecStart" in json.dumps(unit)
+    assert unit["dry_run"] and "ExecStart=" in unit["content"] and "candidate tp8-cutlass" in unit["content"]
+    assert not Path(unit["file"]).exists()
     refused = await c.error("deploy_preview", run=uid, install=True)
     assert "--allow-install" in refused

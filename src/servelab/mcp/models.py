@@ -169,6 +169,14 @@ class DeployView(View):
     """`servelab deploy RUN --dry-run --json` (docs/cli/deploy.md): the unit (or manifest) text and the
     steps an install would take; `install` is set only when the server allows installing."""
 
+    name: str
+    target: str = Field(description="systemd | compose | kubernetes")
+    file: str = Field(description="Where the file goes (a dry run writes nothing).")
+    content: str = Field(description="The unit (or Compose / Kubernetes) text, from the run's exact argv.")
+    dry_run: bool
+    actions: list[str] = Field(description="What deploying does, step by step.")
+    install: dict[str, Any] | None = None
+
 
 class TuneStarted(BaseModel):
     """A study started in the background: poll `tune_progress` with `study`."""
