@@ -174,6 +174,23 @@ def story(world: World) -> dict[str, Any]:
             out["report_md"] = await c.s.read_resource(f"servelab://studies/{out['started']['study']}/report")
             out["plan_md"] = await c.s.read_resource("servelab://plan")
             out["signatures"] = await c.s.read_resource("servelab://signatures")
+            secret = await c.call(
+                "plan_update",
+                todos=[
+                    {"id": "9", "content": "bench with --api-key sk-abcdefgh12345678", "status": "pending"}
+                ],
+            )
+            out["secret_todo"] = next(t for t in secret["todos"] if t["id"] == "9")["content"]
+            out["bad_type"] = await c.error(
+                "predict", model="GLM-5-NVFP4", gpu="rtx-pro-6000", num_gpus="eight"
+            )
+            notes: list[tuple[float, float | None]] = []
+
+            async def note(progress: float, total: float | None, _message: str | None) -> None:
+                notes.append((progress, total))
+
+            await c.s.call_tool("tune_progress", {"study": out["started"]["study"]}, progress_callback=note)
+            out["notified"] = notes
             out["bad_model"] = await c.error("predict", model="no-such-model", gpu="rtx-pro-6000", num_gpus=8)
             out["bad_todo"] = await c.error("plan_update", todos=[{"content": "x", "status": "doing"}])
 
@@ -259,6 +276,16 @@ def test_an_error_is_the_clis_message_and_hint(story: dict[str, Any], world: Wor
     cli = cli_json(world, "predict", "--model", "no-such-model", "--gpu", "rtx-pro-6000", "--num-gpus", "8")
     assert f"error: {cli['message']}\nhint: {cli['hint']}" in story["bad_model"]
     assert "todo #1" in story["bad_todo"] and "hint:" in story["bad_todo"]
+
+
+def test_secrets_are_masked_and_bad_arguments_name_their_field(story: dict[str, Any]) -> None:
+    assert story["secret_todo"] == "bench with --api-key ***"
+    assert "num_gpus" in story["bad_type"]
+
+
+def test_progress_is_also_a_notification(story: dict[str, Any]) -> None:
+    last = story["progress"][-1]
+    assert story["notified"] == [(last["levels_done"], last["levels_total"])]
 
 
 def _study_processes(uid: str) -> list[processes.ProcInfo]:

@@ -418,13 +418,13 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         return await call(M.BenchView, ["bench", *args])
 
     @mcp.tool()
-    def tune_start(
+    async def tune_start(
         study_file: Annotated[str, Field(description="The study TOML (docs/study.md).")],
     ) -> M.TuneStarted:
         """Start a study in the background (a `servelab tune` process holding its lease); returns its id
         at once. Poll `tune_progress`."""
         with as_tool_errors():
-            child = runs.start(study_file)
+            child = await anyio.to_thread.run_sync(lambda: runs.start(study_file))
         return M.TuneStarted(
             study=child.study, name=child.name, pid=child.proc.pid, log=str(child.log), source=child.source
         )
@@ -463,7 +463,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         )
 
     @mcp.tool()
-    def tune_resume(
+    async def tune_resume(
         study: StudyRef,
         study_file: Annotated[
             str | None, Field(description="Default: the file the study was run from.")
@@ -478,7 +478,9 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             with open_store() as store:
                 st = StudyRepo(store).resolve(study)
             source = str(Path(study_file).expanduser().resolve()) if study_file else str(st["source"] or "")
-            child = runs.resume(str(st["uid"]), source, str(st["name"]), retry_failed)
+            child = await anyio.to_thread.run_sync(
+                lambda: runs.resume(str(st["uid"]), source, str(st["name"]), retry_failed)
+            )
         return M.TuneStarted(
             study=child.study, name=child.name, pid=child.proc.pid, log=str(child.log), source=child.source
         )

@@ -126,3 +126,18 @@ def test_progress_is_what_the_store_says(tmp_path: Path) -> None:
     ]
     assert got.eta_s == pytest.approx(sum(took) / 2 * 1)  # the mean trial so far, times the one left
     assert [c.levels_done for c in got.candidates] == [2, 0, 1]
+
+
+def test_without_the_sdk_the_command_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from click.testing import CliRunner
+
+    from servelab.cli.main import cli
+
+    for name in [m for m in sys.modules if m == "mcp" or m.startswith(("mcp.", "servelab.mcp"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` raises ImportError, as when not installed
+    res = CliRunner().invoke(cli, ["mcp"])
+    assert res.exit_code == 2
+    assert "needs the MCP SDK" in res.output and "pip install 'servelab[mcp]'" in res.output
