@@ -500,7 +500,12 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
     ) -> M.ReportView:
         """Write a study's findings report (HTML and Markdown; default: under $SERVELAB_HOME/reports/)."""
         if html is None and md is None:
-            where = data_home() / "reports" / study.replace("/", "_")
+            from servelab.store import open_store
+            from servelab.store.studies import StudyRepo
+
+            with as_tool_errors(), open_store() as store:
+                uid = str(StudyRepo(store).resolve(study)["uid"])
+            where = data_home() / "reports" / uid
             html, md = str(where / "report.html"), str(where / "report.md")
         return await call(M.ReportView, ["report", study, *flags(html=html, md=md)])
 
