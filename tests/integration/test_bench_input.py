@@ -145,7 +145,9 @@ def test_ten_million_requests_start_at_once_and_stop_on_sigterm() -> None:
 
 def test_sigterm_while_the_prompts_are_built_stops_at_once() -> None:
     """A pool of long prompts takes a while to build; a signal during the build is answered within
-    seconds, not after it."""
+    seconds, not after it. Each prompt built is held 1 s without yielding (`SERVELAB_TEST_STALL_AT`),
+    so the build of 16 prompts lasts 16 s on any machine (a fast one built them in under the 4 s this
+    test used to wait) and a builder that did not yield between prompts would answer after all 16."""
     with fault_server(token_interval_ms=5) as fs:
         proc = subprocess.Popen(
             [
@@ -156,9 +158,10 @@ def test_sigterm_while_the_prompts_are_built_stops_at_once() -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "SERVELAB_TEST_STALL_AT": "prompt-built:1"},
         )  # fmt: skip
         try:
-            time.sleep(4)
+            time.sleep(6)
             assert proc.poll() is None and _runs() == []  # still building
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)

@@ -29,6 +29,7 @@ from servelab.bench.config import BenchConfig
 from servelab.bench.load import LevelSpec, PreparedRequest, Watch, frozen_heap, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource, source_for
+from servelab import crashpoint
 from servelab.errors import ConfigError, Interrupted, ServerError
 from servelab.results import (
     CapacityProbe,
@@ -296,6 +297,7 @@ async def _collect(prompts: Iterable[W.Prompt]) -> tuple[W.Prompt, ...]:
     out = []
     for p in prompts:
         out.append(p)
+        crashpoint.stall("prompt-built")
         await asyncio.sleep(0)
     return tuple(out)
 
