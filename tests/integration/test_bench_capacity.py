@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support import simruns
+from tests.support import simruns, trace_samples
 from tests.support.simruns import ISL, MODEL, OSL, SIM_ARGS
 
 from servelab.model.predict import capacity, make_setup
@@ -78,6 +78,27 @@ def test_saturation_flags_the_level_the_server_could_not_keep_up_with(
     assert not [w for w in calm_run["warnings"] if "could not keep up" in w]
     human = simruns.servelab(tmp_path, "runs", "show", d["run"])
     assert "rate=150/s (saturated)" in human.stdout and "could not keep up" in human.stdout
+
+
+def test_a_trace_replayed_faster_than_the_server_serves_is_flagged(
+    sim: simruns.SimProcess, tmp_path: Path
+) -> None:
+    """A trace is an open-loop level too: the Mooncake sample at ×20 (200 requests/s over 0.5 s, client
+    clock) is over twice what this box completes at speed 20 (under 80/s of these lengths); at ×2 (20/s)
+    it keeps up."""
+    trace = str(trace_samples.DIR / "mooncake.jsonl")
+    runs = [simruns.bench(tmp_path, sim.url, MODEL, "--trace", trace, "--time-scale", x) for x in ("2", "20")]
+    calm, over = (r["levels"][0]["saturation"] for r in runs)
+    print(json.dumps(over))
+    assert calm is not None and not calm["server_saturated"], calm
+    assert over["server_saturated"] and over["stopped_early"] is None, over
+    assert any("completions fell behind" in r for r in over["reasons"]), over
+    assert any("TTFT rose linearly" in r for r in over["reasons"]) and over["ttft_slope_t"] > 5, over
+    assert over["completion_rate"] < 0.8 * over["arrival_rate"]
+    label = runs[1]["levels"][0]["label"]
+    assert label == "trace mooncake ×20"
+    assert any(w.startswith(f"level {label}: the server could not keep up") for w in runs[1]["warnings"])
+    assert not [w for w in runs[0]["warnings"] if "could not keep up" in w]
 
 
 def test_a_clearly_over_saturated_probe_stops_early(sim: simruns.SimProcess, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from servelab import crashpoint
 from servelab.bench import capacity as C
 from servelab.bench import metrics as M
 from servelab.bench import saturation as S
@@ -29,7 +30,6 @@ from servelab.bench.config import BenchConfig
 from servelab.bench.load import LevelSpec, PreparedRequest, Watch, frozen_heap, run_level, warmup
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource, source_for
-from servelab import crashpoint
 from servelab.errors import ConfigError, Interrupted, ServerError
 from servelab.results import (
     CapacityProbe,
@@ -853,10 +853,10 @@ async def _run_one_level(
     series = scrape.series(t_start, cfg.scrape_interval_s, gpus.name if gpus else None)
     repo.finish_level(level_id, status, summary, server, client_stats, series=series)
     saturation = None
-    if spec.mode == "rate" and records:
+    if spec.mode in S.OPEN_LOOP and plan is None and records:
         saturation = S.detect(
             records,
-            spec.value,
+            S.asked_rate(spec.mode, spec.value, records),
             scrape.samples,
             cfg.scrape_interval_s,
             monitor.lateness if monitor else (),

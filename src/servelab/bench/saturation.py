@@ -1,4 +1,5 @@
-"""Saturation of an open-loop level: did the server (or the client) keep up with the arrival rate?
+"""Saturation of an open-loop level (`--rate`, or a `--trace` replayed at its timestamps): did the server
+(or the client) keep up with the arrival rate?
 
 A server that cannot keep up does not have a steady state: its queue grows for as long as the level
 lasts, and the latencies measured are those of that queue at the moment the level ended (a longer
@@ -25,6 +26,7 @@ import numpy as np
 
 from servelab.results import RequestRecord, Saturation
 
+OPEN_LOOP = ("rate", "trace")  # the level modes that send on a schedule whatever the server does
 COMPLETION_RATIO = 0.8
 SLOPE_T = 5.0
 QUEUE_MIN = 4.0
@@ -112,6 +114,16 @@ def _queue(
     return b, last, None
 
 
+def asked_rate(mode: str, value: float, records: Sequence[RequestRecord]) -> float:
+    """The requests/s an open-loop level asked for: a `rate` level's own; a trace's mean over the sends
+    it scheduled (its timestamps ÷ the time scale, cut by --duration), from first to last."""
+    if mode == "rate":
+        return value
+    sends = sorted(r.scheduled_s if r.scheduled_s is not None else r.start_s for r in records)
+    span = sends[-1] - sends[0] if sends else 0.0
+    return (len(sends) - 1) / span if span > 0 else 0.0
+
+
 def detect(
     records: Sequence[RequestRecord],
     rate: float,
@@ -120,7 +132,8 @@ def detect(
     lateness_s: Sequence[float] = (),
     stopped_early: str | None = None,
 ) -> Saturation:
-    """The stored verdict of one open-loop level at `rate` requests/s (client clock)."""
+    """The stored verdict of one open-loop level at `rate` requests/s (client clock; a trace's mean rate,
+    `asked_rate`): `rate` sets only the client's lateness limit, a quarter of the mean gap."""
     b, t, ttft_why = _ttft_rise(records)
     arrival, completion, done_why = _completions(records)
     qb, qlast, queue_why = _queue(samples, interval_s)
