@@ -36,6 +36,14 @@ def resolve_factors(engine: str | None, calibration: str | None) -> Factors:
     return f
 
 
+SILICON_OPTION = click.option(
+    "--silicon",
+    is_flag=True,
+    help="Read the allreduces off measured operator tables where they cover this GPU and engine "
+    "(needs servelab[silicon]); `sources` says which terms are measured.",
+)
+
+
 def setup_options(fn: Any) -> Any:
     opts = [
         click.option(
@@ -88,6 +96,7 @@ def setup_options(fn: Any) -> Any:
             show_default=True,
             help="Share of GPU memory the engine may use.",
         ),
+        SILICON_OPTION,
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -116,6 +125,8 @@ def build_setup(kw: dict[str, Any]) -> Setup:
         interconnect=kw["interconnect"],
         factors=resolve_factors(kw["engine"], kw["calibration"]),
         mem_fraction=kw["mem_fraction"],
+        engine=kw["engine"],
+        silicon=kw["silicon"],
     )
 
 
@@ -172,6 +183,9 @@ def _render_prediction(d: dict[str, Any]) -> None:
         f"single-stream {d['single_stream_tok_s']:.1f} tok/s, ceiling without communication "
         f"{d['single_stream_ceiling_tok_s']:.1f} tok/s"
     )
+    measured = {k: v for k, v in (d.get("sources") or {}).items() if v != "formula"}
+    for term, src in measured.items():
+        stdout.print(f"{term}: {src}")
     for warning in d.get("warnings") or []:
         stdout.print(f"[yellow]warning:[/yellow] {warning}")
 
@@ -437,6 +451,7 @@ def load_run(ref: str) -> Run:
 @click.option("--interconnect", default=None)
 @click.option("--engine", default=None)
 @click.option("--calibration", default=None)
+@SILICON_OPTION
 @click.option(
     "--isl", type=int, default=1024, show_default=True, help="Used when the run does not record lengths."
 )
@@ -476,6 +491,8 @@ def explain(run: str, **kw: Any) -> None:
         kv_dtype=kw["kv_dtype"] or ctx.kv_dtype,
         interconnect=kw["interconnect"] or host.interconnect,
         factors=resolve_factors(kw["engine"] or ctx.personality or data.engine, kw["calibration"]),
+        engine=kw["engine"] or ctx.personality or data.engine,
+        silicon=kw["silicon"],
     )
     result = explain_levels(setup, [lv.summary for lv in data.levels], kw["isl"], kw["osl"])
     out = {
@@ -528,3 +545,7 @@ def _render_explain(d: dict[str, Any]) -> None:
     stdout.print(t)
     if d["largest_gap"]:
         stdout.print(f"largest gap {d['largest_gap']}")
+    for lv in d["levels"]:
+        for term, src in (lv.get("sources") or {}).items():
+            if src != "formula":
+                stdout.print(f"c={lv['concurrency']} {term}: {src}")

@@ -24,8 +24,8 @@ import numpy as np
 from servelab.errors import ConfigError, ServelabError
 from servelab.model.factors import FIT_BOUNDS, Factors
 from servelab.model.memory import plan_memory
-from servelab.model.predict import Setup, Terms, Workload, latencies, make_setup, make_terms
-from servelab.model.step import StepRaw, build_perf
+from servelab.model.predict import Setup, Terms, Workload, latencies, make_setup, make_terms, perf_of
+from servelab.model.step import StepRaw
 from servelab.results import Run
 
 SYSTEMS = {
@@ -277,8 +277,11 @@ def _take(t: Terms, idx: np.ndarray) -> Terms:
     )
 
 
-def prepare(observations: Iterable[Observation], factors: Factors | None = None) -> Prepared:
-    """Resolve each observation to a setup and its terms (memory uses the given factors)."""
+def prepare(
+    observations: Iterable[Observation], factors: Factors | None = None, silicon: bool = False
+) -> Prepared:
+    """Resolve each observation to a setup and its terms (memory uses the given factors); `silicon`
+    reads each row's allreduce off the measured tables where they cover its GPU and engine."""
     obs_ok: list[Observation] = []
     setups: list[Setup] = []
     terms: list[Terms] = []
@@ -297,11 +300,13 @@ def prepare(observations: Iterable[Observation], factors: Factors | None = None)
                 quant=o.quant,
                 kv_dtype=o.kv_dtype,
                 factors=base.merged(ENGINE_BEHAVIOUR.get(o.engine, {})),
+                engine=o.engine,
+                silicon=silicon,
             )
         except ServelabError as exc:
             dropped.append((o, exc.message))
             continue
-        perf = build_perf(s.arch, s.quant, s.host, s.layout, s.factors)
+        perf = perf_of(s)
         mem = plan_memory(s.arch, s.quant, s.host, s.layout, s.mem_fraction)
         wl = o.workload
         if mem.max_concurrency(wl.isl + wl.osl) < 1:
@@ -478,13 +483,16 @@ def fit_observations(
     start: Factors | None = None,
     holdout: float = 0.3,
     per_engine: bool = True,
+    silicon: bool = False,
 ) -> tuple[Factors, dict[str, dict[str, float]], dict[str, Any]]:
     """Fit global factors (and per-engine overhead/queue factors) on a split; report on the held-out rows.
+    With `silicon` the rows' allreduces are read off the measured tables (`prepare`), and the factors
+    fit the rest around them.
 
     Fewer than `FEW_ROWS` observations (a user's bench run: a handful of levels of one configuration)
     free only the few factors those rows identify (`fit_few`); the report names them under `fitted`."""
     start = start or Factors()
-    prepared = prepare(observations, start)
+    prepared = prepare(observations, start, silicon)
     test_mask = holdout_mask(prepared.obs, holdout)
     train = prepared.subset(~test_mask) if test_mask.any() else prepared
     if len(train.obs) < FEW_ROWS:

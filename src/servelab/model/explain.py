@@ -16,6 +16,7 @@ class LevelComparison:
     error_pct: dict[str, float | None]
     attribution: dict[str, float]
     largest_gap: str
+    sources: dict[str, str]  # per decode-step term: "formula" or the measured table it was read off
 
 
 @dataclass
@@ -72,6 +73,6 @@ def explain_levels(setup: Setup, levels: list[LevelSummary], isl: int, osl: int)
             label = "no measured numbers to compare"
         if name and gaps[name] > worst[0]:
             worst = (gaps[name], f"at concurrency {c}: {label}")
-        out.levels.append(LevelComparison(c, measured, predicted, errors, attribution, label))
+        out.levels.append(LevelComparison(c, measured, predicted, errors, attribution, label, p.sources))
     out.largest_gap = worst[1]
     return out

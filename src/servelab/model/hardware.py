@@ -29,6 +29,7 @@ class Gpu:
     interconnect: str
     kind: str = "gpu"  # "gpu" | "cpu"
     cores: int = 0  # CPU hosts: cores the engine runs on
+    silicon_system: str = ""  # aiconfigurator-core's name for this GPU's measured system (model/silicon.py)
 
     @property
     def is_cpu(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import ConfigError
+from servelab.model import silicon as _silicon
 from servelab.model.architecture import Architecture, load_model
 from servelab.model.factors import Factors, default_factors
 from servelab.model.hardware import Host, make_host
@@ -68,6 +69,38 @@ class Setup:
     layout: Layout
     factors: Factors
     mem_fraction: float = 0.90
+    silicon: bool = False  # measured operator tables where they cover this host (model/silicon.py)
+    engine: str | None = None  # whose measured collectives apply (its own allreduce), with `silicon`
+
+
+def perf_of(setup: Setup) -> ModelPerf:
+    """The setup's per-GPU constants: with `silicon`, the TP allreduce read off the measured tables where
+    they cover this host and engine (the formula elsewhere, and `sources` says which)."""
+    curve = None
+    if setup.silicon:
+        curve, _ = _silicon.host_allreduce(setup.host, setup.engine, setup.layout.tp)
+    return build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors, curve)
+
+
+def sources(setup: Setup, perf: ModelPerf, msg_bytes: float) -> dict[str, str]:
+    """Where each term of a prediction comes from: `formula` (the analytic roofline with fitted factors)
+    or the measured table, with how the value was read off it."""
+    out = {k: "formula" for k in ("weights", "kv_cache", "compute", "moe_comm", "other")}
+    if perf.allreduces == 0:
+        out["allreduce"] = "none (one GPU per TP group)"
+    elif perf.ar_curve is not None:
+        look = perf.ar_curve.at(msg_bytes)
+        out["allreduce"] = f"{look.source}: {look.table}" + (
+            f" ({msg_bytes:.0f} B between {look.lo:.0f} and {look.hi:.0f} B)"
+            if look.source == "interpolated"
+            else f" ({msg_bytes:.0f} B, table ends at {look.lo:.0f} B)"
+            if look.source == "extrapolated"
+            else f" ({msg_bytes:.0f} B)"
+        )
+    else:
+        why = _silicon.host_allreduce(setup.host, setup.engine, setup.layout.tp)[1] if setup.silicon else ""
+        out["allreduce"] = "formula" + (f" ({why})" if why else "")
+    return out
 
 
 def resolve_quant(arch: Architecture, quant: str | None, kv_dtype: str | None) -> QuantScheme:
@@ -95,7 +128,12 @@ def make_setup(
     factors: Factors | None = None,
     engine: str | None = None,
     mem_fraction: float = 0.90,
+    silicon: bool = False,
 ) -> Setup:
+    """Resolve names to a setup; `silicon` asks for measured operator tables (the extra must be
+    installed: a clear error otherwise)."""
+    if silicon:
+        _silicon.require()
     arch = load_model(model) if isinstance(model, str) else model
     host = make_host(gpu, num_gpus, interconnect)
     if tp is None:
@@ -109,6 +147,8 @@ def make_setup(
         layout,
         factors or default_factors(engine),
         mem_fraction,
+        silicon,
+        engine,
     )
 
 
@@ -135,9 +175,10 @@ def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
     gen = 1.0 + pre.blackwell * (f.blackwell_compute - 1.0)
     moe_extra = pre.moe_gemm_s * (1.0 / f.expert_eff - 1.0)
     flops = (pre.gemm_pre_s + moe_extra + pre.attn_pre_s) / f.prefill_eff / gen
-    comm_bw = (pre.ar_bw_s + pre.moe_bw_s) / f.net_eff
+    ar_lat, ar_bw = allreduce_parts(pre, f)
+    comm_bw = ar_bw + pre.moe_bw_s / f.net_eff
     lat = f.lat_scale * (1.0 + pre.nvlink * (f.nvlink_lat_scale - 1.0))
-    fixed = parts["weights"] + parts["kv_cache"] + pre.ar_n * pre.ar_lat_s * lat
+    fixed = parts["weights"] + parts["kv_cache"] + ar_lat
     moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * lat
     # the grouped expert GEMM's floor (rows of every expert) is paid once per batched step, like weights
     floor = f.expert_rows * pre.expert_pre_s / gen
@@ -248,6 +289,8 @@ class Prediction:
     single_stream_tok_s: float | None = None
     replicas: int = 1  # copies of the layout on the host; latencies are one replica's, throughput all of them
     warnings: list[str] = field(default_factory=list)
+    # where each decode-step term comes from: "formula", or the measured table and how it was read
+    sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -275,7 +318,7 @@ def evaluate(
     setup: Setup, wl: Workload, perf: ModelPerf | None = None, mem: MemoryPlan | None = None
 ) -> Prediction:
     """Predict one configuration (perf/mem may be passed in when already built)."""
-    perf = perf or build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors)
+    perf = perf or perf_of(setup)
     mem = mem or plan_memory(
         setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction, with_mtp=wl.mtp_tokens > 0
     )
@@ -352,6 +395,7 @@ def evaluate(
         out.allreduce_latency_us_each = ar_lat / perf.allreduces * 1e6
         out.allreduce_bytes_each = float(terms.dec.ar_msg_bytes)
     out.decode_compute_work_ms = sum(float(x) for x in compute_work(terms.dec, f)) * 1e3
+    out.sources = sources(setup, perf, float(terms.dec.ar_msg_bytes))
     out.bottleneck = max(parts, key=lambda k: parts[k])
     out.running_concurrency = running
     out.single_stream_ceiling_tok_s = 1.0 / ceiling if ceiling > 0 else None
@@ -372,7 +416,7 @@ def predict(
 
 def sweep(setup: Setup, wl: Workload, concurrencies: list[int]) -> list[Prediction]:
     """Throughput and TPOT against concurrency (perf and memory built once)."""
-    perf = build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors)
+    perf = perf_of(setup)
     mem = plan_memory(
         setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction, with_mtp=wl.mtp_tokens > 0
     )
@@ -404,7 +448,7 @@ def capacity(
     the load, so a bisection over 1..`highest` finds it), and the request rate that concurrency serves.
     The model predicts each metric once per load (the simulator's TPOT spreads little around it, so a
     percentile limit reads as this value); `bench --find-capacity` against `servelab sim` lands on it."""
-    perf = build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors)
+    perf = perf_of(setup)
     mem = plan_memory(setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction)
 
     def at(c: int) -> Prediction:
@@ -501,7 +545,16 @@ def compare_layouts(
     results: list[tuple[Layout, Prediction, str | None]] = []
     seen: dict[tuple[Any, ...], list[str]] = {}
     for layout in candidate_layouts(setup.arch, setup.host.num_gpus, with_replicas=True):
-        s = Setup(setup.arch, setup.quant, setup.host, layout, setup.factors, setup.mem_fraction)
+        s = Setup(
+            setup.arch,
+            setup.quant,
+            setup.host,
+            layout,
+            setup.factors,
+            setup.mem_fraction,
+            setup.silicon,
+            setup.engine,
+        )
         p = evaluate(s, wl)
         if p.replicas > 1 and not p.feasible:
             continue  # a smaller layout that does not fit is listed once, as the full-host one

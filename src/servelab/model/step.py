@@ -24,6 +24,7 @@ from servelab.model.factors import Factors
 from servelab.model.hardware import Host
 from servelab.model.layouts import Layout
 from servelab.model.quant import QuantScheme
+from servelab.model.silicon import Curve
 
 ACT_BYTES = 2.0  # activations on the wire are BF16
 INDEX_KEY_BYTES = 1.0 + 4.0 / 128  # DSA indexer keys: FP8 + one FP32 scale per 128
@@ -66,6 +67,7 @@ class ModelPerf:
     moe_latency_s: float
     p2p_latency_s: float
     expert_group_s: float = 0.0  # routed experts' GEMM seconds per row of every expert (per GPU)
+    ar_curve: Curve | None = None  # one TP allreduce measured against its bytes (model/silicon.py), if any
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,9 @@ class StepRaw:
     nvlink: Any = 0.0  # 1.0 when the collectives run over NVLink with catalog latencies (nvlink_lat_scale)
     moe_gemm_s: Any = 0.0  # the routed/shared experts' part of gemm_dec_s + gemm_pre_s (runs at expert_eff)
     ar_msg_bytes: Any = 0.0  # bytes one allreduce of this step reduces (tokens on the group × hidden × 2)
+    ar_measured: Any = 0.0  # 1.0 when the allreduces are read off a measured table (no factor applies)
+    ar_meas_lat_s: Any = 0.0  # measured: the table's smallest-message time × count (the latency floor)
+    ar_meas_bw_s: Any = 0.0  # measured: the rest of the measured time (what the bytes add), all calls
 
     @staticmethod
     def stack(items: Sequence[StepRaw]) -> StepRaw:
@@ -131,9 +136,15 @@ class StepBreakdown:
 
 
 def build_perf(
-    arch: Architecture, quant: QuantScheme, host: Host, layout: Layout, factors: Factors
+    arch: Architecture,
+    quant: QuantScheme,
+    host: Host,
+    layout: Layout,
+    factors: Factors,
+    ar_curve: Curve | None = None,
 ) -> ModelPerf:
-    """Everything that does not depend on the batch, per GPU, summed over the pipeline."""
+    """Everything that does not depend on the batch, per GPU, summed over the pipeline; `ar_curve`, a
+    measured allreduce for this TP group, replaces the allreduce formula."""
     gpu = host.gpu
     tp, dp, ep, moe_tp = layout.tp, layout.dp, layout.ep, layout.moe_tp
     stage = tp * dp
@@ -164,6 +175,8 @@ def build_perf(
     # A grouped expert GEMM runs every local expert's tile even when few tokens pick it: the floor is
     # `expert_rows` rows of every expert's weights (all experts over the stage), fitted.
     expert_group = gemm_s(arch.expert_params * arch.num_experts * arch.n_moe_layers, "experts") / stage
+    if gpu.is_cpu:
+        expert_group = 0.0  # the floor is tensor-core tile padding; CPU GEMMs compute the rows they get
     kv_shard = max(1.0 / tp, 1.0 / arch.num_kv_heads)
     per_layer_kv = arch.kv_elems_per_token * quant.kv_bytes * kv_shard
     bf16 = gpu.tflops_bf16 * 1e12
@@ -201,6 +214,7 @@ def build_perf(
         moe_collectives=moe_coll,
         moe_latency_s=fabric.latency_us(stage) * 1e-6,
         p2p_latency_s=(fabric.base_us * 1e-6) if layout.pp > 1 else 0.0,
+        ar_curve=ar_curve if allreduces else None,
     )
 
 
@@ -236,8 +250,7 @@ def raw_step(
     # Weights: every fixed part once; each local expert once if any token in the stage picks it.
     moe_read = 0.0
     if arch.is_moe and tokens > 0:
-        p_pick = 1.0 - (1.0 - arch.top_k / arch.num_experts) ** tokens
-        moe_read = perf.local_experts * p_pick * perf.expert_bytes
+        moe_read = perf.local_experts * _picked(arch, tokens) * perf.expert_bytes
     weight_bytes = perf.fixed_weight_bytes + moe_read if tokens > 0 else 0.0
     # KV: decode sequences are spread over the dp groups; a prefill chunk lives on one group.
     dec_kv = (
@@ -269,6 +282,11 @@ def raw_step(
     pp = perf.layout.pp
     p2p_n = pp - 1
     p2p_bw = p2p_n * msg / (perf.fabric.bus_gbs * 1e9)
+    measured, meas_lat, meas_bw = 0.0, 0.0, 0.0
+    if perf.ar_curve is not None and tokens > 0:
+        each = perf.ar_curve.at(msg).seconds
+        floor = min(perf.ar_curve.ys[0], each)
+        measured, meas_lat, meas_bw = 1.0, perf.allreduces * floor, perf.allreduces * (each - floor)
     return StepRaw(
         weights_s=weight_bytes / perf.mem_bw,
         kv_s=(dec_kv + pre_kv) / perf.mem_bw,
@@ -288,12 +306,24 @@ def raw_step(
         n_moe_layers=float(arch.n_moe_layers) if arch.is_moe else 0.0,
         n_seqs=n / dp,
         blackwell=1.0 if perf.host.gpu.sm >= 100 else 0.0,
-        expert_dec_s=perf.expert_group_s if dec_tokens > 0 else 0.0,
-        expert_pre_s=perf.expert_group_s if prefill_tokens > 0 else 0.0,
+        # the grouped GEMM's row floor is paid by the experts a token picked, not by idle ones: one decode
+        # token of a top-8-of-256 model runs 8 experts' tiles, not 256 (the physics audit's finding)
+        expert_dec_s=perf.expert_group_s * _picked(arch, dec_tokens) if dec_tokens > 0 else 0.0,
+        expert_pre_s=perf.expert_group_s * _picked(arch, prefill_tokens) if prefill_tokens > 0 else 0.0,
         moe_gemm_s=(dec_tokens + prefill_tokens) * perf.moe_s_per_token,
         nvlink=1.0 if _catalog_nvlink(perf) else 0.0,
         ar_msg_bytes=msg if perf.allreduces else 0.0,
+        ar_measured=measured,
+        ar_meas_lat_s=meas_lat,
+        ar_meas_bw_s=meas_bw,
     )
+
+
+def _picked(arch: Architecture, tokens: float) -> float:
+    """The expected share of the experts that at least one of `tokens` routed tokens picks."""
+    if not arch.is_moe or arch.num_experts <= 0:
+        return 0.0
+    return 1.0 - (1.0 - arch.top_k / arch.num_experts) ** tokens
 
 
 def _catalog_nvlink(perf: ModelPerf) -> bool:
@@ -322,9 +352,15 @@ def compute_work(raw: StepRaw, f: Factors) -> tuple[Any, Any]:
 
 def allreduce_parts(raw: StepRaw, f: Factors) -> tuple[Any, Any]:
     """(latency, bandwidth) seconds of the step's allreduces, all of them together; they sum to the
-    `allreduce` part of `combine()`."""
+    `allreduce` part of `combine()`. A measured allreduce is taken as read (no factor scales a
+    measurement); the formula's latency and bus terms are scaled by the fitted factors."""
     lat = f.lat_scale * (1.0 + raw.nvlink * (f.nvlink_lat_scale - 1.0))
-    return raw.ar_n * raw.ar_lat_s * lat, raw.ar_bw_s / _wire_eff(raw, f)
+    m = raw.ar_measured
+    formula_lat, formula_bw = raw.ar_n * raw.ar_lat_s * lat, raw.ar_bw_s / _wire_eff(raw, f)
+    return (
+        m * raw.ar_meas_lat_s + (1.0 - m) * formula_lat,
+        m * raw.ar_meas_bw_s + (1.0 - m) * formula_bw,
+    )
 
 
 def _wire_eff(raw: StepRaw, f: Factors) -> Any:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from servelab.model.factors import FIT_BOUNDS, Factors, default_factors
 from servelab.model.memory import plan_memory
 from servelab.model.predict import Terms, Workload, latencies, make_setup, make_terms
@@ -21,7 +23,22 @@ def test_expert_floor_only_for_moe_and_only_when_tokens_run() -> None:
     dense = _perf("Llama-3.1-70B", "h200-sxm", 8, f)
     assert moe.expert_group_s > 0 and dense.expert_group_s == 0
     assert raw_step(moe, ()).expert_pre_s == 0  # an empty step pays nothing
-    assert raw_step(moe, (), prefill_tokens=1024).expert_pre_s == moe.expert_group_s
+    # a 1024-token prefill picks every expert (to float precision): the whole floor
+    assert raw_step(moe, (), prefill_tokens=1024).expert_pre_s == pytest.approx(moe.expert_group_s, rel=1e-12)
+
+
+def test_expert_floor_is_paid_by_the_experts_a_token_picked() -> None:
+    """One decode token of a top-8-of-256 model runs 8 experts' tiles, not 256 (the physics audit's
+    finding: the floor over every expert made single-stream MoE decode compute-bound)."""
+    moe = _perf("DeepSeek-R1", "h200-sxm", 8, Factors(expert_rows=64.0))
+    arch = moe.arch
+    one = raw_step(moe, DecodeBatch(1, 1024)).expert_dec_s
+    assert one == pytest.approx(moe.expert_group_s * arch.top_k / arch.num_experts)
+    many = raw_step(moe, DecodeBatch(512, 512 * 1024)).expert_dec_s
+    assert one < many < moe.expert_group_s * 1.0000001
+    cpu = make_setup("Qwen3-30B-A3B", "cpu-host", 1, tp=1, factors=Factors(expert_rows=64.0))
+    # CPU GEMMs compute the rows they get: no tile floor at all
+    assert build_perf(cpu.arch, cpu.quant, cpu.host, cpu.layout, cpu.factors).expert_group_s == 0
 
 
 def test_expert_floor_slows_a_small_moe_prefill_but_not_a_dense_one() -> None:
