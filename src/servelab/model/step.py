@@ -323,7 +323,7 @@ def _picked(arch: Architecture, tokens: float) -> float:
     """The expected share of the experts that at least one of `tokens` routed tokens picks."""
     if not arch.is_moe or arch.num_experts <= 0:
         return 0.0
-    return 1.0 - (1.0 - arch.top_k / arch.num_experts) ** tokens
+    return float(1.0 - (1.0 - arch.top_k / arch.num_experts) ** tokens)
 
 
 def _catalog_nvlink(perf: ModelPerf) -> bool:
