@@ -42,11 +42,14 @@ from servelab.host.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
+TRTLLM = 'args = ["--moe-runner-backend", "flashinfer_trtllm"]'
+TOKEN = "hf_Zq8mNw4RtY6uIo2PaS"  # the not-applied candidate's environment carries it: no result may show it
 
 
 def reduced_study(text: str) -> str:
     """examples/glm5-pcie.toml with the candidates that tell the story (the baseline, the backend SM120
-    cannot run, the collapsing flag), the smallest load that still shows a collapse at two levels."""
+    cannot run, the collapsing flag), the smallest load that still shows a collapse at two levels; the
+    candidate SM120 cannot run has a token in its environment (HF_TOKEN)."""
     head, rest = text.split("[[candidates]]", 1)
     cands, tail = ("[[candidates]]" + rest).split("[workload]", 1)
     keep = [
@@ -58,6 +61,7 @@ def reduced_study(text: str) -> str:
         ("concurrency = [1, 4, 16, 64, 256, 1024]\nmain = 64", "concurrency = [1, 4]\nmain = 4"),
         ("requests_per_stream = 2", "requests_per_stream = 1"),
         ("speed = 20 ", "speed = 100 "),
+        (TRTLLM, f'{TRTLLM}\nenv = {{ HF_TOKEN = "{TOKEN}" }}'),
     ):
         assert old in out, f"examples/glm5-pcie.toml changed: {old!r} is gone; update reduced_study"
         out = out.replace(old, new)
@@ -157,6 +161,7 @@ def story(world: World) -> dict[str, Any]:
     async def main() -> None:
         async with stdio(world) as c:
             out["tools"] = sorted(c.schemas)
+            out["schemas"] = c.schemas
             out["status"] = await c.call("status", url=[world.sim.url], gpu_source=f"sim:{world.sim.url}")
             todos = [
                 {"content": f"restart the crashed GLM-5 server {world.sim.url}", "status": "pending"},
@@ -202,10 +207,22 @@ def test_the_tools_are_the_loop(story: dict[str, Any]) -> None:
     assert story["tools"] == sorted(
         [
             "status", "doctor", "logs_diagnose", "logs_parse", "plan_get", "plan_update", "plan_check",
-            "predict", "compare_layouts", "explain", "bench", "tune_start", "tune_progress", "tune_stop",
-            "tune_resume", "runs_show", "report", "deploy_preview",
+            "predict", "predict_sweep", "compare_layouts", "explain", "bench", "tune_start", "tune_progress",
+            "tune_stop", "tune_resume", "runs_show", "report", "deploy_preview",
         ]
     )  # fmt: skip
+
+
+def test_a_documented_result_is_its_model_every_field_declared(story: dict[str, Any]) -> None:
+    """The results that come from a typed model declare all of its fields and no other: the validation
+    of every result against its schema (Client.call) then checks them."""
+    for tool, key in (
+        ("predict", "tpot_ms"), ("explain", "largest_gap"), ("runs_show", "levels"), ("bench", "run"),
+        ("logs_parse", "evidence"), ("logs_diagnose", "class"), ("plan_get", "items"),
+        ("plan_check", "findings"), ("tune_progress", "eta_s"), ("compare_layouts", "layouts"),
+    ):  # fmt: skip
+        schema = story["schemas"][tool]
+        assert schema["additionalProperties"] is False and key in schema["required"], tool
 
 
 def test_status_sees_the_idle_simulator(story: dict[str, Any], world: World) -> None:
@@ -280,6 +297,10 @@ def test_an_error_is_the_clis_message_and_hint(story: dict[str, Any], world: Wor
 
 def test_secrets_are_masked_and_bad_arguments_name_their_field(story: dict[str, Any]) -> None:
     assert story["secret_todo"] == "bench with --api-key ***"
+    trtllm = next(c for c in story["report"]["candidates"] if c["label"] == "tp8-trtllm")
+    assert trtllm["settings"]["env"] == {"HF_TOKEN": "***"} and "HF_TOKEN='***'" in trtllm["command"]
+    seen = json.dumps([story["report"], story["progress"], str(story["report_md"].contents[0].text)])
+    assert TOKEN not in seen
     assert "num_gpus" in story["bad_type"]
 
 
@@ -398,7 +419,14 @@ async def more_tools(c: Client, world: World, uid: str, got: dict[str, Any]) -> 
     shown = await c.call("runs_show", run=run)
     assert shown["run"] == run and shown["levels"][0]["summary"]["completed"] == 4
     explained = await c.call("explain", run=run)
-    assert explained
+    assert explained["run"] == run and [lv["concurrency"] for lv in explained["levels"]] == [2]
+    assert explained["levels"][0]["measured"]["output_throughput"] > 0
+    curve = await c.call(
+        "predict_sweep", model="GLM-5-NVFP4", gpu="rtx-pro-6000", num_gpus=8, tp=8, sweep=[1, 16]
+    )
+    assert [p["concurrency"] for p in curve["points"]] == [1, 16]
+    over = await c.error("bench", url=world.sim.url, model=simruns.MODEL, concurrency=[1, 2, 4, 8, 16])
+    assert "concurrency: 5 levels is above this server's cap of 4 levels" in over
     capped = await c.error("bench", url=world.sim.url, model=simruns.MODEL, num_requests=9)
     assert "num_requests" in capped and "--bench-max-requests" in capped
     logs = sorted((world.home / "logs").glob("*/*.log"))

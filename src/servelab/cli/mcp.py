@@ -49,12 +49,24 @@ def parse_http(value: str, allow_remote: bool) -> tuple[str, int]:
 @click.option(
     "--bench-max-duration", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds."
 )
+@click.option(
+    "--bench-max-levels", type=click.IntRange(min=1), default=4, show_default=True, help="Levels a call."
+)
+@click.option(
+    "--bench-max-concurrency",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Streams a level.",
+)
 def mcp_cmd(
     http: str | None,
     allow_remote: bool,
     allow_install: bool,
     bench_max_requests: int,
     bench_max_duration: float,
+    bench_max_levels: int,
+    bench_max_concurrency: int,
 ) -> None:
     """Serve servelab's tools to an MCP client (an agent): status, plan, predict, bench, tune, report, deploy.
 
@@ -66,7 +78,10 @@ def mcp_cmd(
     except ImportError as exc:
         raise ConfigError(f"servelab mcp needs the MCP SDK ({exc})", hint=INSTALL_HINT) from None
     studies = Studies()
-    server = build(Options(allow_install, bench_max_requests, bench_max_duration), studies)
+    opts = Options(
+        allow_install, bench_max_requests, bench_max_duration, bench_max_levels, bench_max_concurrency
+    )
+    server = build(opts, studies)
 
     def _term(_sig: int, _frame: Any) -> None:
         raise KeyboardInterrupt

@@ -1,6 +1,12 @@
-"""The typed results of the MCP tools: each is the JSON view of the command the tool runs (the keys
-docs/cli/*.md document), its main keys declared so an agent reads a schema, the rest kept as they are
-(`extra="allow"`): the command's view stays the one source of its shape."""
+"""The typed results of the MCP tools: each is the `--json` document of the command the tool runs.
+
+Where that document comes from a typed model of servelab, the tool's result is that model: the run
+(`results.Run.to_json()`: `RunView`, built from results.py's own models), or a pydantic mirror of a
+dataclass with its real fields (`Prediction`, `Explanation`, `Diagnosis`, `EffectiveConfig`, the plan's
+`Item` and `Finding`), every key required and no other allowed (`extra="forbid"`), so an output schema
+checks the fields and a renamed or missing one fails (tests/unit/mcp_tools/test_mcp_views.py holds each
+mirror to its dataclass). Where the command builds a free-form dict (`status`, `doctor`, a study's
+report, `deploy`), its main keys are declared and the rest passes through (`extra="allow"`)."""
 
 from __future__ import annotations
 
@@ -8,13 +14,30 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servelab.results import (
+    CapacityResult,
+    LevelSeries,
+    LevelSummary,
+    RunContext,
+    Saturation,
+    WorkloadInfo,
+)
+
 
 class View(BaseModel):
-    """A command's `--json` document, its documented keys typed and the rest passed through."""
+    """A command's `--json` document built as a free-form dict: its documented keys typed, the rest
+    passed through."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+class Doc(BaseModel):
+    """A document whose every key is known: each declared, none other allowed."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# -- observe (free-form dicts in servelab: status.observe, host.doctor) ---------------------------
 class StatusView(View):
     """`servelab status --json` (docs/cli/status.md)."""
 
@@ -41,39 +64,59 @@ class DoctorView(View):
     worst: str = Field(description="The worst check status: ok | warn | fail.")
 
 
-class LogsParseView(View):
-    """`servelab logs parse --json`: the configuration a server log shows, with the line for each key."""
+# -- logs (engines/base.py: EffectiveConfig, Diagnosis) -------------------------------------------
+class LogsParseView(Doc):
+    """`servelab logs parse --json`: `EffectiveConfig`, the configuration a server log shows."""
 
-    effective: dict[str, Any]
-    evidence: dict[str, Any]
-
-
-class DiagnosisView(View):
-    """`servelab logs diagnose --json`: the failure class (signatures knowledge base), evidence, advice."""
-
-    failure_class: str = Field(alias="class")
-    evidence: list[str] | str | None = None
-    advice: str | None = None
-    fatal: bool | None = None
+    effective: dict[str, Any] = Field(description="Each key the engine runs with, as the log shows it.")
+    evidence: dict[str, str] = Field(description="For each key, the log line (or endpoint) that shows it.")
 
 
-class PlanItem(View):
+class DiagnosisView(Doc):
+    """`servelab logs diagnose --json`: `Diagnosis`, the failure class from the signatures knowledge base."""
+
+    failure_class: str = Field(
+        alias="class", description="The failure class (`unknown`: no signature matched, `healthy`: none)."
+    )
+    evidence: str = Field(description="The log line that matched.")
+    advice: str = Field(description="What to do about it.")
+    fatal: bool = Field(description="The server that printed it will not become ready (or serve again).")
+    tail: list[str] = Field(
+        default=[], description="The last lines that matter, when nothing matched (else empty)."
+    )
+
+
+# -- plan (plan.py: Item, Finding) ----------------------------------------------------------------
+class PlanItem(Doc):
+    """`plan.Item.to_dict()`: one item of a plan."""
+
     id: str
     content: str
     status: str = Field(description="pending | in_progress | completed | cancelled | blocked")
     priority: str = Field(description="high | medium | low")
+    worker: str | None = Field(description="Who claimed it.")
+    depends_on: list[str] = Field(description="Ids of the items it waits for.")
+    notes: list[str]
+    binding: dict[str, Any] | None = Field(
+        description="The experiment it is bound to: study, candidate, requested, predicted, url, unit."
+    )
+    evidence: list[dict[str, Any]] = Field(description="Run records, newest last.")
+    extra: dict[str, Any] = Field(description="todowrite keys servelab does not use, kept verbatim.")
+    created_at: str
+    updated_at: str
 
 
-class PlanView(View):
+class PlanView(Doc):
     """`servelab plan show --json`."""
 
     plan: str = Field(description="`workspace` or a study's uid.")
     items: list[PlanItem]
-    counts: dict[str, int]
+    counts: dict[str, int] = Field(description="Items per status.")
 
 
 class Todo(BaseModel):
-    """One entry of todowrite's list (the agent's own todo format)."""
+    """One entry of todowrite's list (the agent's own todo format); keys servelab does not use pass
+    through, in and out."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -89,58 +132,184 @@ class Todos(BaseModel):
     todos: list[Todo]
 
 
-class PlanUpdateView(Todos):
+class PlanUpdateView(Doc):
     """The plan after the merge, as todowrite's list, and what the merge did (`servelab plan import`)."""
 
+    todos: list[Todo]
     plan: str
-    added: list[str] = []
-    updated: list[str] = []
-    unchanged: list[str] = []
-    missing: list[str] = Field(default=[], description="Open items the list did not mention (kept).")
-    pruned: list[str] = Field(default=[], description="Items cancelled because prune was asked.")
+    added: list[str]
+    updated: list[str]
+    unchanged: list[str]
+    missing: list[str] = Field(description="Open items the list did not mention (kept).")
+    pruned: list[str] = Field(description="Items cancelled because prune was asked.")
 
 
-class PlanFinding(View):
+class PlanFinding(Doc):
+    """`plan.Finding.to_dict()`: an open item the observed state contradicts."""
+
     item: str
     kind: str = Field(description="server_down, server_healthy, service_healthy, config_mismatch, ...")
-    severity: str
+    severity: str = Field(description="warning | info")
     message: str
-    evidence: dict[str, Any] = {}
+    evidence: dict[str, Any] = Field(description="What was observed (the server, the service, ...).")
 
 
-class PlanCheckView(View):
+class Observed(Doc):
+    servers: int
+    services: int
+    host: str | None = Field(default=None, description="The SSH target, when observed over SSH.")
+    hostname: str | None = None
+
+
+class PlanCheckView(Doc):
     """`servelab plan check --json`: every open item held against the observed state."""
 
     plan: str
-    checked: int
-    observed: dict[str, Any]
+    checked: int = Field(description="Open items checked.")
+    observed: Observed
     findings: list[PlanFinding]
 
 
-class PredictionView(View):
-    """`servelab predict --json` (docs/cli/predict.md)."""
+# -- predict (model/predict.py: Prediction, LayoutResult; model/explain.py: Explanation) -------------
+class PredictionView(Doc):
+    """`servelab predict --json`: `model.predict.Prediction` (docs/cli/predict.md), every field."""
 
-    feasible: bool | None = None
-    tpot_ms: float | None = None
-    ttft_ms: float | None = None
-    output_throughput: float | None = None
+    feasible: bool = Field(description="It fits in memory (else `reason` says why not).")
+    reason: str | None
+    model: str
+    gpu: str
+    num_gpus: int
+    interconnect: str
+    layout: dict[str, int] = Field(description="tp, pp, ep, dp_attention.")
+    quant: dict[str, Any] = Field(description="The weight, KV cache and activation formats.")
+    workload: dict[str, Any] = Field(description="isl, osl, concurrency, ...")
+    tpot_ms: float | None = Field(description="Time per output token, ms.")
+    ttft_ms: float | None = Field(description="Time to first token, ms.")
+    output_throughput: float | None = Field(description="Output tokens/s, every replica.")
+    per_user_tok_s: float | None
+    decode_step_ms: float | None
+    decode_breakdown_ms: dict[str, float] = Field(description="Where a decode step goes, ms.")
+    prefill_ms: float | None
+    prefill_breakdown_ms: dict[str, float]
+    prefill_stall_ms_per_token: float | None
+    allreduce_share: float | None
+    allreduces_per_step: int
+    allreduce_us_each: float | None
+    allreduce_latency_us_each: float | None
+    allreduce_bytes_each: float | None
+    decode_compute_work_ms: float | None
+    bottleneck: str | None
+    memory_gb_per_gpu: dict[str, float]
+    kv_cache_tokens: int
+    max_concurrency: int
+    running_concurrency: int
+    single_stream_ceiling_tok_s: float | None
+    single_stream_tok_s: float | None
+    replicas: int = Field(description="Copies of the layout on the host.")
+    warnings: list[str]
+    sources: dict[str, str] = Field(
+        description="Where each decode-step term comes from: `formula`, or the measured table read."
+    )
 
 
-class LayoutsView(View):
+class SweepPoint(Doc):
+    concurrency: int
+    feasible: bool
+    reason: str | None
+    tpot_ms: float | None
+    ttft_ms: float | None
+    output_throughput: float | None
+    per_user_tok_s: float | None
+
+
+class SweepView(Doc):
+    """`servelab predict --sweep LEVELS --json`: the prediction at each concurrency."""
+
+    model: str
+    layout: dict[str, int]
+    points: list[SweepPoint]
+
+
+class LayoutRow(Doc):
+    """One `model.predict.LayoutResult`."""
+
+    label: str
+    rank: int | None = Field(description="1 is the best; None: it does not fit or misses a limit.")
+    layout: dict[str, int]
+    verdict: str = Field(description="Why it wins or loses.")
+    same_as: list[str] = Field(description="Layouts folded into this row (identical predictions).")
+    study_candidates: list[str] = Field(description="The study's candidates that run this layout.")
+    prediction: PredictionView
+
+
+class LayoutsView(Doc):
     """`servelab predict --compare-layouts --json`: every layout ranked for this host."""
 
     model: str
     gpu: str
     num_gpus: int
-    workload: dict[str, Any]
-    layouts: list[dict[str, Any]]
+    workload: dict[str, int] = Field(description="isl, osl, concurrency.")
+    concurrency_source: str = Field(description="--concurrency | study | default")
+    study: str | None
+    ep_note: str | None
+    layouts: list[LayoutRow]
 
 
-class ExplainView(View):
-    """`servelab explain RUN --json`: where a measured run's time goes against the model."""
+class LevelComparison(Doc):
+    """One `model.explain.LevelComparison`: a measured level beside the prediction."""
+
+    concurrency: int
+    measured: dict[str, float | None] = Field(description="tpot_ms, ttft_ms, output_throughput (p50s).")
+    predicted: dict[str, float | None]
+    error_pct: dict[str, float | None] = Field(description="(predicted - measured) / measured, %.")
+    attribution: dict[str, float] = Field(description="The TPOT split: weights+KV+compute vs the rest, ms.")
+    largest_gap: str
+    sources: dict[str, str] = Field(
+        description="Where each decode-step term comes from: `formula`, or the measured table read."
+    )
 
 
-class RunView(View):
+class ExplainView(Doc):
+    """`servelab explain RUN --json`: `model.explain.Explanation` for a stored run, with the setup."""
+
+    run: str
+    time_base: str = Field(description="The time base of the measured figures.")
+    model: str
+    gpu: str
+    num_gpus: int
+    layout: dict[str, int] = Field(description="tp, pp, ep, dp_attention.")
+    levels: list[LevelComparison]
+    largest_gap: str = Field(description="The largest gap of any level, in words.")
+
+
+# -- runs (results.py: Run, Level, LevelSummary, ...) ---------------------------------------------
+class LevelSummaryView(LevelSummary):
+    """`LevelSummary` (docs/metrics.md) and the same figures in `vllm bench serve`'s names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    vllm_names: dict[str, Any] = Field(
+        alias="vllm_compatible", description="The same figures in `vllm bench serve`'s result names."
+    )
+
+
+class LevelView(Doc):
+    """`results.Level.to_json()`: one load level of a run, in the run's time base."""
+
+    index: int
+    label: str
+    status: str
+    summary: LevelSummaryView
+    wall_clock_summary: LevelSummary | None = Field(
+        default=None, description="The client's own clock, when the run's time base is a simulated GPU's."
+    )
+    server_metrics: dict[str, Any]
+    client: dict[str, Any]
+    saturation: Saturation | None
+    series: LevelSeries
+
+
+class RunView(Doc):
     """`servelab runs show RUN --json`: `results.Run.to_json()`, one stored run with every level, its
     figures in the time base it names (the simulated GPU's on the simulator)."""
 
@@ -148,17 +317,25 @@ class RunView(View):
     status: str
     url: str
     model: str
-    engine: str | None = None
-    time_base: str | None = None
-    levels: list[dict[str, Any]] = Field(
-        description="Each load level: its digest (throughput, TTFT, TPOT, …)."
-    )
+    api: str
+    engine: str | None
+    created_at: str
+    finished_at: str | None
+    context: RunContext
+    time_base: str
+    workload: WorkloadInfo
+    capabilities: dict[str, Any]
+    config: dict[str, Any] = Field(description="The bench options, as given (secrets masked).")
+    warnings: list[str]
+    levels: list[LevelView]
+    capacity: CapacityResult | None
 
 
 class BenchView(RunView):
     """`servelab bench --json` (docs/cli/bench.md): the run it stored, as `runs_show` shows it."""
 
 
+# -- report and deploy (free-form dicts) ----------------------------------------------------------
 class ReportView(View):
     """`servelab report STUDY --json` with the files written."""
 
@@ -178,7 +355,8 @@ class DeployView(View):
     install: dict[str, Any] | None = None
 
 
-class TuneStarted(BaseModel):
+# -- studies (this server's own) ------------------------------------------------------------------
+class TuneStarted(Doc):
     """A study started in the background: poll `tune_progress` with `study`."""
 
     study: str = Field(description="The study's uid (s-…).")
@@ -188,13 +366,13 @@ class TuneStarted(BaseModel):
     source: str = Field(description="The study file, absolute.")
 
 
-class Finding(BaseModel):
+class Finding(Doc):
     candidate: str
     kind: str = Field(description="not_applied, throughput_collapse, stopped_early, failed, ...")
     detail: str
 
 
-class TrialProgress(BaseModel):
+class TrialProgress(Doc):
     candidate: str
     repeat: int
     status: str = Field(description="launching, verifying, benchmarking, measured, not_applied, failed, ...")
@@ -202,20 +380,20 @@ class TrialProgress(BaseModel):
     started_at: str | None
 
 
-class CandidateProgress(BaseModel):
+class CandidateProgress(Doc):
     label: str
     status: str
     trials: int
     levels_done: int
 
 
-class Driver(BaseModel):
+class Driver(Doc):
     pid: int
     host: str
     alive: bool
 
 
-class TuneProgress(BaseModel):
+class TuneProgress(Doc):
     """Where a study stands, read from the store: what runs now, levels done, ETA, findings so far."""
 
     study: str
@@ -236,7 +414,7 @@ class TuneProgress(BaseModel):
     )
 
 
-class TuneStopped(BaseModel):
+class TuneStopped(Doc):
     """`tune_stop`: the driver was sent SIGINT and tore its servers down; what finished is stored."""
 
     study: str

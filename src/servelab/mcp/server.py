@@ -22,14 +22,14 @@ import anyio
 import orjson
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from servelab import __version__
 from servelab import plan as P
 from servelab.errors import ConfigError, ServelabError
 from servelab.mcp import models as M
 from servelab.mcp.progress import progress
-from servelab.mcp.studies import Studies, error_of, servelab_argv
+from servelab.mcp.studies import Child, Studies, error_of, servelab_argv
 from servelab.paths import data_home
 from servelab.redact import redact, redact_text
 
@@ -50,6 +50,8 @@ class Options:
     allow_install: bool = False
     bench_max_requests: int = 200
     bench_max_duration_s: float = 60.0
+    bench_max_levels: int = 4
+    bench_max_concurrency: int = 64
 
 
 def tool_error(exc: ServelabError) -> ToolError:
@@ -116,7 +118,47 @@ async def call(model: type[T], args: list[str], timeout: float = CLI_TIMEOUT_S) 
         doc = await anyio.to_thread.run_sync(lambda: run_cli(args, timeout))
     except ServelabError as exc:
         raise tool_error(exc) from None
-    return model.model_validate(doc)
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:  # the command's document and this tool's declared result disagree
+        command = " ".join(a for a in args[:2] if not a.startswith("-"))
+        raise tool_error(
+            ServelabError(
+                f"servelab {command} --json gave a document that does not match this tool's "
+                f"result ({model.__name__}): {exc.error_count()} error(s), first: "
+                f"{'.'.join(map(str, exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}",
+                hint="the servelab command and its MCP server disagree (a version mismatch?): run the "
+                "command with --json in a terminal, and report it",
+            )
+        ) from None
+
+
+def typed(model: type[T], doc: Any) -> T:
+    """A result built in this process, secrets masked like every command's output."""
+    return model.model_validate(
+        redact(doc.model_dump(mode="json", by_alias=True) if isinstance(doc, BaseModel) else doc)
+    )
+
+
+def check_bench(opts: Options, levels: list[int], num_requests: int | None, duration: float | None) -> None:
+    """A bench call within the server's caps: so many levels, so many streams, a level's requests and
+    seconds; an argument over its cap is an error naming it, the cap and the option that raises it."""
+    over = [
+        ("concurrency", f"{len(levels)} levels", len(levels) > opts.bench_max_levels,
+         f"{opts.bench_max_levels} levels", "--bench-max-levels N"),
+        ("concurrency", f"{max(levels)} streams", max(levels) > opts.bench_max_concurrency,
+         f"{opts.bench_max_concurrency}", "--bench-max-concurrency N"),
+        ("num_requests", f"{num_requests}", (num_requests or 0) > opts.bench_max_requests,
+         f"{opts.bench_max_requests}", "--bench-max-requests N"),
+        ("duration", f"{duration or 0:g} s", (duration or 0) > opts.bench_max_duration_s,
+         f"{opts.bench_max_duration_s:g} s", "--bench-max-duration S"),
+    ]  # fmt: skip
+    for name, value, bad, cap, option in over:
+        if bad:
+            raise ConfigError(
+                f"{name}: {value} is above this server's cap of {cap}",
+                hint=f"ask for less, or start `servelab mcp {option}`",
+            )
 
 
 def _actor() -> str:
@@ -218,9 +260,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         from servelab.store.plans import PlanRepo
 
         with as_tool_errors(), open_store() as store:
-            return M.PlanView.model_validate(
-                redact(_plan_view(PlanRepo(store).load(_plan_name(store, plan))))
-            )
+            return typed(M.PlanView, _plan_view(PlanRepo(store).load(_plan_name(store, plan))))
 
     @mcp.tool()
     def plan_update(
@@ -249,16 +289,13 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
                 uid,
             )
             now = P.export_todowrite(repo.load(name))
-        return M.PlanUpdateView.model_validate(
-            redact(
-                {
-                    "plan": name,
-                    "todos": now,
-                    **{
-                        k: out.info.get(k, []) for k in ("added", "updated", "unchanged", "missing", "pruned")
-                    },
-                }
-            )
+        return typed(
+            M.PlanUpdateView,
+            {
+                "plan": name,
+                "todos": now,
+                **{k: out.info.get(k, []) for k in ("added", "updated", "unchanged", "missing", "pruned")},
+            },
         )
 
     @mcp.tool()
@@ -292,9 +329,6 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         osl: int | None = None,
         concurrency: int | None = None,
         study: Annotated[str | None, Field(description="Take the setup from this study TOML.")] = None,
-        sweep: Annotated[
-            list[int] | None, Field(description="A concurrency curve instead of one point.")
-        ] = None,
     ) -> M.PredictionView:
         """Predicted TTFT, TPOT, throughput and memory for one setup, and where the decode step goes."""
         args = flags(
@@ -315,9 +349,51 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             concurrency=concurrency,
             study=study,
         )
-        if sweep:
-            args += ["--sweep", ",".join(str(c) for c in sweep)]
         return await call(M.PredictionView, ["predict", *args])
+
+    @mcp.tool()
+    async def predict_sweep(
+        sweep: Annotated[
+            list[int], Field(description="The concurrencies of the curve, e.g. [1, 4, 16, 64].")
+        ],
+        model: Annotated[
+            str | None, Field(description="Catalog name (GLM-5-NVFP4, …) or a config.json.")
+        ] = None,
+        gpu: Annotated[str | None, Field(description="GPU kind: rtx-pro-6000, h200-sxm, …")] = None,
+        num_gpus: int | None = None,
+        tp: int | None = None,
+        pp: int | None = None,
+        ep: int | None = None,
+        dp_attention: int | None = None,
+        quant: str | None = None,
+        kv_dtype: str | None = None,
+        interconnect: str | None = None,
+        engine: Annotated[str | None, Field(description="vllm, sglang or trtllm.")] = None,
+        calibration: str | None = None,
+        isl: int | None = None,
+        osl: int | None = None,
+        study: Annotated[str | None, Field(description="Take the setup from this study TOML.")] = None,
+    ) -> M.SweepView:
+        """The predicted concurrency curve of one setup: TPOT, TTFT and throughput at each level
+        (`servelab predict --sweep`)."""
+        args = flags(
+            model=model,
+            gpu=gpu,
+            num_gpus=num_gpus,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            dp_attention=dp_attention,
+            quant=quant,
+            kv_dtype=kv_dtype,
+            interconnect=interconnect,
+            engine=engine,
+            calibration=calibration,
+            isl=isl,
+            osl=osl,
+            study=study,
+        )
+        return await call(M.SweepView, ["predict", *args, "--sweep", ",".join(str(c) for c in sweep)])
 
     @mcp.tool()
     async def compare_layouts(
@@ -389,18 +465,11 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         slo: Annotated[str | None, Field(description="Latency limits, e.g. `tpot_ms:p50=150`.")] = None,
         seed: int | None = None,
     ) -> M.BenchView:
-        """Benchmark a running server, level by level; a level is bounded by the server's caps."""
+        """Benchmark a running server, level by level; the call is bounded by the server's caps (levels,
+        concurrency, a level's requests and duration)."""
+        levels = concurrency or [1]
         with as_tool_errors():
-            if num_requests is not None and num_requests > opts.bench_max_requests:
-                raise ConfigError(
-                    f"num_requests: {num_requests} is above this server's cap of {opts.bench_max_requests}",
-                    hint="ask for fewer, or start `servelab mcp --bench-max-requests N`",
-                )
-            if duration is not None and duration > opts.bench_max_duration_s:
-                raise ConfigError(
-                    f"duration: {duration:g} s is above this server's cap of {opts.bench_max_duration_s:g} s",
-                    hint="ask for less, or start `servelab mcp --bench-max-duration S`",
-                )
+            check_bench(opts, levels, num_requests, duration)
         if num_requests is None and duration is None:
             num_requests = min(opts.bench_max_requests, 50)
         args = flags(
@@ -414,7 +483,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             slo=slo,
             seed=seed,
         )
-        args += ["--concurrency", ",".join(str(c) for c in concurrency or [1])]
+        args += ["--concurrency", ",".join(str(c) for c in levels)]
         return await call(M.BenchView, ["bench", *args])
 
     @mcp.tool()
@@ -425,9 +494,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         at once. Poll `tune_progress`."""
         with as_tool_errors():
             child = await anyio.to_thread.run_sync(lambda: runs.start(study_file))
-        return M.TuneStarted(
-            study=child.study, name=child.name, pid=child.proc.pid, log=str(child.log), source=child.source
-        )
+        return _started(child)
 
     @mcp.tool()
     async def tune_progress(study: StudyRef, ctx: Context) -> M.TuneProgress:
@@ -443,7 +510,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             await ctx.report_progress(
                 got.levels_done, got.levels_total, f"{got.status}: {got.trials_done} trial(s)"
             )
-        return got
+        return typed(M.TuneProgress, got)
 
     @mcp.tool()
     async def tune_stop(study: StudyRef) -> M.TuneStopped:
@@ -458,8 +525,14 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             child = await anyio.to_thread.run_sync(lambda: runs.stop(uid))
             with open_store() as store:
                 st = StudyRepo(store).resolve(uid)
-        return M.TuneStopped(
-            study=uid, pid=child.proc.pid, exit_code=child.exit_code(), status=str(st["status"])
+        return typed(
+            M.TuneStopped,
+            {
+                "study": uid,
+                "pid": child.proc.pid,
+                "exit_code": child.exit_code(),
+                "status": str(st["status"]),
+            },
         )
 
     @mcp.tool()
@@ -481,9 +554,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             child = await anyio.to_thread.run_sync(
                 lambda: runs.resume(str(st["uid"]), source, str(st["name"]), retry_failed)
             )
-        return M.TuneStarted(
-            study=child.study, name=child.name, pid=child.proc.pid, log=str(child.log), source=child.source
-        )
+        return _started(child)
 
     @mcp.tool()
     async def runs_show(
@@ -564,6 +635,19 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         return resources.files("servelab.engines").joinpath("signatures.toml").read_text()
 
     return mcp
+
+
+def _started(child: Child) -> M.TuneStarted:
+    return typed(
+        M.TuneStarted,
+        {
+            "study": child.study,
+            "name": child.name,
+            "pid": child.proc.pid,
+            "log": str(child.log),
+            "source": child.source,
+        },
+    )
 
 
 def _plan_markdown(ref: str | None) -> str:
