@@ -329,6 +329,10 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         osl: int | None = None,
         concurrency: int | None = None,
         study: Annotated[str | None, Field(description="Take the setup from this study TOML.")] = None,
+        silicon: Annotated[
+            bool,
+            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+        ] = False,
     ) -> M.PredictionView:
         """Predicted TTFT, TPOT, throughput and memory for one setup, and where the decode step goes."""
         args = flags(
@@ -348,6 +352,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             osl=osl,
             concurrency=concurrency,
             study=study,
+            silicon=silicon,
         )
         return await call(M.PredictionView, ["predict", *args])
 
@@ -373,6 +378,10 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         isl: int | None = None,
         osl: int | None = None,
         study: Annotated[str | None, Field(description="Take the setup from this study TOML.")] = None,
+        silicon: Annotated[
+            bool,
+            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+        ] = False,
     ) -> M.SweepView:
         """The predicted concurrency curve of one setup: TPOT, TTFT and throughput at each level
         (`servelab predict --sweep`)."""
@@ -392,6 +401,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             isl=isl,
             osl=osl,
             study=study,
+            silicon=silicon,
         )
         return await call(M.SweepView, ["predict", *args, "--sweep", ",".join(str(c) for c in sweep)])
 
@@ -410,6 +420,10 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         tpot_limit: Annotated[float | None, Field(description="TPOT limit, ms.")] = None,
         ttft_limit: Annotated[float | None, Field(description="TTFT limit, ms.")] = None,
         study: str | None = None,
+        silicon: Annotated[
+            bool,
+            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+        ] = False,
     ) -> M.LayoutsView:
         """Every TP/PP/EP/DP layout for this host, ranked under the limits."""
         args = flags(
@@ -426,6 +440,7 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             tpot_limit=tpot_limit,
             ttft_limit=ttft_limit,
             study=study,
+            silicon=silicon,
         )
         return await call(M.LayoutsView, ["predict", "--compare-layouts", *args])
 
@@ -440,9 +455,23 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         ep: int | None = None,
         engine: str | None = None,
         osl: int | None = None,
+        silicon: Annotated[
+            bool,
+            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+        ] = False,
     ) -> M.ExplainView:
         """A measured run against the model: where its time goes and how far the prediction is off."""
-        args = flags(model=model, gpu=gpu, num_gpus=num_gpus, tp=tp, pp=pp, ep=ep, engine=engine, osl=osl)
+        args = flags(
+            model=model,
+            gpu=gpu,
+            num_gpus=num_gpus,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            engine=engine,
+            osl=osl,
+            silicon=silicon,
+        )
         return await call(M.ExplainView, ["explain", run, *args])
 
     # -- measure ----------------------------------------------------------------------------------

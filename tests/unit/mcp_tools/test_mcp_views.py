@@ -288,3 +288,31 @@ def test_a_document_its_tool_does_not_declare_is_a_tool_error(monkeypatch: pytes
     is_error, text, _ = _call(Options(), "predict", {"model": "GLM-5-NVFP4"})
     assert is_error and "servelab predict --json gave a document that does not match" in text
     assert "PredictionView" in text and "tpot_ms: Field required" in text and "hint:" in text
+
+
+@pytest.mark.parametrize(
+    "tool,args,command",
+    [
+        (
+            "predict",
+            {"model": "GLM-5-NVFP4", "silicon": True},
+            ["predict", "--model", "GLM-5-NVFP4", "--silicon"],
+        ),
+        ("predict_sweep", {"sweep": [1, 16], "tp": 8}, ["predict", "--tp", "8", "--sweep", "1,16"]),
+        ("explain", {"run": "last", "silicon": True}, ["explain", "last", "--silicon"]),
+    ],
+)
+def test_the_arguments_are_the_commands_options(
+    monkeypatch: pytest.MonkeyPatch, tool: str, args: dict[str, Any], command: list[str]
+) -> None:
+    from servelab.mcp import server
+
+    seen: list[list[str]] = []
+
+    def run_cli(argv: list[str], timeout: float) -> Any:
+        seen.append(argv)
+        return {}
+
+    monkeypatch.setattr(server, "run_cli", run_cli)
+    is_error, text, _ = _call(Options(), tool, args)
+    assert seen == [command] and is_error and "does not match" in text  # {} is no document of it
