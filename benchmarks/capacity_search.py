@@ -5,15 +5,16 @@ The simulator is the tests' box (GLM-5 NVFP4, TP8 on eight simulated RTX PRO 600
 2,048-token prompts, 64 output tokens, `--speed 20`), whose capacity under an SLO the performance model
 gives (`model.predict.capacity`). For each SLO, in-process on one stored run each (`bench.runner`):
 
-- the search: `find_capacity` from 1 stream, resolution 5 %, at most 12 probes;
-- the grid: every concurrency of the 5 % grid (1, 2, …, 20, then ×1.05 rounded) in ascending order,
-  stopped at the first failure (the cheapest a grid can be: a sweep set up ahead measures its whole
-  range), each level judged by the same verdict (`capacity.verdict`).
+- the search: `find_capacity` with its defaults (from 1 stream, ×4 bracketing, ITP splits, resolution
+  10 %, at most 8 probes), or `--resolution`/`--max-probes` given here;
+- the grid: every concurrency of the grid at the same resolution (1, 2, …, then ×(1 + resolution)
+  rounded) in ascending order, stopped at the first failure (the cheapest a grid can be: a sweep set up
+  ahead measures its whole range), each level judged by the same verdict (`capacity.verdict`).
 
 Both use the same probe size (4 requests per stream) and warm-up. Reported: probes, wall time, answer,
 and the model's answer.
 
-Usage: .venv/bin/python benchmarks/capacity_search.py [--json OUT]
+Usage: .venv/bin/python benchmarks/capacity_search.py [--resolution 0.10] [--max-probes 8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 from tests.support import simruns  # noqa: E402
 
 SLOS = {"p99_tpot_ms<=60": 60.0, "p99_tpot_ms<=100": 100.0, "p99_tpot_ms<=150": 150.0}
-RESOLUTION = 0.05
 
 
 def grid(resolution: float, highest: int = 256) -> list[int]:
@@ -44,7 +44,7 @@ def grid(resolution: float, highest: int = 256) -> list[int]:
     return out
 
 
-async def one(url: str, slo_text: str) -> dict[str, object]:
+async def one(url: str, slo_text: str, resolution: float, max_probes: int) -> dict[str, object]:
     from servelab.bench import capacity as C
     from servelab.bench.config import BenchConfig
     from servelab.bench.runner import BenchSession, _spec, find_capacity
@@ -60,7 +60,7 @@ async def one(url: str, slo_text: str) -> dict[str, object]:
         slo=slo_text,
     )
     slo = C.parse_capacity_slo(slo_text)
-    spec = C.SearchSpec(by="concurrency", start=1, resolution=RESOLUTION, max_probes=12)
+    spec = C.SearchSpec(by="concurrency", start=1, resolution=resolution, max_probes=max_probes)
     with open_store() as store:
         t0 = time.perf_counter()
         _, found = await find_capacity(cfg, store, spec, slo)
@@ -75,7 +75,7 @@ async def one(url: str, slo_text: str) -> dict[str, object]:
 
             async def sweep(s: BenchSession) -> None:
                 nonlocal answer, probes
-                for c in grid(RESOLUTION):
+                for c in grid(resolution):
                     level = await s.run_level(_spec(cfg, "concurrency", c))
                     records = s.repo.requests(s.repo.level_ids(s.run_id)[level.index])
                     probes += 1
@@ -90,6 +90,7 @@ async def one(url: str, slo_text: str) -> dict[str, object]:
     return {
         "search": {
             "probes": len(found.probes),
+            "converged": found.converged,
             "wall_s": round(search_s, 1),
             "capacity": found.capacity,
             "bracket": list(found.bracket),
@@ -102,6 +103,8 @@ async def one(url: str, slo_text: str) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/capacity_search.json")
+    ap.add_argument("--resolution", type=float, default=0.10)
+    ap.add_argument("--max-probes", type=int, default=8)
     args = ap.parse_args()
     from servelab.model.predict import capacity, make_setup
 
@@ -112,7 +115,7 @@ def main() -> None:
         try:
             rows = {}
             for text, tpot in SLOS.items():
-                row = asyncio.run(one(sim.url, text))
+                row = asyncio.run(one(sim.url, text, args.resolution, args.max_probes))
                 row["model"] = capacity(setup, simruns.ISL, simruns.OSL, tpot_ms=tpot).concurrency
                 rows[text] = row
                 print(text, json.dumps(row), flush=True)
@@ -120,7 +123,8 @@ def main() -> None:
             sim.stop()
     result = {
         "config": "GLM-5-NVFP4 TP8 on 8x rtx-pro-6000 (sim, sglang, speed 20), ISL 2048, OSL 64",
-        "resolution": RESOLUTION,
+        "resolution": args.resolution,
+        "max_probes": args.max_probes,
         "requests_per_stream": 4,
         "slos": rows,
     }

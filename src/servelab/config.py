@@ -244,7 +244,7 @@ class LoadSpec(_Strict):
         default=None, description="the level deployment checks use (default: the highest)"
     )
     # objective = "capacity": the search's resolution and most probes (its first probe: the lowest level)
-    resolution: float = Field(default=0.05, gt=0, lt=1)
+    resolution: float = Field(default=0.10, gt=0, lt=1)
     max_probes: int = Field(default=8, ge=1)
 
     @model_validator(mode="after")

@@ -4,11 +4,25 @@ Pure logic, no I/O: `decide(spec, history)` says which load to probe next (or wh
 probes made so far, so the search is tested without a server; the runner (`bench.runner.find_capacity`)
 runs each probe as a level of one stored run.
 
-The search brackets, then bisects. Bracketing grows the load geometrically (`growth`×) from `start`
-until a probe fails (or shrinks it until one passes); bisection then halves [highest pass, lowest fail]
-until the step is at most `resolution` of the pass (or one whole stream, by concurrency). A pass above
-a lower failure (noise, or a non-monotonic server) does not move the bracket: the capacity is the
-highest load that passed *below* every failure, and such passes are reported as `non_monotonic`.
+The search brackets, then narrows. Bracketing grows the load geometrically (`growth`×, 4 by default)
+from `start` until a probe fails (or shrinks it until one passes); narrowing then splits [highest pass,
+lowest fail] in log space until the step is at most `resolution` of the pass (or one whole stream, by
+concurrency). A split is an ITP step (Oliveira & Takahashi, "An Enhancement of the Bisection Method
+Average Performance Preserving Minmax Optimality", ACM TOMS 47(1), 2020) on the probes' SLO headroom
+(the worst limit's value ÷ the limit, `headroom`): interpolate where the headroom crosses 1 (log
+headroom against log load, between the bracket's two probes), truncate toward the midpoint, and
+project into a window around it that shrinks with every probe, so that the search never needs more
+probes than plain bisection in log space and, on a smooth latency curve, often fewer. Without both probes' values (a probe stopped early, or failed on failed requests) the split
+is the geometric midpoint. A pass above a lower failure (noise, or a non-monotonic server) does not
+move the bracket: the capacity is the highest load that passed *below* every failure, and such passes
+are reported as `non_monotonic`.
+
+Why ×4, log space and 10 %: from one stream (or 1 request/s) to a capacity of 10-60, doubling needs
+five to seven probes to bracket, then arithmetic halvings four or five more to reach 5 %: 10-12 probes
+(docs/benchmarks.md), over the issue's 8. ×4 brackets any capacity under 64 in at most four probes,
+and a ×4 bracket is split to 10 % (the default `resolution`, the issue's tolerance) in at most four
+(log2(ln 4 / ln 1.1) = 3.9): 8 in all. To 5 % the same split needs five, so `--resolution 5%` wants
+`--max-probes 9` or a first probe nearer the answer.
 
 A probe's verdict (`verdict`) leaves its first `warmup_fraction` of requests (by due time) out: a
 closed loop's first wave arrives at once, an open loop's queue is still filling.
@@ -120,8 +134,8 @@ class SearchSpec:
 
     by: Literal["concurrency", "rate"] = "concurrency"
     start: float = 1.0
-    growth: float = 2.0
-    resolution: float = 0.05
+    growth: float = 4.0
+    resolution: float = 0.10
     max_probes: int = 8
     min_load: float | None = None  # default: 1 stream, or start / 64 requests/s
     max_load: float | None = None  # default: 4096 streams, or start × 4096 requests/s
@@ -175,8 +189,85 @@ def converged(spec: SearchSpec, passed: float, failed: float) -> bool:
     return step <= spec.resolution * passed + 1e-12 or (spec.by == "concurrency" and step <= 1)
 
 
-def decide(spec: SearchSpec, history: Sequence[CapacityProbe]) -> Decision:
-    """The next probe, or why the search stops."""
+def headroom(probe: CapacityProbe, slo: CapacitySLO | None) -> float | None:
+    """The probe's worst limit as a fraction of it (above 1: over the SLO); None when a value is missing
+    or the probe was stopped early (its values are a growing queue's, not a steady state's)."""
+    if slo is None or probe.stopped_early:
+        return None
+    worst = 0.0
+    for lim in slo.limits:
+        v = probe.values.get(lim.name)
+        if v is None or v <= 0 or lim.limit_ms <= 0:
+            return None
+        worst = max(worst, v / lim.limit_ms)
+    return worst
+
+
+# ITP's constants: n0 = 0 extra probes beyond bisection (the splits never need more than the geometric
+# bisection's worst case); the truncation κ1·(b−a)^κ2 with κ1 = 0.2 / the first bracket's width.
+ITP_N0 = 0
+ITP_K2 = 2.0
+
+
+def _itp(
+    spec: SearchSpec, history: Sequence[CapacityProbe], slo: CapacitySLO | None, ok: float, bad: float
+) -> float:
+    """The next split of [ok, bad] (an ITP step in log load on the probes' log headroom), unrounded."""
+    first = next(i for i in range(len(history) + 1) if None not in bracket(history[:i]))
+    a0, b0 = (math.log(x) for x in bracket(history[:first]))  # type: ignore[arg-type]
+    j = len(history) - first  # splits made so far
+    a, b = math.log(ok), math.log(bad)
+    eps = math.log1p(spec.resolution) / 2
+    n_max = max(0, math.ceil(math.log2(max(b0 - a0, 2 * eps) / (2 * eps)))) + ITP_N0
+    mid = (a + b) / 2
+    h_ok = headroom(_at(history, ok, True), slo)
+    h_bad = headroom(_at(history, bad, False), slo)
+    if h_ok is None or h_bad is None or not h_ok < 1 < h_bad:
+        return math.exp(mid)
+    # A failure far over the limit says little about where the curve crossed it (latency blows up past
+    # the capacity): its log headroom counts as at most log 2. And when the last two splits fell on the
+    # same side, the other end's weight is halved (the Illinois rule), so the splits do not creep up on
+    # a convex curve's crossing from one side only.
+    fa, fb = math.log(h_ok), min(math.log(h_bad), math.log(2.0))
+    last = [p.passed for p in history[first:][-2:]]
+    if last == [True, True]:
+        fb /= 2
+    elif last == [False, False]:
+        fa /= 2
+    x_f = (b * fa - a * fb) / (fa - fb)  # regula falsi: where the line through both crosses 0
+    sigma = math.copysign(1.0, mid - x_f)
+    # ITP's truncation, at least half the resolution: a split just past the estimate (toward the middle)
+    # lands on the far side of an accurate one, and the next split on the near side closes the bracket
+    delta = max(0.2 / max(b0 - a0, 1e-12) * (b - a) ** ITP_K2, eps)
+    x_t = x_f + sigma * delta if delta <= abs(mid - x_f) else mid
+    # the projection's radius, less what rounding the loads (three figures, or whole streams) may add
+    slack = math.log1p(0.5 / ok) if spec.by == "concurrency" else 2 * math.log1p(0.005)
+    r = (eps - slack) * 2 ** (n_max - j) - (b - a) / 2
+    x = x_t if abs(x_t - mid) <= r else mid - sigma * max(r, 0.0)
+    return math.exp(x)
+
+
+def _grow(spec: SearchSpec, history: Sequence[CapacityProbe], slo: CapacitySLO | None, ok: float) -> float:
+    """The next bracketing probe above the pass `ok`: ×`growth`, or, with two passes' headroom, just past
+    where the line through them (log headroom against log load) crosses 1, but at least ×2 (a latency
+    curve is convex: the line overshoots, and the cap of ×`growth` holds it)."""
+    passes = sorted({p.load for p in history if p.passed and p.load < ok})
+    h_ok = headroom(_at(history, ok, True), slo)
+    h_below = headroom(_at(history, passes[-1], True), slo) if passes else None
+    if h_ok is None or h_below is None or not h_below < h_ok < 1:
+        return ok * spec.growth
+    k = math.log(h_ok / h_below) / math.log(ok / passes[-1])  # log-log slope
+    up = -math.log(h_ok) / k + math.log1p(2 * spec.resolution)  # log(cross / ok), aimed a little past it
+    return ok * min(spec.growth, max(min(2.0, spec.growth), math.exp(min(up, 50.0))))
+
+
+def _at(history: Sequence[CapacityProbe], load: float, passed: bool) -> CapacityProbe:
+    """The (last) probe at `load` with that verdict."""
+    return next(p for p in reversed(history) if p.load == load and p.passed == passed)
+
+
+def decide(spec: SearchSpec, history: Sequence[CapacityProbe], slo: CapacitySLO | None = None) -> Decision:
+    """The next probe, or why the search stops. With the `slo`, splits interpolate the probes' headroom."""
     if not history:
         return Decision(spec.rounded(spec.start), "first probe")
     ok, bad = bracket(history)
@@ -189,8 +280,8 @@ def decide(spec: SearchSpec, history: Sequence[CapacityProbe]) -> Decision:
         assert ok is not None
         if ok >= spec.highest:
             return Decision(None, f"every probe passed up to the highest load {spec.highest:g}")
-        nxt = spec.rounded(min(spec.highest, ok * spec.growth))
-        return Decision(nxt, f"bracketing: {ok:g} passed, growing ×{spec.growth:g}")
+        nxt = spec.rounded(min(spec.highest, _grow(spec, history, slo, ok)))
+        return Decision(nxt, f"bracketing: {ok:g} passed, growing ×{nxt / ok:.3g}")
     if ok is None:
         if bad <= spec.lowest:
             return Decision(None, f"even the lowest load {spec.lowest:g} failed the SLO")
@@ -198,15 +289,23 @@ def decide(spec: SearchSpec, history: Sequence[CapacityProbe]) -> Decision:
         if nxt in probed or nxt >= bad:
             return Decision(None, f"even the lowest load {nxt:g} failed the SLO")
         return Decision(nxt, f"bracketing: {bad:g} failed, shrinking ÷{spec.growth:g}")
-    nxt = spec.rounded((ok + bad) / 2)
-    if nxt in probed or not ok < nxt < bad:
-        return Decision(None, f"converged: no load between {ok:g} and {bad:g} at this rounding")
-    return Decision(nxt, f"bisecting [{ok:g}, {bad:g}]")
+    want = _itp(spec, history, slo, ok, bad)
+    how = "interpolating" if want != math.sqrt(ok * bad) else "bisecting"
+    for x in (want, math.sqrt(ok * bad), (ok + bad) / 2):
+        nxt = spec.rounded(x)
+        if spec.by == "concurrency":  # whole streams strictly inside: the split may round onto an end
+            nxt = min(max(nxt, ok + 1), bad - 1)
+        if nxt not in probed and ok < nxt < bad:
+            return Decision(nxt, f"{how} [{ok:g}, {bad:g}]")
+        how = "bisecting"
+    return Decision(None, f"converged: no load between {ok:g} and {bad:g} at this rounding")
 
 
-def next_probe(spec: SearchSpec, history: Sequence[CapacityProbe]) -> float | None:
+def next_probe(
+    spec: SearchSpec, history: Sequence[CapacityProbe], slo: CapacitySLO | None = None
+) -> float | None:
     """The next load to probe (None: the search is over)."""
-    return decide(spec, history).load
+    return decide(spec, history, slo).load
 
 
 def result(

@@ -702,7 +702,7 @@ async def find_capacity(
         async def searching(s: BenchSession) -> None:
             nonlocal found
             while True:
-                decision = C.decide(search, probes)
+                decision = C.decide(search, probes, slo)
                 if decision.load is None:
                     found = C.result(search, slo, probes, decision.reason, speed)
                     break

@@ -542,7 +542,10 @@ def _run(
     "--concurrency/--rate names; its one value is the first probe).",
 )
 @click.option(
-    "--resolution", default="5%", show_default=True, help="--find-capacity: stop when the step is under this."
+    "--resolution",
+    default="10%",
+    show_default=True,
+    help="--find-capacity: stop when the step is under this.",
 )
 @click.option(
     "--max-probes",

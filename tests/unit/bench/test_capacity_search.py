@@ -22,7 +22,8 @@ def _search(spec: C.SearchSpec, passes: Callable[[float], bool]) -> tuple[list[C
 
 
 def test_brackets_geometrically_then_bisects_to_the_resolution() -> None:
-    spec = C.SearchSpec(by="concurrency", start=4, resolution=0.05, max_probes=20)
+    # growth ×2 (the default is ×4) pins the sequence; without values the split is the geometric midpoint
+    spec = C.SearchSpec(by="concurrency", start=4, growth=2.0, resolution=0.05, max_probes=20)
     history, reason = _search(spec, lambda c: c <= 37)
     loads = [p.load for p in history]
     assert loads[:5] == [4, 8, 16, 32, 64]  # ×2 until the first failure
@@ -43,14 +44,14 @@ def test_rate_stops_when_the_step_is_under_the_resolution() -> None:
 
 
 def test_first_probe_fails_shrinks_until_one_passes() -> None:
-    spec = C.SearchSpec(by="concurrency", start=64, max_probes=20)
+    spec = C.SearchSpec(by="concurrency", start=64, growth=2.0, max_probes=20)  # ×2 pins the sequence
     history, _ = _search(spec, lambda c: c <= 5)
     assert [p.load for p in history][:5] == [64, 32, 16, 8, 4]
     assert C.bracket(history) == (5, 6)
 
 
 def test_even_the_lowest_load_fails() -> None:
-    spec = C.SearchSpec(by="concurrency", start=4, max_probes=20)
+    spec = C.SearchSpec(by="concurrency", start=4, growth=2.0, max_probes=20)  # ×2 pins the sequence
     history, reason = _search(spec, lambda c: False)
     assert [p.load for p in history] == [4, 2, 1]
     assert "even the lowest load" in reason
@@ -59,7 +60,7 @@ def test_even_the_lowest_load_fails() -> None:
 
 
 def test_every_probe_passes_up_to_the_highest_load() -> None:
-    spec = C.SearchSpec(by="concurrency", start=100, max_load=300, max_probes=20)
+    spec = C.SearchSpec(by="concurrency", start=100, growth=2.0, max_load=300, max_probes=20)
     history, reason = _search(spec, lambda c: True)
     assert [p.load for p in history] == [100, 200, 300]
     assert "every probe passed" in reason
@@ -171,3 +172,67 @@ def test_bad_search_options() -> None:
     ]:
         with pytest.raises(ValueError, match=words):
             C.SearchSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def _search_curve(
+    spec: C.SearchSpec, slo: C.CapacitySLO, value: Callable[[float], float]
+) -> tuple[list[CapacityProbe], str]:
+    """A search whose probes carry their value of the SLO's one limit (the server is a latency curve)."""
+    (lim,) = slo.limits
+    history: list[CapacityProbe] = []
+    while True:
+        d = C.decide(spec, history, slo)
+        if d.load is None:
+            return history, d.reason
+        assert d.load not in {p.load for p in history}, "a load is never probed twice"
+        v = value(d.load)
+        history.append(CapacityProbe(load=d.load, passed=v <= lim.limit_ms, values={lim.name: v}))
+
+
+@pytest.mark.parametrize("known", [6, 10, 14, 20, 27, 34, 45, 60])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_default_search_lands_within_8_probes_on_a_latency_curve(known: int, seed: int) -> None:
+    """Issue 18: within 10 % of the answer in at most 8 probes, from the default first probe (1 stream).
+    TPOT rises with the streams from a floor (40 ms + 3 ms a stream; the limit is half a stream above
+    `known`'s) and a probe's p99 is that ±2 % (seeded noise)."""
+    rng = random.Random(seed)
+    limit = 40 + 3 * (known + 0.5)
+    slo = C.parse_capacity_slo(f"p99_tpot_ms<={limit}")
+    spec = C.SearchSpec()  # the defaults: by concurrency from 1, ×4, 10 %, at most 8 probes
+    history, reason = _search_curve(spec, slo, lambda c: (40 + 3 * c) * (1 + rng.uniform(-0.02, 0.02)))
+    res = C.result(spec, slo, history, reason)
+    assert len(history) <= 8, [p.load for p in history]
+    assert res.capacity is not None and res.capacity == pytest.approx(known, rel=0.10), res.bracket
+    assert res.converged, (reason, [p.load for p in history])
+
+
+@pytest.mark.parametrize("mu", [12.0, 25.0, 48.0, 80.0])
+def test_by_rate_a_queue_blowing_up_is_found_in_8_probes(mu: float) -> None:
+    """p99 TTFT of an M/M/1-like server of `mu` requests/s: 300 ms ÷ (1 − λ/μ), limit 2 s: the answer
+    is 0.85 μ. From 1 request/s, to the default 10 %."""
+    slo = C.parse_capacity_slo("p99_ttft_ms<=2000")
+    spec = C.SearchSpec(by="rate")
+
+    def ttft(rate: float) -> float:
+        return 300 / (1 - rate / mu) if rate < mu else 1e6
+
+    history, reason = _search_curve(spec, slo, ttft)
+    res = C.result(spec, slo, history, reason)
+    assert len(history) <= 8 and res.converged, [p.load for p in history]
+    ok, bad = res.bracket
+    assert ok is not None and bad is not None and ok <= 0.85 * mu < bad
+
+
+@pytest.mark.parametrize("answer", [17.3, 23.7, 41.0, 60.2])
+@pytest.mark.parametrize("lie", [(0.99, 1.01), (0.1, 1.01), (0.99, 1e6), (0.1, 1e6)])
+def test_misleading_values_cost_no_probe_over_bisection(lie: tuple[float, float], answer: float) -> None:
+    """ITP's guarantee (n0 = 0): whatever the values say, the splits of the first bracket [16, 64] take no
+    more probes than bisecting it in log space at worst: ⌈log2(ln 4 / ln 1.1)⌉ = 4 at the default 10 %.
+    Every pass reports lie[0] × the limit, every failure lie[1] ×."""
+    slo = C.parse_capacity_slo("p99_tpot_ms<=100")
+    spec = C.SearchSpec(by="rate")
+    history, reason = _search_curve(spec, slo, lambda r: 100 * (lie[0] if r <= answer else lie[1]))
+    assert [p.load for p in history[:4]] == [1, 4, 16, 64]
+    assert reason.startswith("converged") and len(history) - 4 <= 4, [p.load for p in history]
+    ok, bad = C.bracket(history)
+    assert ok is not None and bad is not None and ok <= answer < bad and C.converged(spec, ok, bad)

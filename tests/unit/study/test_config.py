@@ -118,4 +118,5 @@ def test_objective_capacity_needs_slo_limits() -> None:
         parse_study(_base(objective="capacity"))
     study = parse_study(_base(objective="capacity", slo={"tpot_ms": {"p99": 100}, "ttft_ms": {"p50": 900}}))
     assert study.slo.capacity_slo() == "p50_ttft_ms<=900,p99_tpot_ms<=100"
-    assert (study.load.resolution, study.load.max_probes) == (0.05, 8)
+    # the search's defaults: 10 % in at most 8 probes (bench.capacity: was 5 %, which needs 9-12)
+    assert (study.load.resolution, study.load.max_probes) == (0.10, 8)
