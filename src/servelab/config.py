@@ -210,7 +210,7 @@ class WorkloadSpec(_Strict):
     """The requests of every level; the same fields as `servelab bench`."""
 
     api: Literal["completions", "chat"] = "completions"
-    kind: Literal["synthetic", "sharegpt", "shared-prefix"] = "synthetic"
+    kind: Literal["synthetic", "sharegpt", "shared-prefix", "sessions"] = "synthetic"
     input_len: int = Field(default=256, ge=1)
     output_len: int = Field(default=128, ge=1)
     range_ratio: float = Field(default=0.0, ge=0, lt=1)
@@ -227,9 +227,24 @@ class WorkloadSpec(_Strict):
     temperature: float | None = None
     timeout_s: float = Field(default=600.0, gt=0)
     warmup: int = Field(default=-1, ge=-1)
+    # kind = "sessions" (bench/sessions.py; bench's --turns, --think-time, ...): each of a level's
+    # `concurrency` conversations runs `turns` turns; the defaults are bench's, a coding agent's.
+    turns: int = Field(default=8, ge=1, le=10000)
+    think_time_s: float = Field(default=3.0, ge=0)
+    think_dist: Literal["exponential", "constant"] = "exponential"
+    system_prompt_len: int = Field(default=2048, ge=0)
+    tool_turns: float = Field(default=0.5, ge=0.0, le=1.0)
+    tool_result_len: int = Field(default=1024, ge=1)
 
     @model_validator(mode="after")
     def _one_size(self) -> WorkloadSpec:
+        if self.kind == "sessions":
+            if self.num_requests is not None or self.requests_per_stream is not None:
+                raise ValueError(
+                    'kind = "sessions": a level is concurrency × turns requests; give duration_s to cap '
+                    "its time, or no size"
+                )
+            return self
         given = [x is not None for x in (self.num_requests, self.requests_per_stream, self.duration_s)]
         if sum(given) != 1:
             raise ValueError("give exactly one of num_requests, requests_per_stream or duration_s")
@@ -397,6 +412,24 @@ class Study(_Strict):
             raise ValueError(
                 'objective = "capacity" searches for the highest load meeting the SLO: give [slo] limits, '
                 "e.g. tpot_ms = { p99 = 50 }"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sessions_are_a_closed_loop(self) -> Study:
+        """What `bench --workload sessions` refuses, in the study's words (the dry run and the real run
+        parse the same file, so both refuse it before anything starts)."""
+        if self.workload.kind != "sessions":
+            return self
+        if self.load.mode != "concurrency":
+            raise ValueError(
+                'workload.kind = "sessions" runs load.concurrency = [...] conversations at once; '
+                "each turn waits for the reply it resends (no open-loop load.rate)"
+            )
+        if self.objective == "capacity":
+            raise ValueError(
+                'objective = "capacity" does not search over workload.kind = "sessions" (a session plan '
+                "is built per level before it runs); rank by another objective at load.concurrency levels"
             )
         return self
 

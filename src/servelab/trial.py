@@ -161,6 +161,12 @@ def bench_config(
             warmup=w.warmup,
             timeout_s=w.timeout_s,
             temperature=w.temperature,
+            turns=w.turns,
+            think_time_s=w.think_time_s,
+            think_dist=w.think_dist,
+            system_prompt_len=w.system_prompt_len,
+            tool_turns=w.tool_turns,
+            tool_result_len=w.tool_result_len,
             api_key=api_key,
             context=context or RunContext(),
         )

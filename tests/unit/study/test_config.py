@@ -120,3 +120,51 @@ def test_objective_capacity_needs_slo_limits() -> None:
     assert study.slo.capacity_slo() == "p50_ttft_ms<=900,p99_tpot_ms<=100"
     # the search's defaults: 10 % in at most 8 probes (bench.capacity: was 5 %, which needs 9-12)
     assert (study.load.resolution, study.load.max_probes) == (0.10, 8)
+
+
+def test_a_sessions_workload_is_benched_with_its_options() -> None:
+    """kind = "sessions" takes bench's --workload sessions options, under the same names as BenchConfig's
+    fields, and the benchmark's configuration (`trial.bench_config`, built by the dry run and the real
+    run alike) carries them."""
+    from servelab.trial import bench_config
+
+    wl = {
+        "kind": "sessions",
+        "api": "chat",
+        "input_len": 40,
+        "output_len": 8,
+        "turns": 3,
+        "think_time_s": 0.5,
+    }
+    wl |= {"think_dist": "constant", "system_prompt_len": 64, "tool_turns": 0.25, "tool_result_len": 32}
+    cfg = bench_config(parse_study(_base(workload=wl)), "http://127.0.0.1:1", "m")
+    assert (cfg.workload, cfg.mode, cfg.levels, cfg.api) == ("sessions", "concurrency", [1.0, 4.0], "chat")
+    got = {k: getattr(cfg, k) for k in ("turns", "think_time_s", "think_dist", "system_prompt_len")}
+    assert got == {"turns": 3, "think_time_s": 0.5, "think_dist": "constant", "system_prompt_len": 64}
+    assert (cfg.tool_turns, cfg.tool_result_len, cfg.input_len, cfg.output_len) == (0.25, 32, 40, 8)
+    assert cfg.num_requests is None and cfg.requests_per_stream is None and cfg.duration_s is None
+    capped = bench_config(
+        parse_study(_base(workload={"kind": "sessions", "duration_s": 30})), "http://x", "m"
+    )
+    assert capped.duration_s == 30 and capped.turns == 8  # bench's defaults otherwise
+
+
+@pytest.mark.parametrize(
+    "over,words",
+    [
+        ({"workload": {"kind": "sessions", "num_requests": 8}}, 'workload: kind = "sessions": a level is'),
+        ({"workload": {"kind": "sessions", "requests_per_stream": 2}}, "give duration_s to cap its time"),
+        ({"workload": {"kind": "sessions"}, "load": {"rate": [1.0]}}, "runs load.concurrency"),
+        (
+            {"workload": {"kind": "sessions"}, "objective": "capacity", "slo": {"tpot_ms": {"p99": 50}}},
+            'does not search over workload.kind = "sessions"',
+        ),
+        ({"workload": {"kind": "sessions", "think_dist": "gamma"}}, "workload.think_dist"),
+        ({"workload": {"kind": "sessions", "tool_turns": 2}}, "workload.tool_turns"),
+        ({"workload": {"kind": "sessions", "turns": 0}}, "workload.turns"),
+    ],
+)
+def test_a_sessions_workload_refuses_what_bench_refuses(over: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_study(_base(**over))
+    assert words in exc.value.message
