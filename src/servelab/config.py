@@ -72,6 +72,20 @@ class ModelSpec(_Strict):
     )
     served_name: str | None = None
     config: str | None = Field(default=None, description="catalog name or config.json for predictions")
+    silicon: bool = Field(
+        default=False,
+        description="order the candidates by the model with measured operator tables (servelab[silicon])",
+    )
+
+    @field_validator("silicon")
+    @classmethod
+    def _silicon_installed(cls, v: bool) -> bool:
+        if v:
+            from servelab.model import silicon
+
+            if not silicon.available():
+                raise ValueError(f"needs the aiconfigurator-core package; {silicon.EXTRA_HINT}")
+        return v
 
 
 class HostSpec(_Strict):

@@ -62,6 +62,7 @@ def prediction(
         kv_dtype=cand.kv_cache_dtype,
         factors=factors,
         engine=str(study.engine.options.get("personality", study.engine.name)),
+        silicon=study.model.silicon,
     )
 
 

@@ -168,3 +168,40 @@ def test_a_sessions_workload_refuses_what_bench_refuses(over: dict, words: str) 
     with pytest.raises(ConfigError) as exc:
         parse_study(_base(**over))
     assert words in exc.value.message
+
+
+def test_model_silicon_orders_the_candidates_by_the_measured_allreduce(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`[model] silicon = true`: the candidates' predictions read the allreduce off the measured tables
+    (their order can change with it); without the extra the file is refused at parse, naming the field."""
+    from servelab import tune
+    from servelab.model import silicon
+
+    def study(flag: bool) -> object:
+        return parse_study(
+            _base(
+                model={"path": "GLM-5-NVFP4", "silicon": flag},
+                host={"gpu": "rtx-pro-6000", "num_gpus": 8},
+                engine={"name": "sim", "options": {"personality": "sglang"}},
+                load={"concurrency": [1]},
+                candidates=[{"name": "tp8", "tp": 8}, {"name": "tp4pp2", "tp": 4, "pp": 2}],
+            )
+        )
+
+    on, off = study(True), study(False)
+    thr = {
+        flag: {c.name: (p or {}).get("output_throughput") or 0.0 for c, p in tune.order_candidates(st)}  # type: ignore[arg-type]
+        for flag, st in ((True, on), (False, off))
+    }
+    # at one stream the measured 8-GPU allreduce (27 µs) puts TP8 ahead; the formula's (67 µs) TP4+PP2
+    assert thr[True]["tp8"] > thr[True]["tp4pp2"] and thr[False]["tp8"] < thr[False]["tp4pp2"], thr
+    shares = {
+        flag: next(p for c, p in tune.order_candidates(st) if c.name == "tp8")["allreduce_share"]  # type: ignore[index, arg-type]
+        for flag, st in ((True, on), (False, off))
+    }
+    assert shares[True] < shares[False], shares
+    monkeypatch.setattr(silicon, "data_root", lambda: None)
+    with pytest.raises(ConfigError) as exc:
+        study(True)
+    assert "model.silicon" in exc.value.message and "servelab[silicon]" in exc.value.message
