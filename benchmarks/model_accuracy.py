@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.model import silicon
 from servelab.model.calibrate import (
     Observation,
     Prepared,
@@ -175,20 +176,27 @@ def main() -> None:
     glob, engines, report = fit_observations(obs, START)
     tables = evaluate_split(obs, glob, engines)
     if args.write:
-        d = {k: round(v, 4) for k, v in asdict(glob).items() if isinstance(v, float)}
-        FACTORS.write_text(
-            json.dumps(
-                {
-                    "about": "Default efficiency factors, fitted by benchmarks/model_accuracy.py --write on 70% "
-                    "of the configuration groups of the aggregated rows of serving_measurements.csv (hash split "
-                    "on model/system/engine/layout/quantization/ISL/OSL); see docs/model.md.",
-                    "default": d,
-                    "engines": {e: {k: round(v, 4) for k, v in x.items()} for e, x in engines.items()},
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+
+        def factor_set(g: Factors, e: dict[str, dict[str, float]]) -> dict[str, Any]:
+            return {
+                "default": {k: round(v, 4) for k, v in asdict(g).items() if isinstance(v, float)},
+                "engines": {name: {k: round(v, 4) for k, v in x.items()} for name, x in e.items()},
+            }
+
+        doc: dict[str, Any] = {
+            "about": "Default efficiency factors, fitted by benchmarks/model_accuracy.py --write on 70% "
+            "of the configuration groups of the aggregated rows of serving_measurements.csv (hash split "
+            "on model/system/engine/layout/quantization/ISL/OSL); see docs/model.md. `silicon`: the same "
+            "fit with each row's allreduce and routed experts read off aiconfigurator-core's measured "
+            "tables (`predict --silicon`).",
+            **factor_set(glob, engines),
+        }
+        if silicon.available():
+            sglob, sengines, _ = fit_observations(obs, START, silicon=True)
+            doc["silicon"] = factor_set(sglob, sengines)
+        elif "silicon" in json.loads(FACTORS.read_text()):
+            raise SystemExit("--write needs servelab[silicon] to refit the measured-table factors too")
+        FACTORS.write_text(json.dumps(doc, indent=2) + "\n")
     out = {
         "report": report,
         "factors": asdict(glob),

@@ -24,9 +24,10 @@ from servelab.model.predict import (
 from servelab.results import Run
 
 
-def resolve_factors(engine: str | None, calibration: str | None) -> Factors:
-    """Defaults for the engine, overridden by a named calibration from the store."""
-    f = default_factors(engine)
+def resolve_factors(engine: str | None, calibration: str | None, silicon: bool = False) -> Factors:
+    """Defaults for the engine (the set fitted around the measured tables with `silicon`), overridden by
+    a named calibration from the store."""
+    f = default_factors(engine, silicon)
     if calibration:
         from servelab.store import open_store
         from servelab.store.calibrations import get
@@ -123,7 +124,7 @@ def build_setup(kw: dict[str, Any]) -> Setup:
         quant=kw["quant"],
         kv_dtype=kw["kv_dtype"],
         interconnect=kw["interconnect"],
-        factors=resolve_factors(kw["engine"], kw["calibration"]),
+        factors=resolve_factors(kw["engine"], kw["calibration"], kw["silicon"]),
         mem_fraction=kw["mem_fraction"],
         engine=kw["engine"],
         silicon=kw["silicon"],
@@ -490,7 +491,9 @@ def explain(run: str, **kw: Any) -> None:
         quant=kw["quant"] or ctx.quant,
         kv_dtype=kw["kv_dtype"] or ctx.kv_dtype,
         interconnect=kw["interconnect"] or host.interconnect,
-        factors=resolve_factors(kw["engine"] or ctx.personality or data.engine, kw["calibration"]),
+        factors=resolve_factors(
+            kw["engine"] or ctx.personality or data.engine, kw["calibration"], kw["silicon"]
+        ),
         engine=kw["engine"] or ctx.personality or data.engine,
         silicon=kw["silicon"],
     )

@@ -102,9 +102,13 @@ def _factors_file() -> dict[str, Any]:
     return data
 
 
-def default_factors(engine: str | None = None) -> Factors:
-    """The fitted defaults, with the per-engine adjustments for `engine` when there are any."""
+def default_factors(engine: str | None = None, silicon: bool = False) -> Factors:
+    """The fitted defaults, with the per-engine adjustments for `engine` when there are any. `silicon`:
+    the set fitted around the measured operator tables (`predict --silicon`), whose overheads do not
+    count again what a measured kernel already holds."""
     data = _factors_file()
+    if silicon and isinstance(data.get("silicon"), dict):
+        data = data["silicon"]
     base = Factors.from_dict(data.get("default", {}))
     if engine:
         base = base.merged(data.get("engines", {}).get(engine.lower(), {}))

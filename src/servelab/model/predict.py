@@ -37,6 +37,7 @@ from servelab.model.step import (
     build_perf,
     combine,
     compute_work,
+    measured_moe_parts,
     raw_step,
     step_time,
 )
@@ -76,31 +77,73 @@ class Setup:
 def perf_of(setup: Setup) -> ModelPerf:
     """The setup's per-GPU constants: with `silicon`, the TP allreduce read off the measured tables where
     they cover this host and engine (the formula elsewhere, and `sources` says which)."""
-    curve = None
+    curve, moe = None, None
     if setup.silicon:
         curve, _ = _silicon.host_allreduce(setup.host, setup.engine, setup.layout.tp)
-    return build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors, curve)
+        moe, _ = _host_moe(setup)
+    return build_perf(setup.arch, setup.quant, setup.host, setup.layout, setup.factors, curve, moe)
 
 
-def sources(setup: Setup, perf: ModelPerf, msg_bytes: float) -> dict[str, str]:
-    """Where each term of a prediction comes from: `formula` (the analytic roofline with fitted factors)
-    or the measured table, with how the value was read off it."""
+def _host_moe(setup: Setup) -> tuple[_silicon.Curve | None, str]:
+    """The measured routed-expert curve for this setup, or None with why the formula applies."""
+    a, lay = setup.arch, setup.layout
+    if not a.is_moe:
+        return None, "dense model"
+    if setup.engine not in _silicon.ENGINE_COMM:
+        return None, "name --engine (vllm, sglang or trtllm) to read its MoE kernels"
+    system, why = _silicon.host_system(setup.host)
+    if system is None:
+        return None, why
+    inter = round(a.expert_params / (3.0 * a.hidden_size))
+    curve = _silicon.moe_curve(
+        system,
+        setup.engine,
+        setup.quant.experts,
+        a.hidden_size,
+        inter,
+        a.top_k,
+        a.num_experts,
+        lay.moe_tp,
+        lay.ep,
+    )
+    if curve is None:
+        return None, (
+            f"no {setup.engine} MoE table for {setup.quant.experts} experts of shape h{a.hidden_size} i{inter} "
+            f"top{a.top_k} E{a.num_experts} at tp{lay.moe_tp} ep{lay.ep} on {system}"
+        )
+    return curve, ""
+
+
+def sources(setup: Setup, perf: ModelPerf, msg_bytes: float, tokens: float) -> dict[str, str]:
+    """Where each term of a prediction's decode step comes from: `formula` (the analytic roofline with
+    fitted factors) or the measured table, with how the value was read off it (`tokens`: the step's
+    tokens entering each MoE layer; `routed_experts` is part of the weights and compute terms)."""
     out = {k: "formula" for k in ("weights", "kv_cache", "compute", "moe_comm", "other")}
     if perf.allreduces == 0:
         out["allreduce"] = "none (one GPU per TP group)"
     elif perf.ar_curve is not None:
-        look = perf.ar_curve.at(msg_bytes)
-        out["allreduce"] = f"{look.source}: {look.table}" + (
-            f" ({msg_bytes:.0f} B between {look.lo:.0f} and {look.hi:.0f} B)"
-            if look.source == "interpolated"
-            else f" ({msg_bytes:.0f} B, table ends at {look.lo:.0f} B)"
-            if look.source == "extrapolated"
-            else f" ({msg_bytes:.0f} B)"
-        )
+        out["allreduce"] = _lookup_text(perf.ar_curve.at(msg_bytes), msg_bytes, "B")
     else:
         why = _silicon.host_allreduce(setup.host, setup.engine, setup.layout.tp)[1] if setup.silicon else ""
         out["allreduce"] = "formula" + (f" ({why})" if why else "")
+    if setup.arch.is_moe:
+        if perf.moe_curve is not None:
+            out["routed_experts"] = _lookup_text(perf.moe_curve.at(tokens), tokens, "tokens")
+        else:
+            why = _host_moe(setup)[1] if setup.silicon else ""
+            out["routed_experts"] = "formula" + (f" ({why})" if why else "")
     return out
+
+
+def _lookup_text(look: _silicon.Lookup, key: float, unit: str) -> str:
+    where = (
+        f" ({key:g} {unit} between {look.lo:g} and {look.hi:g})"
+        if look.source == "interpolated"
+        else f" ({key:g} {unit}, table ends at {look.lo:g})"
+        if look.source == "extrapolated"
+        else f" ({key:g} {unit})"
+    )
+    return f"{look.source}: {look.table}{where}"
 
 
 def resolve_quant(arch: Architecture, quant: str | None, kv_dtype: str | None) -> QuantScheme:
@@ -145,7 +188,7 @@ def make_setup(
         resolve_quant(arch, quant, kv_dtype),
         host,
         layout,
-        factors or default_factors(engine),
+        factors or default_factors(engine, silicon),
         mem_fraction,
         silicon,
         engine,
@@ -177,6 +220,9 @@ def prefill_marginal(pre: StepRaw, f: Factors, isl: Any) -> Any:
     flops = (pre.gemm_pre_s + moe_extra + pre.attn_pre_s) / f.prefill_eff / gen
     ar_lat, ar_bw = allreduce_parts(pre, f)
     comm_bw = ar_bw + pre.moe_bw_s / f.net_eff
+    # the measured routed experts' FLOP share grows with the tokens (their reads and fixed part are in
+    # `parts`, paid once per batched step)
+    flops = flops + measured_moe_parts(pre, f)[1]
     lat = f.lat_scale * (1.0 + pre.nvlink * (f.nvlink_lat_scale - 1.0))
     fixed = parts["weights"] + parts["kv_cache"] + ar_lat
     moe_lat = (pre.moe_n * pre.moe_lat_s + (f.a2a_scale - 1.0) * pre.a2a_lat_s) * lat
@@ -395,7 +441,12 @@ def evaluate(
         out.allreduce_latency_us_each = ar_lat / perf.allreduces * 1e6
         out.allreduce_bytes_each = float(terms.dec.ar_msg_bytes)
     out.decode_compute_work_ms = sum(float(x) for x in compute_work(terms.dec, f)) * 1e3
-    out.sources = sources(setup, perf, float(terms.dec.ar_msg_bytes))
+    out.sources = sources(
+        setup,
+        perf,
+        float(terms.dec.ar_msg_bytes),
+        float(terms.running) / min(setup.layout.pp, terms.running) * (1 + wl.mtp_tokens),
+    )
     out.bottleneck = max(parts, key=lambda k: parts[k])
     out.running_concurrency = running
     out.single_stream_ceiling_tok_s = 1.0 / ceiling if ceiling > 0 else None

@@ -29,8 +29,20 @@ Source = Literal["measured", "interpolated", "extrapolated"]
 PACKAGE = "aiconfigurator_core"
 EXTRA_HINT = "install the extra: pip install 'servelab[silicon]' (the aiconfigurator-core package)"
 ELEMENT_BYTES = 2.0  # the allreduce tables are BF16/FP16 element counts
-# servelab engine name -> the folder of its own collectives in the databases
+# servelab engine name -> the folder of its own collectives and kernels in the databases
 ENGINE_COMM = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
+# servelab's expert weight format -> the MoE tables' `moe_dtype`, most specific first (block-scaled FP8 is
+# what the FP8 MoE checkpoints we serve ship)
+MOE_DTYPES = {
+    "fp8": ("fp8_block", "fp8"),
+    "nvfp4": ("nvfp4",),
+    "bf16": ("bfloat16",),
+    "fp16": ("bfloat16",),
+    "mxfp4": ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8"),
+    "int4": ("int4_wo",),
+}
+# routing skew the MoE kernels were timed under: a power law (real routers are not uniform)
+MOE_DISTRIBUTION = "power_law_1.01"
 
 
 @dataclass(frozen=True)
@@ -191,6 +203,80 @@ def allreduce_curve(system: str, engine: str | None, ranks: int) -> Curve | None
             )
             if c is not None:
                 return c
+    return None
+
+
+@cache
+def _moe_rows(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    cols = [
+        "moe_dtype",
+        "num_tokens",
+        "hidden_size",
+        "inter_size",
+        "topk",
+        "num_experts",
+        "moe_tp_size",
+        "moe_ep_size",
+        "distribution",
+        "latency",
+    ]
+    rows: list[dict[str, Any]] = pq.read_table(path, columns=cols).to_pylist()
+    return rows
+
+
+@cache
+def moe_curve(
+    system: str,
+    engine: str | None,
+    expert_format: str,
+    hidden: int,
+    inter: int,
+    topk: int,
+    experts: int,
+    moe_tp: int,
+    moe_ep: int,
+) -> Curve | None:
+    """Time of one MoE layer's routed experts on one GPU against the tokens entering it, as the engine's
+    own fused-MoE kernel ran on `system` for exactly this shape and split (the newest engine version that
+    measured it). None when the package, the engine's tables, the format or the shape is missing."""
+    root = data_root()
+    own = ENGINE_COMM.get(engine or "")
+    if root is None or not own or expert_format not in MOE_DTYPES:
+        return None
+    base = root / system / "moe" / own
+    if not base.is_dir():
+        return None
+    for ver in sorted((d.name for d in base.iterdir() if d.is_dir()), key=_version_key, reverse=True):
+        path = base / ver / "moe_perf.parquet"
+        if not path.is_file():
+            continue
+        rows = _moe_rows(path)
+        for dtype in MOE_DTYPES[expert_format]:
+            pts: dict[float, float] = {}
+            for r in rows:
+                if (
+                    r["moe_dtype"] == dtype
+                    and r["distribution"] == MOE_DISTRIBUTION
+                    and r["hidden_size"] == hidden
+                    and r["inter_size"] == inter
+                    and r["topk"] == topk
+                    and r["num_experts"] == experts
+                    and r["moe_tp_size"] == moe_tp
+                    and r["moe_ep_size"] == moe_ep
+                    and r["latency"]
+                    and r["latency"] > 0
+                ):
+                    x = float(r["num_tokens"])
+                    pts[x] = min(pts.get(x, math.inf), float(r["latency"]) * 1e-3)
+            if len(pts) >= 2:
+                xs = tuple(sorted(pts))
+                label = (
+                    f"{system} moe/{own}/{ver}/moe_perf.parquet {dtype} h{hidden} i{inter} top{topk} "
+                    f"E{experts} tp{moe_tp} ep{moe_ep} {MOE_DISTRIBUTION}"
+                )
+                return Curve(label, xs, tuple(pts[x] for x in xs))
     return None
 
 

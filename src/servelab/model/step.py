@@ -68,6 +68,8 @@ class ModelPerf:
     p2p_latency_s: float
     expert_group_s: float = 0.0  # routed experts' GEMM seconds per row of every expert (per GPU)
     ar_curve: Curve | None = None  # one TP allreduce measured against its bytes (model/silicon.py), if any
+    moe_curve: Curve | None = None  # one MoE layer's routed experts measured against its tokens, if any
+    routed_s_per_token: float = 0.0  # the routed experts' part of moe_s_per_token
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class StepRaw:
     ar_measured: Any = 0.0  # 1.0 when the allreduces are read off a measured table (no factor applies)
     ar_meas_lat_s: Any = 0.0  # measured: the table's smallest-message time × count (the latency floor)
     ar_meas_bw_s: Any = 0.0  # measured: the rest of the measured time (what the bytes add), all calls
+    moe_meas_s: Any = 0.0  # measured routed-expert time, every MoE layer (then not in the terms above)
+    moe_meas_mem_s: Any = 0.0  # the routed expert weights that step reads, at unit bandwidth efficiency
+    moe_meas_flops_s: Any = 0.0  # the routed experts' FLOPs of that step, at unit efficiency
 
     @staticmethod
     def stack(items: Sequence[StepRaw]) -> StepRaw:
@@ -142,9 +147,11 @@ def build_perf(
     layout: Layout,
     factors: Factors,
     ar_curve: Curve | None = None,
+    moe_curve: Curve | None = None,
 ) -> ModelPerf:
     """Everything that does not depend on the batch, per GPU, summed over the pipeline; `ar_curve`, a
-    measured allreduce for this TP group, replaces the allreduce formula."""
+    measured allreduce for this TP group, replaces the allreduce formula, and `moe_curve`, the measured
+    routed experts of one MoE layer, replaces their weight reads, FLOPs and tile floor."""
     gpu = host.gpu
     tp, dp, ep, moe_tp = layout.tp, layout.dp, layout.ep, layout.moe_tp
     stage = tp * dp
@@ -167,10 +174,8 @@ def build_perf(
         + gemm_s(p["dense_mlp"], "dense_mlp")
         + gemm_s(lm_params, "lm_head")
     ) / tp
-    moe_s = (
-        gemm_s(arch.shared_params * arch.n_moe_layers, "shared_experts")
-        + gemm_s(arch.expert_params * arch.top_k * arch.n_moe_layers, "experts")
-    ) / stage
+    routed_s = gemm_s(arch.expert_params * arch.top_k * arch.n_moe_layers, "experts") / stage
+    moe_s = gemm_s(arch.shared_params * arch.n_moe_layers, "shared_experts") / stage + routed_s
 
     # A grouped expert GEMM runs every local expert's tile even when few tokens pick it: the floor is
     # `expert_rows` rows of every expert's weights (all experts over the stage), fitted.
@@ -215,6 +220,8 @@ def build_perf(
         moe_latency_s=fabric.latency_us(stage) * 1e-6,
         p2p_latency_s=(fabric.base_us * 1e-6) if layout.pp > 1 else 0.0,
         ar_curve=ar_curve if allreduces else None,
+        moe_curve=moe_curve if arch.is_moe else None,
+        routed_s_per_token=routed_s if arch.is_moe else 0.0,
     )
 
 
@@ -251,6 +258,12 @@ def raw_step(
     moe_read = 0.0
     if arch.is_moe and tokens > 0:
         moe_read = perf.local_experts * _picked(arch, tokens) * perf.expert_bytes
+    # measured routed experts: the table's time replaces their reads, FLOPs and floor (kept apart below)
+    routed = perf.moe_curve is not None and tokens > 0
+    moe_meas = perf.moe_curve.at(tokens).seconds * arch.n_moe_layers if routed and perf.moe_curve else 0.0
+    moe_meas_mem = moe_read / perf.mem_bw if routed else 0.0
+    if routed:
+        moe_read = 0.0
     weight_bytes = perf.fixed_weight_bytes + moe_read if tokens > 0 else 0.0
     # KV: decode sequences are spread over the dp groups; a prefill chunk lives on one group.
     dec_kv = (
@@ -263,8 +276,9 @@ def raw_step(
     pre_att = min(pre_ctx, arch.index_topk) if arch.index_topk else pre_ctx
     pre_kv = prefill_context * (perf.kv_full_bytes + perf.index_bytes) if prefill_tokens else 0.0
     # GEMMs: attention/dense per dp group, experts over the whole stage.
-    gemm_dec = dec_tokens / dp * perf.dense_s_per_token + dec_tokens * perf.moe_s_per_token
-    gemm_pre = prefill_tokens * (perf.dense_s_per_token + perf.moe_s_per_token)
+    moe_tok = perf.moe_s_per_token - (perf.routed_s_per_token if routed else 0.0)
+    gemm_dec = dec_tokens / dp * perf.dense_s_per_token + dec_tokens * moe_tok
+    gemm_pre = prefill_tokens * (perf.dense_s_per_token + moe_tok)
     attn_dec = tokens_per_seq * (attended * perf.attn_s_per_ctx + tot * perf.index_s_per_ctx) / dp
     window_pre = min(pre_ctx, arch.sliding_window) if arch.sliding_window else 0.0
     attn_pre = prefill_tokens * (
@@ -308,14 +322,21 @@ def raw_step(
         blackwell=1.0 if perf.host.gpu.sm >= 100 else 0.0,
         # the grouped GEMM's row floor is paid by the experts a token picked, not by idle ones: one decode
         # token of a top-8-of-256 model runs 8 experts' tiles, not 256 (the physics audit's finding)
-        expert_dec_s=perf.expert_group_s * _picked(arch, dec_tokens) if dec_tokens > 0 else 0.0,
-        expert_pre_s=perf.expert_group_s * _picked(arch, prefill_tokens) if prefill_tokens > 0 else 0.0,
-        moe_gemm_s=(dec_tokens + prefill_tokens) * perf.moe_s_per_token,
+        expert_dec_s=perf.expert_group_s * _picked(arch, dec_tokens)
+        if dec_tokens > 0 and not routed
+        else 0.0,
+        expert_pre_s=(
+            perf.expert_group_s * _picked(arch, prefill_tokens) if prefill_tokens > 0 and not routed else 0.0
+        ),
+        moe_gemm_s=(dec_tokens + prefill_tokens) * moe_tok,
         nvlink=1.0 if _catalog_nvlink(perf) else 0.0,
         ar_msg_bytes=msg if perf.allreduces else 0.0,
         ar_measured=measured,
         ar_meas_lat_s=meas_lat,
         ar_meas_bw_s=meas_bw,
+        moe_meas_s=moe_meas,
+        moe_meas_mem_s=moe_meas_mem,
+        moe_meas_flops_s=tokens * perf.routed_s_per_token if routed else 0.0,
     )
 
 
@@ -371,12 +392,29 @@ def _wire_eff(raw: StepRaw, f: Factors) -> Any:
     return f.net_eff * (1.0 + small * (f.nvlink_bw_eff - 1.0))
 
 
+def measured_moe_parts(raw: StepRaw, f: Factors) -> tuple[Any, Any, Any]:
+    """(memory, compute, fixed) seconds of the measured routed experts, adding up to the measurement;
+    zero where none were measured. Memory: their weight reads at the fitted bandwidth; compute: what
+    their FLOPs (at the fitted grouped-GEMM efficiency) add beyond those reads; fixed: the rest."""
+    gen = 1.0 + raw.blackwell * (f.blackwell_compute - 1.0)
+    mem = np.minimum(raw.moe_meas_mem_s / f.bw_eff, raw.moe_meas_s)
+    flops = raw.moe_meas_flops_s / (f.gemm_eff * f.expert_eff * gen)
+    compute = np.clip(flops - mem, 0.0, raw.moe_meas_s - mem)
+    return mem, compute, raw.moe_meas_s - mem - compute
+
+
 def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
     """Apply efficiency factors to raw terms; works on floats and on numpy arrays alike."""
     weights = raw.weights_s / f.bw_eff
     kv = raw.kv_s / f.bw_eff
     gemm, attn = compute_work(raw, f)
     compute = _excess(weights, gemm, f.roofline_p) + _excess(kv, attn, f.roofline_p)
+    # measured routed experts, taken as measured and split so the parts keep their meaning: their weight
+    # reads (at the fitted bandwidth) as weights, the FLOPs beyond those reads as compute, and the kernel's
+    # fixed remainder (launch, routing, permutation) as other; the three add up to the measurement
+    moe_mem, moe_flops, moe_rest = measured_moe_parts(raw, f)
+    weights = weights + moe_mem
+    compute = compute + moe_flops
     scale = 1.0 if comm else 0.0
     lat = f.lat_scale * (1.0 + raw.nvlink * (f.nvlink_lat_scale - 1.0))
     bw = _wire_eff(raw, f)
@@ -389,6 +427,7 @@ def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
         + f.layer_overhead_us * 1e-6 * raw.n_layers
         + f.moe_layer_us * 1e-6 * raw.n_moe_layers
         + f.seq_overhead_us * 1e-6 * raw.n_seqs
+        + moe_rest
     )
     return {
         "weights": weights,

@@ -75,7 +75,7 @@ def predict(
     if not study.host.gpu:
         return Predicted(None, True, "the study declares no GPU kind (host.gpu)")
     engine = str(study.engine.options.get("personality", study.engine.name))
-    f = factors or default_factors(engine)
+    f = factors or default_factors(engine, study.model.silicon)
     chunk = _flag(cand, PREFILL_CHUNK)
     if chunk:
         f = f.merged({"prefill_budget": float(chunk)})
@@ -119,7 +119,10 @@ def refit(study: Study, runs: list[tuple[Run, CandidateSpec]]) -> tuple[Factors 
         return None, []
     engine = str(study.engine.options.get("personality", study.engine.name))
     try:
-        glob, _engines, report = fit_observations(obs, default_factors(engine), holdout=0.0)
+        silicon = study.model.silicon
+        glob, _engines, report = fit_observations(
+            obs, default_factors(engine, silicon), holdout=0.0, silicon=silicon
+        )
     except Exception:  # a fit that cannot converge leaves the model as it was
         return None, []
     return glob, list(report.get("fitted") or [])

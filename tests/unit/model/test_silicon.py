@@ -131,10 +131,80 @@ def test_the_measured_allreduce_is_what_the_prediction_adds() -> None:
     assert p.decode_breakdown_ms["allreduce"] == pytest.approx(156 * each * 1e3, abs=1e-4)
     assert p.sources["allreduce"].startswith("interpolated: rtx_pro_6000_server comm/sglang/")
     assert {p.sources[k] for k in ("weights", "kv_cache", "compute", "moe_comm", "other")} == {"formula"}
+    assert p.sources["routed_experts"].startswith("measured: rtx_pro_6000_server moe/sglang/")
+    # the same factors without the tables: the formula's allreduce, the same weight and KV reads
     formula = evaluate(
-        make_setup("GLM-5-NVFP4", "rtx-pro-6000", 8, tp=8, engine="sglang"), Workload(1024, 1024, 1)
+        make_setup("GLM-5-NVFP4", "rtx-pro-6000", 8, tp=8, engine="sglang", factors=setup.factors),
+        Workload(1024, 1024, 1),
     )
-    assert formula.sources["allreduce"] == "formula"
-    # only the allreduce term moved
-    for k in ("weights", "kv_cache", "compute", "other"):
+    assert formula.sources["allreduce"] == "formula" and formula.sources["routed_experts"] == "formula"
+    assert formula.decode_breakdown_ms["allreduce"] != p.decode_breakdown_ms["allreduce"]
+    for k in ("weights", "kv_cache"):
         assert p.decode_breakdown_ms[k] == formula.decode_breakdown_ms[k]
+
+
+def test_the_moe_reader_keeps_the_engines_rows_for_this_shape_and_split() -> None:
+    """DeepSeek-V3's routed experts (hidden 7168, 2048 per expert, top 8 of 256), block FP8, EP8."""
+    curve = silicon.moe_curve("h200_sxm", "vllm", "fp8", 7168, 2048, 8, 256, 1, 8)
+    assert curve is not None and "fp8_block" in curve.table and "tp1 ep8" in curve.table
+    ver = curve.table.split("moe/vllm/")[1].split("/")[0]
+    rows = pq.read_table(_root() / "h200_sxm" / "moe" / "vllm" / ver / "moe_perf.parquet").to_pylist()
+    want = {
+        float(r["num_tokens"]): float(r["latency"]) * 1e-3
+        for r in rows
+        if (r["moe_dtype"], r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"])
+        == ("fp8_block", 7168, 2048, 8, 256)
+        and (r["moe_tp_size"], r["moe_ep_size"], r["distribution"]) == (1, 8, silicon.MOE_DISTRIBUTION)
+    }
+    assert dict(zip(curve.xs, curve.ys, strict=True)) == want
+    # a shape nobody measured, or an engine without tables, is no curve
+    assert silicon.moe_curve("h200_sxm", "vllm", "fp8", 7168, 2047, 8, 256, 1, 8) is None
+    assert silicon.moe_curve("h200_sxm", "llamacpp", "fp8", 7168, 2048, 8, 256, 1, 8) is None
+    assert silicon.moe_curve("h200_sxm", "vllm", "q4_k_m", 7168, 2048, 8, 256, 1, 8) is None
+
+
+def test_measured_routed_experts_replace_their_reads_flops_and_floor() -> None:
+    from servelab.model.step import DecodeBatch, combine, measured_moe_parts, raw_step
+
+    measured = make_setup("DeepSeek-V3", "h200-sxm", 8, tp=8, ep=8, quant="fp8", engine="vllm", silicon=True)
+    formula = make_setup(
+        "DeepSeek-V3", "h200-sxm", 8, tp=8, ep=8, quant="fp8", engine="vllm", factors=measured.factors
+    )
+    pm, pf = perf_of(measured), perf_of(formula)
+    assert pm.moe_curve is not None and pf.moe_curve is None
+    batch = DecodeBatch(16, 16 * 1536)
+    rm, rf = raw_step(pm, batch), raw_step(pf, batch)
+    layers = measured.arch.n_moe_layers
+    assert rm.moe_meas_s == pytest.approx(layers * pm.moe_curve.at(16).seconds, rel=1e-12)
+    assert rf.moe_meas_s == 0 and rm.expert_dec_s == 0 < rf.expert_dec_s  # no tile floor beside a measurement
+    assert rm.gemm_dec_s == pytest.approx(rf.gemm_dec_s - 16 * pm.routed_s_per_token, rel=1e-9)
+    assert rm.weights_s < rf.weights_s and rm.weights_s + rm.moe_meas_mem_s == pytest.approx(rf.weights_s)
+    # the measurement is split three ways, and the three add up to it
+    mem, flops, fixed = measured_moe_parts(rm, measured.factors)
+    assert min(mem, flops, fixed) >= 0 and mem + flops + fixed == pytest.approx(rm.moe_meas_s, rel=1e-12)
+    parts = combine(rm, measured.factors)
+    assert parts["other"] >= fixed
+    p = evaluate(measured, Workload(1024, 1024, 16))
+    assert (
+        p.sources["routed_experts"].startswith("measured: h200_sxm moe/vllm/")
+        and "(16 tokens)" in p.sources["routed_experts"]
+    )
+    assert abs(sum(p.decode_breakdown_ms.values()) - (p.decode_step_ms or 0)) <= 3e-4
+
+
+def test_routed_experts_say_why_the_formula_stays() -> None:
+    no_engine = evaluate(
+        make_setup("DeepSeek-V3", "h200-sxm", 8, tp=8, ep=8, quant="fp8", silicon=True),
+        Workload(1024, 1024, 4),
+    )
+    assert (
+        no_engine.sources["routed_experts"]
+        == "formula (name --engine (vllm, sglang or trtllm) to read its MoE kernels)"
+    )
+    gguf = evaluate(
+        make_setup("Qwen3-30B-A3B", "h200-sxm", 1, tp=1, quant="q4_k_m", engine="vllm", silicon=True),
+        Workload(1024, 1024, 4),
+    )
+    assert gguf.sources["routed_experts"].startswith("formula (no vllm MoE table for q4_k_m experts")
+    dense = evaluate(make_setup("Llama-3.1-8B", "h200-sxm", 1, tp=1, engine="vllm", silicon=True), Workload())
+    assert "routed_experts" not in dense.sources
