@@ -40,7 +40,7 @@ def resolve_factors(engine: str | None, calibration: str | None, silicon: bool =
 SILICON_OPTION = click.option(
     "--silicon",
     is_flag=True,
-    help="Read the allreduces off measured operator tables where they cover this GPU and engine "
+    help="Read the allreduce and routed experts off measured operator tables where they cover this GPU and engine "
     "(needs servelab[silicon]); `sources` says which terms are measured.",
 )
 

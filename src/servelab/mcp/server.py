@@ -331,7 +331,9 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         study: Annotated[str | None, Field(description="Take the setup from this study TOML.")] = None,
         silicon: Annotated[
             bool,
-            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+            Field(
+                description="Read the allreduce and routed experts off measured operator tables (`sources` says which)."
+            ),
         ] = False,
     ) -> M.PredictionView:
         """Predicted TTFT, TPOT, throughput and memory for one setup, and where the decode step goes."""
@@ -380,7 +382,9 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         study: Annotated[str | None, Field(description="Take the setup from this study TOML.")] = None,
         silicon: Annotated[
             bool,
-            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+            Field(
+                description="Read the allreduce and routed experts off measured operator tables (`sources` says which)."
+            ),
         ] = False,
     ) -> M.SweepView:
         """The predicted concurrency curve of one setup: TPOT, TTFT and throughput at each level
@@ -422,7 +426,9 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         study: str | None = None,
         silicon: Annotated[
             bool,
-            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+            Field(
+                description="Read the allreduce and routed experts off measured operator tables (`sources` says which)."
+            ),
         ] = False,
     ) -> M.LayoutsView:
         """Every TP/PP/EP/DP layout for this host, ranked under the limits."""
@@ -457,7 +463,9 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
         osl: int | None = None,
         silicon: Annotated[
             bool,
-            Field(description="Read the allreduces off measured operator tables (`sources` says which)."),
+            Field(
+                description="Read the allreduce and routed experts off measured operator tables (`sources` says which)."
+            ),
         ] = False,
     ) -> M.ExplainView:
         """A measured run against the model: where its time goes and how far the prediction is off."""
