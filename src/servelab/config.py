@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from servelab.bench.config import SessionOptions
 from servelab.errors import ConfigError, ServelabError
 from servelab.redact import redact_argv, redact_env
 
@@ -220,8 +221,9 @@ def label_parts(fields: dict[str, Any]) -> list[str]:
     return parts
 
 
-class WorkloadSpec(_Strict):
-    """The requests of every level; the same fields as `servelab bench`."""
+class WorkloadSpec(_Strict, SessionOptions):
+    """The requests of every level; the same fields as `servelab bench` (kind = "sessions": each of a
+    level's `concurrency` conversations runs `turns` turns, `SessionOptions`)."""
 
     api: Literal["completions", "chat"] = "completions"
     kind: Literal["synthetic", "sharegpt", "shared-prefix", "sessions"] = "synthetic"
@@ -241,14 +243,6 @@ class WorkloadSpec(_Strict):
     temperature: float | None = None
     timeout_s: float = Field(default=600.0, gt=0)
     warmup: int = Field(default=-1, ge=-1)
-    # kind = "sessions" (bench/sessions.py; bench's --turns, --think-time, ...): each of a level's
-    # `concurrency` conversations runs `turns` turns; the defaults are bench's, a coding agent's.
-    turns: int = Field(default=8, ge=1, le=10000)
-    think_time_s: float = Field(default=3.0, ge=0)
-    think_dist: Literal["exponential", "constant"] = "exponential"
-    system_prompt_len: int = Field(default=2048, ge=0)
-    tool_turns: float = Field(default=0.5, ge=0.0, le=1.0)
-    tool_result_len: int = Field(default=1024, ge=1)
 
     @model_validator(mode="after")
     def _one_size(self) -> WorkloadSpec:

@@ -18,7 +18,19 @@ MAX_TOKENS = 1 << 21
 IDLE_TIMEOUT_S = 60.0
 
 
-class BenchConfig(BaseModel):
+class SessionOptions(BaseModel):
+    """`--workload sessions` (bench/sessions.py), spelled once for `servelab bench` and a study's
+    `[workload]`; the defaults are a coding agent's conversations."""
+
+    turns: int = Field(default=8, ge=1, le=10000)
+    think_time_s: float = Field(default=3.0, ge=0)
+    think_dist: Literal["exponential", "constant"] = "exponential"
+    system_prompt_len: int = Field(default=2048, ge=0)
+    tool_turns: float = Field(default=0.5, ge=0.0, le=1.0)
+    tool_result_len: int = Field(default=1024, ge=1)
+
+
+class BenchConfig(SessionOptions):
     # NaN and infinity are never a rate, a length or a timeout: refuse them here, not in SQLite.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -50,13 +62,6 @@ class BenchConfig(BaseModel):
     api_key: str | None = None
     scrape_interval_s: float = Field(default=1.0, ge=0)
     temperature: float | None = Field(default=None, ge=0)
-    # `--workload sessions` (bench/sessions.py); the defaults are a coding agent's conversations.
-    turns: int = Field(default=8, ge=1, le=10000)
-    think_time_s: float = Field(default=3.0, ge=0)
-    think_dist: Literal["exponential", "constant"] = "exponential"
-    system_prompt_len: int = Field(default=2048, ge=0)
-    tool_turns: float = Field(default=0.5, ge=0.0, le=1.0)
-    tool_result_len: int = Field(default=1024, ge=1)
     # Trace replay (mode "trace"): the file, its format (None: detected), its clock ÷ time_scale.
     trace: str | None = None
     trace_format: str | None = None
