@@ -73,7 +73,12 @@ fi
 .venv/bin/ruff format --check src tests benchmarks examples scripts
 .venv/bin/mypy --strict src
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"  # the 30 slowest: where CI time goes
+# Both cores (docs/testing.md): SERVELAB_TEST_WORKERS=0 runs in this one process. Tests sharing one server
+# (vLLM, transformers serve, the Ray cluster) are grouped onto one worker by tests/conftest.py.
+WORKERS="${SERVELAB_TEST_WORKERS:-2}"
+XDIST=()
+if [ "$WORKERS" != "0" ]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+.venv/bin/python -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=30 "$@"  # the 30 slowest: where CI time goes
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

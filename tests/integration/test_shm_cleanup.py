@@ -73,6 +73,7 @@ def _other_job(tmp: Path, i: int) -> set[str]:
     return removed
 
 
+@pytest.mark.xdist_group("vllm")  # a vLLM of its own: beside the shared one, not beside a second worker's
 def test_vllm_starts_while_other_jobs_clean_up_in_a_loop(tmp_path: Path) -> None:
     model_dir = engines.build_tiny_model("qwen3_moe")
     python = str(engines.engines_python())

@@ -12,7 +12,7 @@ from tests.integration.conftest import CLIENT_CPUS, SERVER_CPUS
 from tests.integration.test_tune_sim import by_label, markers_alive, servelab
 from tests.support import engines
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("vllm")]  # vLLM of their own
 
 ENGINES_PY = str(engines.engines_python())
 

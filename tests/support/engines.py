@@ -13,6 +13,7 @@ purpose: integration tests must fail loudly, not skip silently.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.client
 import importlib.util
 import json
@@ -96,6 +97,16 @@ def build_tiny_model(kind: str, *, out: Path | None = None, timeout: float = 600
     out = (out or cache_dir() / kind).resolve()
     if tiny_models.is_built(out, kind):
         return out  # fast path: no subprocess, no torch import
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Two pytest-xdist workers may ask for the same model at once: one builds, the other waits and reuses.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tiny_models.is_built(out, kind):
+            return out
+        return _build_tiny_model(kind, out, timeout)
+
+
+def _build_tiny_model(kind: str, out: Path, timeout: float) -> Path:
     python = engines_python()
     proc = subprocess.run(
         [str(python), str(TINY_MODELS_SCRIPT), "--kind", kind, "--out", str(out)],

@@ -7,6 +7,10 @@ is now; plus whatever is still a descendant of this pytest process. Processes of
 servelab-marked or not, never carry this run's token and are left alone. Those that carry a servelab run
 marker (``SERVELAB_RUN=``, see servelab.host.processes) are named with it.
 
+Under pytest-xdist the controller's token is every worker's (a worker inherits it and keeps it), and only
+the controller checks, after every worker has ended: a worker cannot tell its own leftovers from a live
+server the other worker is still using, and a worker's exit status does not reach the run's.
+
 Used by tests/conftest.py (its ``pytest_sessionfinish``); ``-p tests.support.leftovers`` loads it alone.
 """
 
@@ -25,7 +29,8 @@ from servelab.host import processes
 from servelab.host.processes import ProcInfo
 
 SESSION_ENV = "SERVELAB_TEST_SESSION"
-TOKEN = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... in an xdist worker; None otherwise
+TOKEN = (os.environ.get(SESSION_ENV) if WORKER else None) or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 os.environ[SESSION_ENV] = TOKEN  # before any test starts anything: every child inherits it
 GRACE_S = 10.0  # processes a teardown has just signalled get this long to finish exiting
 _PROC = Path("/proc")
@@ -80,6 +85,8 @@ def _describe(p: ProcInfo) -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if WORKER:
+        return  # the controller checks once every worker has ended (see the module's docstring)
     left = leftovers()
     deadline = time.monotonic() + GRACE_S
     while left and time.monotonic() < deadline:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from tests.support import simruns
+from tests.support.shared import shared_dir
 
 INTERVAL_S = 0.1
 DURATION_S = 1.5
@@ -64,4 +65,4 @@ def make(root: Path) -> SimBench:
 
 @pytest.fixture(scope="session")
 def sim_bench(tmp_path_factory: pytest.TempPathFactory) -> SimBench:
-    return make(tmp_path_factory.getbasetemp() / "shared-sim-bench")
+    return make(shared_dir(tmp_path_factory, "shared-sim-bench"))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.shared import shared_dir
 
 SERVED = "glm-5"
 CANDIDATES = [
@@ -63,4 +64,4 @@ def make(root: Path) -> SimStudy:
 
 @pytest.fixture(scope="session")
 def sim_study(tmp_path_factory: pytest.TempPathFactory) -> SimStudy:
-    return make(tmp_path_factory.getbasetemp() / "shared-sim-study")
+    return make(shared_dir(tmp_path_factory, "shared-sim-study"))

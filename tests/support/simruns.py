@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from servelab.results import RequestRecord
 from servelab.store.bench import BenchRepo
 from servelab.store.db import open_store
@@ -145,3 +147,42 @@ def copy_store(src_home: Path, dst_home: Path) -> None:
     dst_home.mkdir(parents=True, exist_ok=True)
     for f in src_home.glob("servelab.db*"):
         shutil.copy2(f, dst_home / f.name)
+
+
+@dataclass(frozen=True)
+class SimClock:
+    """What the simulator's own step clock says one level did (model time, from its TTFT, inter-token and
+    end-to-end histograms as `bench` recorded them in the level's `server_metrics`): figures a loaded box
+    cannot move, since a late timer never shifts the model timeline (docs/sim.md, "--speed")."""
+
+    ttft_ms: float
+    tpot_ms: float
+    e2e_ms: float
+    output_throughput: float  # a closed loop's tokens/s at this pace: concurrency × tokens / E2E
+
+    @classmethod
+    def of(cls, level: dict) -> SimClock:
+        """From one level of `runs show --json` or `bench --json`."""
+        server = level["server_metrics"]["server_mean_ms"]
+        s = level["summary"]
+        assert s["mode"] == "concurrency", s["mode"]
+        tokens = s["total_output_tokens"] / s["completed"]
+        e2e = server["e2e"]
+        return cls(server["ttft"], server["itl"], e2e, s["value"] * tokens / (e2e / 1000))
+
+
+def assert_gpu_time(shown: dict, clock: SimClock, pred: dict) -> None:
+    """A simulated level's shown figures (`summary`, in GPU time) against the prediction for its
+    configuration, read off the simulator's clock.
+
+    The simulator is timed by the model: its own clock holds `predict` within the simulator's 5 %. The
+    client's numbers are the server's plus the client's own wall time (× the speed): never below the
+    server's, and far from ×speed or ÷speed off (a figure left in wall time, or rescaled twice), however
+    busy the box; how much above is the client's fidelity, measured elsewhere against a reference."""
+    assert clock.tpot_ms == pytest.approx(pred["tpot_ms"], rel=0.05), (clock, pred)
+    assert clock.ttft_ms == pytest.approx(pred["ttft_ms"], rel=0.05), (clock, pred)
+    assert clock.output_throughput == pytest.approx(pred["output_throughput"], rel=0.05), (clock, pred)
+    speed_off = SPEED / 2  # a time-base error is ×20 or ÷20; a busy client's overhead is far less
+    assert clock.tpot_ms * 0.97 <= shown["tpot_ms"]["p50"] <= clock.tpot_ms * speed_off, (shown, clock)
+    assert clock.ttft_ms * 0.97 <= shown["ttft_ms"]["p50"] <= clock.ttft_ms * speed_off, (shown, clock)
+    assert clock.output_throughput / speed_off <= shown["output_throughput"] <= clock.output_throughput * 1.03

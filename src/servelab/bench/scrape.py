@@ -44,6 +44,7 @@ ENGINE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
             "sglang:time_per_output_token_seconds",
         ),
     ),
+    "e2e": ("histogram", ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds")),
 }
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")

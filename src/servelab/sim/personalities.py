@@ -54,6 +54,9 @@ METRIC_VALUES = (
     "prefix_cache_hits",
     "cache_hit_rate",
 )
+# ... and the histograms a row of type "histogram" may show: `<value>_sum` (model seconds) and
+# `<value>_count` in SimServer.metric_values, timed by the step clock.
+METRIC_HISTOGRAMS = ("ttft", "itl", "e2e")
 PERIODIC_FIELDS = frozenset(
     {"gen_throughput", "running", "waiting", "kv_usage", "kv_usage_pct", "kv_tokens_used"}
 )
@@ -337,8 +340,9 @@ def _personality(name: str, t: _Table) -> Personality:
         r = _Table(raw, f"{m.where}.rows[{i}]")
         value = r.data.get("value")
         if isinstance(value, str):
-            if value not in METRIC_VALUES:
-                raise PersonalityError(f"{r.where}.value: {value!r} is not one of {', '.join(METRIC_VALUES)}")
+            known = METRIC_HISTOGRAMS if r.data.get("type") == "histogram" else METRIC_VALUES
+            if value not in known:
+                raise PersonalityError(f"{r.where}.value: {value!r} is not one of {', '.join(known)}")
         else:
             value = r.number("value")
         rows.append(MetricRow(r.text("name"), r.text("type"), r.text("help"), value))
@@ -819,12 +823,18 @@ def render_metrics(personality: str | Personality, model: str, s: dict[str, floa
     lbl = "{" + m.labels.format(model=model) + "}"
     lines: list[str] = []
     for row in m.rows:
+        lines += [f"# HELP {row.name} {row.help}", f"# TYPE {row.name} {row.type}"]
+        if row.type == "histogram":
+            n = float(s[f"{row.value}_count"])
+            le = "{" + m.labels.format(model=model) + ',le="+Inf"}'
+            lines += [
+                f"{row.name}_bucket{le} {n}",
+                f"{row.name}_sum{lbl} {float(s[f'{row.value}_sum'])}",
+                f"{row.name}_count{lbl} {n}",
+            ]
+            continue
         v = s[row.value] if isinstance(row.value, str) else row.value
-        lines += [
-            f"# HELP {row.name} {row.help}",
-            f"# TYPE {row.name} {row.type}",
-            f"{row.name}{lbl} {float(v)}",
-        ]
+        lines.append(f"{row.name}{lbl} {float(v)}")
     if m.success is not None:
         sc = m.success
         lines += [f"# HELP {sc.name} {sc.help}", f"# TYPE {sc.name} counter"]

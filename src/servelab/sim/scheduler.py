@@ -172,6 +172,14 @@ class Counters:
     busy_s: float = 0.0
     requests: int = 0
     success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    # What the step clock says each finished request took (model seconds, summed), as an engine's own
+    # TTFT, inter-token and end-to-end histograms: a check of a simulated figure reads these, never the
+    # wall clock a loaded box lets through.
+    ttft_s: float = 0.0
+    itl_s: float = 0.0
+    itl_n: int = 0
+    e2e_s: float = 0.0
+    timed: int = 0
 
 
 class Scheduler:
@@ -439,6 +447,13 @@ class Scheduler:
             self._release(r)
             r.state = DONE
             c.success[r.reason] += 1
+            first = r.first_token_time if r.first_token_time is not None else t_end
+            last = t_end + r.lag if r.generated > 1 else first
+            c.ttft_s += first - r.arrival
+            c.itl_s += last - first
+            c.itl_n += r.generated - 1
+            c.e2e_s += last - r.arrival
+            c.timed += 1
             r.sink.finish(r, r.reason)
         if self.on_step is not None:
             self.on_step(step)

@@ -455,6 +455,12 @@ class SimServer:
             "success_stop": c.success["stop"],
             "success_length": c.success["length"],
             "success_abort": c.success["abort"],
+            "ttft_sum": c.ttft_s,
+            "ttft_count": c.timed,
+            "itl_sum": c.itl_s,
+            "itl_count": c.itl_n,
+            "e2e_sum": c.e2e_s,
+            "e2e_count": c.timed,
         }
 
     def _prompt_tokens(self, payload: dict[str, Any], chat: bool) -> int:
