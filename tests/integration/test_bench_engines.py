@@ -111,8 +111,15 @@ def _median(rounds: list[dict[str, float]], key: str, over: str | None = None) -
     return statistics.median(r[key] / r[over] if over else r[key] for r in rounds)
 
 
+# Requests per round (docs/testing.md, "The agreement with vllm bench serve"): the bands below are 5-10 %
+# wide and each client read within 3 % of the server's own histograms in every round of 8 spaced and 48
+# closed-loop requests; a round's mean over n requests scatters as 1/sqrt(n), so half the requests
+# widen that to ~4.3 %, still inside every band, and the median of three rounds drops one bad round.
+AGREE_SPACED, AGREE_CLOSED = 4, 24
+
+
 def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, tmp_path: Path) -> None:
-    """Same server, same lengths, clients on the core vLLM does not use; three or five alternating rounds.
+    """Same server, same lengths, clients on the core vLLM does not use; three alternating rounds each.
 
     Each client is compared with what the server itself measured over that client's own window (its
     TTFT and inter-token histograms), then the two clients' ratios with each other. Comparing the two
@@ -135,7 +142,7 @@ def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, 
         random_output_len=32,
         max_concurrency=4,
     )  # warm the server for both
-    isl, osl, n = 3800, 96, 8
+    isl, osl, n = 3800, 96, AGREE_SPACED
     alone = servelab_bench(
         vllm_server.url,
         vllm_server.model,
@@ -170,9 +177,9 @@ def test_servelab_and_vllm_bench_serve_agree(vllm_server: engines.ServerHandle, 
     assert abs(ratios["servelab"]["ttft"] - ratios["vllm bench serve"]["ttft"]) <= 0.06, ratios
     assert abs(ratios["servelab"]["tpot"] - ratios["vllm bench serve"]["tpot"]) <= 0.05, ratios
 
-    # Closed loop, five rounds. In a closed loop each stream's next prompt is prefilled while the other
+    # Closed loop, three rounds. In a closed loop each stream's next prompt is prefilled while the other
     # three decode; the server's inter-token histogram sees the same interruptions, so the ratio holds.
-    mine, theirs = _both(vllm_server, tmp_path, n=48, isl=256, osl=96, conc=4, rounds=5)
+    mine, theirs = _both(vllm_server, tmp_path, n=AGREE_CLOSED, isl=256, osl=96, conc=4, rounds=3)
     tpot = {
         name: _median(who, "mean_tpot_ms", "server_itl_ms")
         for name, who in (("ours", mine), ("theirs", theirs))

@@ -128,7 +128,7 @@ def test_sweep_metrics_scrape_and_goodput() -> None:
             "--output-len",
             "10",
             "--slo",
-            "ttft_ms<=200,tpot_ms<=4",
+            "ttft_ms<=10,tpot_ms<=4",
         )
     assert [lv["label"] for lv in data["levels"]] == ["c=1", "c=4"]
     for lv in data["levels"]:
@@ -136,7 +136,9 @@ def test_sweep_metrics_scrape_and_goodput() -> None:
         assert s["completed"] == 16
         assert 20 <= s["ttft_ms"]["p50"] < 60
         assert s["tpot_ms"]["p50"] == pytest.approx(5, rel=0.25)
-        # every request has TPOT ≈ 5 ms > 4 ms: nothing meets the SLO
+        # the server holds every first token 20 ms: no client can see a TTFT under it, so nothing meets
+        # the SLO however busy the box (a TPOT bound alone is not that: a first token read late and the
+        # rest read in a burst make a request's measured TPOT shorter than the server's pace)
         assert s["good_requests"] == 0 and s["goodput"] == 0
         sm = lv["server_metrics"]
         assert sm["available"] and sm["deltas"]["generation_tokens"] == s["total_output_tokens"]
