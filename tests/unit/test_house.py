@@ -165,10 +165,11 @@ LAYERS: dict[str, int] = {
     ),
     # 4. the study: the study file's model, and the statistics over a study's levels
     "servelab.config": STUDY,
+    "servelab.space": STUDY,  # the study file's [search.space], checked by config (was search/space.py)
     "servelab.analyze": STUDY,
     # 5. workflows
     "servelab.trial": WORKFLOWS,
-    **_room(WORKFLOWS, "servelab.search", *["base", "driver", "prior", "prune", "space", "strategies"]),
+    **_room(WORKFLOWS, "servelab.search", *["base", "driver", "prior", "prune", "strategies"]),
     **_room(WORKFLOWS, "servelab.executors", "base", "ray"),
     "servelab.tune": WORKFLOWS,
     **_room(
