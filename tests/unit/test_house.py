@@ -238,20 +238,34 @@ LAYERS: dict[str, int] = {
     **_room(FRONTS, "servelab.ui", "pages", "server"),
 }
 
-# (importer, imported) pairs that still run up a floor, each with why it is not yet fixed. Shrink only.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
+# (importer, imported) pairs that still run up a floor or close a circle, each with why it is not yet fixed.
+# The list only shrinks: an entry that neither runs up a floor nor closes a circle any more fails the test.
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("servelab.search.driver", "servelab.tune"): (
+        "TYPE_CHECKING: the driver's annotations name the Tuner that imports it (search -> tune, other work)"
+    ),
+    ("servelab.sim.routes", "servelab.sim.server"): (
+        "TYPE_CHECKING: the routes annotate the server that imports them (the simulator's inside, other work)"
+    ),
+    ("servelab.sim.startup", "servelab.sim.server"): (
+        "TYPE_CHECKING: start-up faults annotate the server that imports them (the simulator's inside)"
+    ),
+    ("servelab.sim.telemetry", "servelab.sim.server"): (
+        "TYPE_CHECKING: telemetry annotates the server that imports it (the simulator's inside)"
+    ),
+}
 
 
 @dataclass(frozen=True)
 class Edge:
     importer: str
     imported: str
-    path: Path
+    file: str  # relative to the repository (src/servelab/...)
     line: int
     how: str  # "import", "TYPE_CHECKING" or "import_module"
 
     def where(self) -> str:
-        return f"{self.path.relative_to(SRC.parent)}:{self.line}"
+        return f"{self.file}:{self.line}"
 
 
 def _modules(root: Path = SRC) -> dict[str, Path]:
@@ -326,7 +340,9 @@ def _edges(root: Path = SRC) -> list[Edge]:
     for name, path in sorted(mods.items()):
         for target, line, how in _imports(ast.parse(path.read_text()), mods):
             if target != name and not name.startswith(target + "."):  # a package's own __init__
-                out.setdefault((name, target, line), Edge(name, target, path, line, how))
+                out.setdefault(
+                    (name, target, line), Edge(name, target, str(path.relative_to(root.parent)), line, how)
+                )
     return list(out.values())
 
 
@@ -453,3 +469,23 @@ def test_the_checker_counts_every_kind_of_import(tmp_path: Path) -> None:
 
 def test_the_checker_sees_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checker_names_file_line_and_both_layers(tmp_path: Path) -> None:
+    """An import up a floor, even by name through import_module, is found with where it stands."""
+    pkg = tmp_path / "servelab"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text(
+        "import importlib\n\n\ndef f():\n    importlib.import_module('servelab.cli')\n"
+    )
+    (up,) = _up_the_floor(_edges(tmp_path))
+    assert (up.importer, up.imported, up.line, up.how) == (
+        "servelab.errors",
+        "servelab.cli",
+        5,
+        "import_module",
+    )
+    assert up.where().endswith("servelab/errors.py:5")
+    assert (_layer_of(up.importer), _layer_of(up.imported)) == ("0 (contract)", "7 (fronts)")
