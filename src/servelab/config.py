@@ -486,7 +486,7 @@ class Study(_Strict):
     def _search_points(self) -> list[CandidateSpec]:
         """The grid's candidates (strategy grid), else the points every candidate's checks run on: the whole
         space when it is small, else each value of each parameter once (the others at their first)."""
-        from servelab.search import space as sp
+        from servelab import space as sp
 
         assert self.search is not None
         if self.search.strategy == "halving" and not self.search.space:

@@ -47,7 +47,7 @@ from servelab.host.shm import ShmCleanup, ShmLedger
 from servelab.host.wire import unb64
 from servelab.redact import redact_argv
 
-if TYPE_CHECKING:  # the transport imports the agent, which runs this module over there
+if TYPE_CHECKING:  # annotations only (the agent, above, runs this module over there)
     from servelab.host.transport import AgentHost, Host
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
@@ -224,7 +224,7 @@ def launch(
 
 @dataclass
 class RemoteServer:
-    """A server the agent of a remote host launched and watches there (servelab.host.agent): its log is
+    """A server the agent of a remote host launched and watches there (servelab.agent): its log is
     mirrored into `log_path` here on every poll, and `url` is a local port forwarded to where it listens
     (it may bind the remote's loopback only). What readiness, benchmarks and diagnosis need of a `Server`."""
 

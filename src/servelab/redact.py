@@ -12,15 +12,12 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import Field, dataclass, replace
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from servelab.errors import ConfigError
-
-if TYPE_CHECKING:
-    from servelab.engines.base import LaunchSpec
 
 MASK = "***"
 
@@ -170,12 +167,27 @@ def redact(obj: Any) -> Any:
     return obj
 
 
+class Launch(Protocol):
+    """What `externalize` reads of a launch (engines.base.LaunchSpec, a frozen dataclass, is one): named
+    here so that the contract does not import the engines above it. A dataclass: `replace` rebuilds it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def env(self) -> dict[str, str]: ...
+
+
+L = TypeVar("L", bound=Launch)
+
+
 @dataclass(frozen=True)
-class Externalized:
+class Externalized(Generic[L]):
     """A launch whose secrets left the command line: `spec` (argv without them, env with them) and the key
     the server demands from clients (None: it demands none), for servelab's own requests."""
 
-    spec: LaunchSpec
+    spec: L
     api_key: str | None
 
 
@@ -184,7 +196,7 @@ def env_route(engine: str, flag: str) -> str | None:
     return knowledge().launch.get(engine, {}).get(flag)
 
 
-def externalize(spec: LaunchSpec, engine: str) -> Externalized:
+def externalize(spec: L, engine: str) -> Externalized[L]:
     """Move each secret flag of `spec.argv` into the environment variable the engine reads it from, so no
     `ps` shows it. Refuses (ConfigError) a secret the engine only takes on its command line, and a URL
     password in argv."""

@@ -35,7 +35,7 @@ from servelab.host.observe import (  # noqa: F401  (the host-side half, re-expor
     sim_report,
 )
 from servelab.host.observe import leftovers as host_leftovers
-from servelab.host.transport import Host, LocalHost
+from servelab.host.transport import Host
 from servelab.redact import redact
 
 INFO_PATHS = ("/version", "/get_server_info", "/servelab/state")
@@ -209,10 +209,9 @@ def _reach(host: Host, urls: list[str]) -> Any:
         yield out
 
 
-def probe_servers(urls: list[str], host: Host | None = None) -> list[dict[str, Any]]:
+def probe_servers(urls: list[str], host: Host) -> list[dict[str, Any]]:
     """Each server's health, models, metrics and self-description (`_info`, `_telemetry` kept for
     `finish_servers` and the GPU section), probed from here through `host`'s forwards."""
-    host = host or LocalHost()
 
     async def all_(reach: dict[str, str]) -> list[dict[str, Any]]:
         return [{**await _probe(reach[u]), "url": u} for u in urls]
@@ -230,7 +229,7 @@ def finish_servers(found: list[dict[str, Any]], log_for: dict[str, str]) -> None
             s.pop("_info", None)
 
 
-def servers(urls: list[str], log_for: dict[str, str], host: Host | None = None) -> list[dict[str, Any]]:
+def servers(urls: list[str], log_for: dict[str, str], host: Host) -> list[dict[str, Any]]:
     found = probe_servers(urls, host)
     finish_servers(found, log_for)
     return found
@@ -238,7 +237,7 @@ def servers(urls: list[str], log_for: dict[str, str], host: Host | None = None) 
 
 # -- GPUs ------------------------------------------------------------------------------------------
 def sim_gpus(
-    gpu_source: str | None, probed: list[dict[str, Any]], host: Host | None = None
+    gpu_source: str | None, probed: list[dict[str, Any]], host: Host
 ) -> tuple[str, dict[str, Any] | None] | None:
     """(url, telemetry) when the GPUs to show are a simulator's (`sim:URL`, or auto with a simulator among
     the probed servers; telemetry None: it did not answer), None when the host's own are to be read.
@@ -247,7 +246,7 @@ def sim_gpus(
         url = gpu_source[4:]
         tele = next((s.get("_telemetry") for s in probed if s["url"] == url and s.get("_telemetry")), None)
         if tele is None:
-            with _reach(host or LocalHost(), [url]) as reach:
+            with _reach(host, [url]) as reach:
                 tele = asyncio.run(_fetch_telemetry(reach[url]))
         return url, tele
     if gpu_source not in GPU_SOURCES:
@@ -262,9 +261,7 @@ def sim_gpus(
     return None
 
 
-def _gpu_report(
-    gpu_source: str | None, probed: list[dict[str, Any]], host: Host | None = None
-) -> gpumod.GpuReport:
+def _gpu_report(gpu_source: str | None, probed: list[dict[str, Any]], host: Host) -> gpumod.GpuReport:
     sim = sim_gpus(gpu_source, probed, host)
     return sim_report(*sim) if sim is not None else read_gpus(gpu_source)
 
@@ -584,13 +581,13 @@ def observe(
     units: list[str] | None = None,
     log: str | None = None,
     gpu_source: str | None = None,
-    host: Host | None = None,
+    *,
+    host: Host,
 ) -> dict[str, Any]:
-    """Everything `servelab status` reports (keys documented in docs/cli/status.md), about `host` (None:
-    this machine). What lives on the machine comes from one `observe_host` call there; what lives in this
+    """Everything `servelab status` reports (keys documented in docs/cli/status.md), about `host` (this
+    machine: the front's `servelab.agent.serve.local_host()`). What lives on the machine comes from one `observe_host` call there; what lives in this
     store (the last run, studies, deployments) is read here, and the servers are probed from here (through
     port forwards when the host is remote)."""
-    host = host or LocalHost()
     run = last_run()
     markers: dict[str, str] = (run or {}).get("markers", {})
     urls = (
@@ -681,3 +678,25 @@ def _run_summary(run: dict[str, Any] | None) -> dict[str, Any] | None:
     d["not_applied"] = run.get("not_applied") or []
     d["diagnosis"] = run.get("diagnosis")
     return d
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+def diagnose_host(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
+    """`servelab doctor` about `host`: the facts gathered there (agent op `doctor_facts`), checked here
+    (servelab.host.doctor). A simulator's GPUs (`sim:URL`, the URL as the host sees it) are read through
+    a forward."""
+    from servelab.host import doctor
+    from servelab.host.observe import sim_report
+
+    sim = sim_gpus(gpu_source, [], host)
+    gpus = sim_report(*sim).to_dict() if sim is not None else None
+    got = host.call("doctor_facts", gpu_source=gpu_source, gpus=gpus)
+    out = doctor.report(doctor.Facts.from_dict(got["facts"]))
+    return {
+        "host": {
+            "target": host.name,
+            "hostname": got["hostname"],
+            "via": "local" if host.is_local else "ssh",
+        },
+        **out,
+    }

@@ -40,13 +40,13 @@ from servelab.applied import Mismatch, compare
 from servelab.bench import capacity as C
 from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
+from servelab.bench.remote import bench_remote
 from servelab.bench.runner import find_capacity, run_bench
 from servelab.config import CandidateSpec, Study
 from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
-from servelab.host.ops_bench import bench_remote
 from servelab.host.ports import free_port
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.bench import BenchRepo

@@ -1,55 +1,250 @@
-"""The shape of the house (docs/architecture.md), checked on the source itself: no import circle, even one
-hidden by a function-level import, and no import that runs back up a floor."""
+"""The shape of the house (docs/architecture.md), checked on the source itself.
+
+Every module under src/servelab has a layer (`LAYERS`; a new file fails here until it is placed), and a
+module imports only modules of its own layer or of a layer below it. An import is counted wherever it is:
+at the top, inside a function, under `if TYPE_CHECKING:` (an annotation names a room just as an import
+does), and as a string handed to `importlib.import_module("servelab...")` (a run-time import by name is
+still an import). Over the same graph there is no import circle. The imports that still run up a floor are
+listed in `KNOWN_EXCEPTIONS`, each with its reason; the list only shrinks (an entry no longer needed fails).
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# A room on the left never imports a room on the right (a floor above it, or a sibling it must not know).
-FLOORS: dict[str, tuple[str, ...]] = {
-    "servelab.results": ("servelab",),  # the contract: nothing of ours below it but itself
-    "servelab.store": (
-        "servelab.bench",
+CONTRACT, KNOWLEDGE, MACHINE, MECHANISMS, STUDY, WORKFLOWS, AGENT, FRONTS = range(8)
+LAYER_NAMES = (
+    "contract",
+    "knowledge",
+    "machine I/O",
+    "mechanisms",
+    "the study",
+    "workflows",
+    "agent",
+    "fronts",
+)
+
+
+def _room(layer: int, package: str, *modules: str) -> dict[str, int]:
+    """A package and the modules in it, all on one layer (each named: a new file must be placed)."""
+    return {package: layer, **{f"{package}.{m}": layer for m in modules}}
+
+
+LAYERS: dict[str, int] = {
+    # 0. contract: what every room may know
+    "servelab": CONTRACT,  # __init__: __version__
+    "servelab.errors": CONTRACT,
+    "servelab.paths": CONTRACT,
+    "servelab.naming": CONTRACT,
+    "servelab.redact": CONTRACT,
+    "servelab.results": CONTRACT,
+    "servelab.applied": CONTRACT,
+    "servelab.crashpoint": CONTRACT,
+    # 1. knowledge: pure models of models, engines, plans and the simulated server
+    **_room(
+        KNOWLEDGE,
         "servelab.model",
+        *[
+            "architecture",
+            "calibrate",
+            "comm",
+            "explain",
+            "factors",
+            "hardware",
+            "layouts",
+            "memory",
+            "predict",
+            "quant",
+            "silicon",
+            "step",
+        ],
+    ),
+    **_room(
+        KNOWLEDGE,
         "servelab.engines",
-        "servelab.sim",
-        "servelab.tune",
-        "servelab.trial",
-        "servelab.deploy",
-        "servelab.report",
-        "servelab.ui",
-        "servelab.cli",
+        *[
+            "base",
+            "external",
+            "flags",
+            "llamacpp",
+            "logparse",
+            "options",
+            "registry",
+            "sglang",
+            "signatures",
+            "sim",
+            "transformers",
+            "vllm",
+        ],
     ),
-    "servelab.model": (
+    "servelab.plan": KNOWLEDGE,
+    **{
+        f"servelab.sim.{m}": KNOWLEDGE
+        for m in [
+            "faults",
+            "http",
+            "personalities",
+            "prefix",
+            "routes",
+            "scheduler",
+            "server",
+            "startup",
+            "telemetry",
+            "text",
+            "virtual",
+            "wire",
+        ]
+    },
+    # 2. machine I/O: one machine, this one or reached through the transport
+    **_room(
+        MACHINE,
+        "servelab.host",
+        *[
+            "commprobe",
+            "doctor",
+            "gpu_memory",
+            "gpus",
+            "logs",
+            "observe",
+            "ports",
+            "processes",
+            "shm",
+            "systemd",
+            "topology",
+            "transport",
+            "wire",
+        ],
+    ),
+    # 3. mechanisms: a server's life, a benchmark, the store, output verification
+    "servelab.lifecycle": MECHANISMS,
+    **_room(
+        MECHANISMS,
         "servelab.bench",
+        *[
+            "capacity",
+            "client",
+            "config",
+            "export",
+            "load",
+            "remote",
+            "metrics",
+            "runner",
+            "saturation",
+            "scrape",
+            "sessions",
+            "telemetry",
+            "traces",
+            "workload",
+        ],
+    ),
+    **_room(
+        MECHANISMS,
         "servelab.store",
-        "servelab.engines",
-        "servelab.sim",
-        "servelab.tune",
-        "servelab.trial",
+        *["bench", "calibrations", "copy", "db", "dialect", "leases", "migrations", "plans", "studies"],
+    ),
+    **_room(
+        MECHANISMS,
+        "servelab.verify",
+        *[
+            "calls",
+            "compare",
+            "determinism",
+            "garbage",
+            "hfref",
+            "known",
+            "reference",
+            "result",
+            "service",
+            "simref",
+        ],
+    ),
+    # 4. the study: the study file's model, and the statistics over a study's levels
+    "servelab.config": STUDY,
+    "servelab.space": STUDY,  # the study file's [search.space], checked by config (was search/space.py)
+    "servelab.analyze": STUDY,
+    # 5. workflows
+    "servelab.trial": WORKFLOWS,
+    **_room(WORKFLOWS, "servelab.search", *["base", "driver", "prior", "prune", "strategies"]),
+    **_room(WORKFLOWS, "servelab.executors", "base", "ray"),
+    "servelab.tune": WORKFLOWS,
+    **_room(
+        WORKFLOWS,
         "servelab.deploy",
+        *[
+            "compose",
+            "containers",
+            "install",
+            "kubernetes",
+            "preflight",
+            "records",
+            "source",
+            "spec",
+            "systemd",
+            "unit_state",
+        ],
+    ),
+    "servelab.status": WORKFLOWS,
+    **_room(
+        WORKFLOWS,
         "servelab.report",
-        "servelab.ui",
-        "servelab.cli",
+        *["data", "figures", "host", "html", "markdown", "plots", "runreport", "search", "text"],
     ),
-    "servelab.bench": (
-        "servelab.tune",
-        "servelab.trial",
-        "servelab.deploy",
-        "servelab.report",
-        "servelab.ui",
-        "servelab.cli",
+    # 6. the agent: the host-side half, on top of every room whose operations it runs
+    **_room(
+        AGENT,
+        "servelab.agent",
+        "__main__",
+        "ops_bench",
+        "ops_core",
+        "ops_deploy",
+        "ops_logs",
+        "ops_observe",
+        "registry",
+        "serve",
     ),
-    "servelab.analyze": (
-        "servelab.store",
-        "servelab.bench",
-        "servelab.tune",
-        "servelab.trial",
+    # 7. fronts
+    "servelab.__main__": FRONTS,
+    **_room(
+        FRONTS,
         "servelab.cli",
+        *[
+            "aio",
+            "bench",
+            "calibrate",
+            "db",
+            "deploy",
+            "logs",
+            "main",
+            "mcp",
+            "output",
+            "plan",
+            "predict",
+            "remote",
+            "report",
+            "runs",
+            "sim",
+            "status",
+            "tune",
+            "ui",
+            "verify",
+        ],
     ),
+    **_room(FRONTS, "servelab.mcp", "models", "progress", "server", "studies"),
+    **_room(FRONTS, "servelab.ui", "pages", "server"),
+}
+
+# Beyond the layers: rooms that must not know each other although the layers would let them (a sibling on
+# the same layer, or a room below that is not theirs to use). A room on the left imports none on the right.
+APART: dict[str, tuple[str, ...]] = {
+    "servelab.results": ("servelab",),  # the data contract: nothing of ours but errors, paths, redact
+    "servelab.model": ("servelab.engines", "servelab.sim", "servelab.bench", "servelab.store"),
+    "servelab.store": ("servelab.bench", "servelab.model", "servelab.engines", "servelab.sim"),
+    "servelab.analyze": ("servelab.store", "servelab.bench"),  # pure, over digests
     # the search proposes and learns; the tuner runs what it proposes (search.driver gets the tuner passed in)
     "servelab.search": (
         "servelab.bench",
@@ -57,24 +252,12 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "servelab.executors",
         "servelab.trial",
         "servelab.tune",
-        "servelab.deploy",
-        "servelab.report",
-        "servelab.ui",
-        "servelab.cli",
     ),
-    "servelab.executors": (
-        "servelab.bench",
-        "servelab.trial",
-        "servelab.tune",
-        "servelab.deploy",
-        "servelab.report",
-        "servelab.ui",
-        "servelab.cli",
-    ),
-    "servelab.trial": ("servelab.tune", "servelab.deploy", "servelab.cli"),
-    "servelab.tune": ("servelab.deploy", "servelab.cli"),
-    # a front end beside the CLI: it runs the commands as children and reads the store, never runs a
-    # study in its own process (a study's driver is a `servelab tune` child holding the lease)
+    "servelab.executors": ("servelab.bench", "servelab.trial", "servelab.tune"),
+    "servelab.trial": ("servelab.tune", "servelab.deploy"),  # tune and deploy import the one trial pipeline
+    "servelab.tune": ("servelab.deploy",),
+    # a front beside the CLI: it runs the commands as children and reads the store, never runs a study in
+    # its own process (a study's driver is a `servelab tune` child holding the lease)
     "servelab.mcp": (
         "servelab.tune",
         "servelab.trial",
@@ -86,66 +269,180 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "servelab.ui",
         "servelab.cli",
     ),
+    "servelab.ui": ("servelab.cli",),
 }
-ALLOWED = {"servelab.errors", "servelab.paths", "servelab.redact"}
+APART_ALLOWED = {"servelab.errors", "servelab.paths", "servelab.redact"}
+
+# (importer, imported) pairs that still run up a floor or close a circle, each with why it is not yet fixed.
+# The list only shrinks: an entry that neither runs up a floor nor closes a circle any more fails the test.
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("servelab.search.driver", "servelab.tune"): (
+        "TYPE_CHECKING: the driver's annotations name the Tuner that imports it (search -> tune, other work)"
+    ),
+    ("servelab.sim.routes", "servelab.sim.server"): (
+        "TYPE_CHECKING: the routes annotate the server that imports them (the simulator's inside, other work)"
+    ),
+    ("servelab.sim.startup", "servelab.sim.server"): (
+        "TYPE_CHECKING: start-up faults annotate the server that imports them (the simulator's inside)"
+    ),
+    ("servelab.sim.telemetry", "servelab.sim.server"): (
+        "TYPE_CHECKING: telemetry annotates the server that imports it (the simulator's inside)"
+    ),
+}
 
 
-def _modules() -> dict[str, Path]:
+@dataclass(frozen=True)
+class Edge:
+    importer: str
+    imported: str
+    file: str  # relative to the repository (src/servelab/...)
+    line: int
+    how: str  # "import", "TYPE_CHECKING" or "import_module"
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _modules(root: Path = SRC) -> dict[str, Path]:
     out = {}
-    for p in (SRC / "servelab").rglob("*.py"):
-        parts = p.relative_to(SRC).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = p
+    for p in (root / "servelab").rglob("*.py"):
+        parts = p.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
 
 
-def _imports(tree: ast.AST, mods: dict[str, Path], out: set[str]) -> None:
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue  # annotations only: never executed
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("servelab"):
+def _resolve(name: str, mods: Iterable[str]) -> str | None:
+    """The module `name` is, or is in (`servelab.x.y.attr` → `servelab.x.y`)."""
+    known = set(mods)
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(tree: ast.AST, mods: dict[str, Path]) -> list[tuple[str, int, str]]:
+    """(imported module, line, how) for every import of ours in `tree`, wherever it stands."""
+    found: list[tuple[str, int, str]] = []
+
+    def walk(node: ast.AST, how: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            sub_how = how
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for n in child.body:
+                    walk_one(n, "TYPE_CHECKING")
+                for n in child.orelse:
+                    walk_one(n, how)
+                continue
+            walk_one(child, sub_how)
+
+    def walk_one(node: ast.AST, how: str) -> None:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("servelab")
+        ):
+            assert node.module is not None
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
-                out.add(sub if sub in mods else node.module)
+                target = sub if sub in mods else _resolve(node.module, mods)
+                if target:
+                    found.append((target, node.lineno, how))
         elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("servelab"))
-        _imports(node, mods, out)
+            for alias in node.names:
+                if alias.name.startswith("servelab") and (target := _resolve(alias.name, mods)):
+                    found.append((target, node.lineno, how))
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            arg = node.args[0] if node.args else None
+            if (
+                name == "import_module"
+                and isinstance(arg, ast.Constant)
+                and isinstance(arg.value, str)
+                and arg.value.startswith("servelab")
+                and (target := _resolve(arg.value, mods))
+            ):
+                found.append((target, node.lineno, "import_module"))
+        walk(node, how)
+
+    walk(tree, "import")
+    return found
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
-    graph = {}
-    for name, path in mods.items():
-        found: set[str] = set()
-        _imports(ast.parse(path.read_text()), mods, found)
-        graph[name] = {d for d in found if d in mods and d != name and not name.startswith(d + ".")}
+def _edges(root: Path = SRC) -> list[Edge]:
+    """One edge per importer, imported module and line."""
+    mods = _modules(root)
+    out: dict[tuple[str, str, int], Edge] = {}
+    for name, path in sorted(mods.items()):
+        for target, line, how in _imports(ast.parse(path.read_text()), mods):
+            if target != name and not name.startswith(target + "."):  # a package's own __init__
+                out.setdefault(
+                    (name, target, line), Edge(name, target, str(path.relative_to(root.parent)), line, how)
+                )
+    return list(out.values())
+
+
+def _graph(edges: Iterable[Edge]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, set()).add(e.imported)
     return graph
+
+
+def _layer_of(edge_end: str) -> str:
+    n = LAYERS[edge_end]
+    return f"{n} ({LAYER_NAMES[n]})"
+
+
+def _up_the_floor(edges: list[Edge]) -> list[Edge]:
+    return [
+        e
+        for e in edges
+        if e.importer in LAYERS and e.imported in LAYERS and LAYERS[e.imported] > LAYERS[e.importer]
+    ]
 
 
 def _within(name: str, room: str) -> bool:
     return name == room or name.startswith(room + ".")
 
 
-def test_no_import_circle_even_through_function_level_imports() -> None:
-    graph = _graph()
+def _apart(edges: list[Edge]) -> list[Edge]:
+    """The imports of a room that APART says must not know the other."""
+    return [
+        e
+        for e in edges
+        if e.imported not in APART_ALLOWED
+        and any(
+            _within(e.importer, room)
+            and not _within(e.imported, room)
+            and any(_within(e.imported, other) for other in others)
+            for room, others in APART.items()
+        )
+    ]
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one module."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
     circles: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in graph[v]:
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
-            elif w in stack:
+            elif w in on_stack:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
             comp = []
             while True:
                 w = stack.pop()
+                on_stack.discard(w)
                 comp.append(w)
                 if w == v:
                     break
@@ -155,32 +452,104 @@ def test_no_import_circle_even_through_function_level_imports() -> None:
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert circles == []
+    return circles
 
 
-def test_no_import_runs_back_up_a_floor() -> None:
-    graph = _graph()
-    wrong = []
-    for name, deps in sorted(graph.items()):
-        for room, above in FLOORS.items():
-            if not _within(name, room):
-                continue
-            wrong += [
-                f"{name} -> {d}"
-                for d in sorted(deps)
-                if d not in ALLOWED and not _within(d, room) and any(_within(d, a) for a in above)
-            ]
-        if not _within(name, "servelab.cli") and name != "servelab.__main__":
-            wrong += [f"{name} -> {d}" for d in sorted(deps) if _within(d, "servelab.cli")]
-    assert wrong == []
+def test_every_module_has_a_layer() -> None:
+    mods = _modules()
+    unplaced = sorted(set(mods) - set(LAYERS))
+    assert unplaced == [], f"modules with no layer in tests/unit/test_house.py LAYERS: {unplaced}"
+    gone = sorted(set(LAYERS) - set(mods))
+    assert gone == [], f"LAYERS names modules that no longer exist: {gone}"
 
 
-def test_the_checker_sees_a_circle_when_there_is_one(tmp_path: Path) -> None:
-    """The scan reads function-level imports (the way circles hide) and skips TYPE_CHECKING blocks."""
+def test_no_import_runs_up_a_floor() -> None:
+    wrong = [
+        f"{e.where()}: {e.importer} [layer {_layer_of(e.importer)}] imports {e.imported} "
+        f"[layer {_layer_of(e.imported)}] ({e.how})"
+        for e in _up_the_floor(_edges())
+        if (e.importer, e.imported) not in KNOWN_EXCEPTIONS
+    ]
+    assert wrong == [], "imports up a floor:\n" + "\n".join(wrong)
+
+
+def test_rooms_kept_apart_do_not_import_each_other() -> None:
+    wrong = [
+        f"{e.where()}: {e.importer} [layer {_layer_of(e.importer)}] imports {e.imported} "
+        f"[layer {_layer_of(e.imported)}] ({e.how}), a room APART keeps it from"
+        for e in _apart(_edges())
+        if (e.importer, e.imported) not in KNOWN_EXCEPTIONS
+    ]
+    assert wrong == [], "imports between rooms kept apart:\n" + "\n".join(wrong)
+
+
+def test_every_known_exception_is_still_needed() -> None:
+    """An exception is an import that runs up a floor or between rooms kept apart, or one that closes a
+    circle; once it does none of these (or is gone), it leaves the list: the list only shrinks."""
+    edges = _edges()
+    needed = {(e.importer, e.imported) for e in [*_up_the_floor(edges), *_apart(edges)]}
+    for comp in _circles(_graph(edges)):
+        inside = set(comp)
+        needed |= {(e.importer, e.imported) for e in edges if e.importer in inside and e.imported in inside}
+    stale = sorted(set(KNOWN_EXCEPTIONS) - needed)
+    assert stale == [], f"no longer up a floor, apart or in a circle: remove from KNOWN_EXCEPTIONS: {stale}"
+
+
+def test_no_import_circle() -> None:
+    edges = [e for e in _edges() if (e.importer, e.imported) not in KNOWN_EXCEPTIONS]
+    circles = _circles(_graph(edges))
+    detail = []
+    for comp in circles:
+        inside = set(comp)
+        detail.append(
+            f"circle of {len(comp)}: "
+            + "; ".join(
+                f"{e.where()} {e.importer} [{_layer_of(e.importer)}] -> {e.imported} [{_layer_of(e.imported)}]"
+                for e in edges
+                if e.importer in inside and e.imported in inside
+            )
+        )
+    assert circles == [], "\n".join(detail)
+
+
+def test_the_checker_counts_every_kind_of_import(tmp_path: Path) -> None:
+    """Function-level imports (the way circles hide), TYPE_CHECKING blocks and import_module strings."""
     src = (
-        "import os\nif TYPE_CHECKING:\n    from servelab.b import X\ndef f():\n    from servelab.c import Y\n"
+        "import importlib\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from servelab.b import X\n"
+        "def f():\n    from servelab.c import Y\n"
+        "def g():\n    return importlib.import_module('servelab.d')\n"
+        "def h():\n    from importlib import import_module\n    return import_module('servelab.e.sub')\n"
     )
-    mods = {"servelab.b": tmp_path, "servelab.c": tmp_path}
-    found: set[str] = set()
-    _imports(ast.parse(src), mods, found)
-    assert found == {"servelab.c"}
+    mods = {m: tmp_path for m in ("servelab.b", "servelab.c", "servelab.d", "servelab.e")}
+    found = {(t, how) for t, _, how in _imports(ast.parse(src), mods)}
+    assert found == {
+        ("servelab.b", "TYPE_CHECKING"),
+        ("servelab.c", "import"),
+        ("servelab.d", "import_module"),
+        ("servelab.e", "import_module"),
+    }
+
+
+def test_the_checker_sees_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checker_names_file_line_and_both_layers(tmp_path: Path) -> None:
+    """An import up a floor, even by name through import_module, is found with where it stands."""
+    pkg = tmp_path / "servelab"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text(
+        "import importlib\n\n\ndef f():\n    importlib.import_module('servelab.cli')\n"
+    )
+    (up,) = _up_the_floor(_edges(tmp_path))
+    assert (up.importer, up.imported, up.line, up.how) == (
+        "servelab.errors",
+        "servelab.cli",
+        5,
+        "import_module",
+    )
+    assert up.where().endswith("servelab/errors.py:5")
+    assert (_layer_of(up.importer), _layer_of(up.imported)) == ("0 (contract)", "7 (fronts)")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from servelab import status
+from servelab.agent.serve import local_host
 from servelab.host.ports import free_port
 from servelab.store.db import open_store
 from servelab.store.studies import StudyRepo
@@ -72,7 +73,7 @@ def _no_local_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_nothing_to_observe_on_a_cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_local_gpus(monkeypatch)
-    obs = status.observe()
+    obs = status.observe(host=local_host())
     for key in ("servers", "services", "gpus", "topology", "leftovers", "log", "findings", "verdict"):
         assert key in obs
     assert obs["servers"] == [] and obs["log"] is None and obs["last_run"] is None
@@ -87,7 +88,7 @@ def test_live_server_engine_metrics_and_effective_config(
     monkeypatch: pytest.MonkeyPatch, vllm_like: str, tmp_path: Path
 ) -> None:
     _no_local_gpus(monkeypatch)
-    obs = status.observe(urls=[vllm_like], log=str(VLLM_LOG))
+    obs = status.observe(urls=[vllm_like], log=str(VLLM_LOG), host=local_host())
     (s,) = obs["servers"]
     assert s["up"] and s["engine"] == "vllm" and s["models"] == ["tiny"]
     assert (s["running"], s["waiting"]) == (3, 2)
@@ -103,7 +104,7 @@ def test_live_server_engine_metrics_and_effective_config(
 def test_down_server_after_a_clean_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_local_gpus(monkeypatch)
     url = f"http://127.0.0.1:{free_port()}"
-    obs = status.observe(urls=[url], log=str(VLLM_LOG))
+    obs = status.observe(urls=[url], log=str(VLLM_LOG), host=local_host())
     (s,) = obs["servers"]
     assert s["up"] is False and s["error"]
     log = obs["log"]
@@ -145,7 +146,7 @@ def test_last_run_from_the_store_names_what_never_started(
             ],
             status="not_applied",
         )
-    obs = status.observe()
+    obs = status.observe(host=local_host())
     assert [s["url"] for s in obs["servers"]] == [url]  # default: the last run's URL
     assert obs["last_run"]["candidate"] == "tp8-trtllm" and obs["log"]["path"] == str(log)
     v = obs["verdict"]
@@ -178,7 +179,7 @@ def test_unknown_gpu_source_is_a_user_error() -> None:
     from servelab.errors import ConfigError
 
     with pytest.raises(ConfigError):
-        status.observe(gpu_source="bogus")
+        status.observe(gpu_source="bogus", host=local_host())
 
 
 def test_cli_status_and_doctor_json(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +231,7 @@ def test_whole_command_through_an_nvidia_smi_on_path(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(
         gpus, "QUERY_FIELDS", ("index", "uuid", "memory.used", "memory.total", "utilization.gpu")
     )
-    obs = status.observe()
+    obs = status.observe(host=local_host())
     g = obs["gpus"]
     assert g["source"] == "nvidia-smi" and g["available"] and len(g["gpus"]) == 8
     # GPU0's process is replayed as this test's pid (alive); the capture's other pids do not exist here, so

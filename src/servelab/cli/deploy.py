@@ -11,6 +11,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from servelab.agent.serve import DISPATCHER
 from servelab.cli.output import emit, host_option, stderr, stdout
 from servelab.errors import ConfigError
 from servelab.redact import redact
@@ -141,6 +142,7 @@ def deploy_cmd(
             if where is not None and not dry_run:
                 host = transport.open_host(
                     where,
+                    DISPATCHER,
                     python=opts["remote_python"] or study_host.get("python"),
                     workdir=study_host.get("workdir"),
                 )
@@ -408,7 +410,7 @@ def preflight_cmd(as_json: bool, host: str | None, remote_python: str | None, **
 
         report: dict[str, Any] = preflight(args.pop("address"), args.pop("port"), **args).to_dict()
     else:
-        box = transport.open_host(where, python=remote_python)
+        box = transport.open_host(where, DISPATCHER, python=remote_python)
         try:
             report = dict(box.call("preflight", **args))
         finally:
@@ -521,7 +523,7 @@ def wait_ready_cmd(
             f"--pid {pid} names a process of this machine; with --host {target} it cannot be watched",
             hint="leave --pid out (and unset MAINPID) when waiting for a server on another machine",
         )
-    h = transport.open_host(target)
+    h = transport.open_host(target, DISPATCHER)
     try:
         with h.forward(parts.hostname, port) as (reach_host, reach_port):
             ep = lifecycle.Endpoint(

@@ -18,14 +18,14 @@ from rich.table import Table
 from servelab.cli.output import emit, host_option, printable, stdout, warn
 from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.errors import ConfigError
-from servelab.host.ops_logs import JOURNAL_LINES
+from servelab.host.logs import JOURNAL_LINES
 from servelab.host.transport import Host
 from servelab.redact import redact
 
 
 def _source(host: Host, file: str | None, unit: str | None, lines: int, keep: Literal["head", "tail"]) -> str:
     """The log's text: FILE on the host, or the journal of --unit there."""
-    from servelab.host import ops_logs
+    from servelab.host import logs as hostlogs
 
     if (file is None) == (unit is None):
         raise ConfigError(
@@ -35,23 +35,23 @@ def _source(host: Host, file: str | None, unit: str | None, lines: int, keep: Li
             hint="`servelab logs diagnose server.log`, or `servelab logs diagnose --unit servelab-glm5`",
         )
     got = (
-        ops_logs.read_unit(host, unit, lines)
+        hostlogs.read_unit(host, unit, lines)
         if unit is not None
-        else ops_logs.read_log(host, str(file), keep)
+        else hostlogs.read_log(host, str(file), keep)
     )
     if got.cut:
         end = "first" if keep == "head" else "last"
-        warn(f"{file} holds {got.size} bytes; read its {end} {ops_logs.LIMIT // (1024 * 1024)} MiB")
+        warn(f"{file} holds {got.size} bytes; read its {end} {hostlogs.LIMIT // (1024 * 1024)} MiB")
     return got.text
 
 
 def _server_info(host: Host, path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
-    from servelab.host import ops_logs
+    from servelab.host import logs as hostlogs
 
     try:
-        data = json.loads(ops_logs.read_log(host, path).text)
+        data = json.loads(hostlogs.read_log(host, path).text)
     except ValueError as exc:
         raise ConfigError(
             f"{path} is not JSON: {exc}", hint="save the output of GET /get_server_info"

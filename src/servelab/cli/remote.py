@@ -33,7 +33,10 @@ def open_cli_host(
     study_python: str | None = None,
     workdir: str | None = None,
 ) -> transport.Host:
-    """The Host a command acts on (precedence of transport.target_of); not yet connected."""
+    """The Host a command acts on (precedence of transport.target_of); not yet connected. This machine's runs
+    the agent's operations in this process: the front hands the agent's dispatcher down to host/."""
+    from servelab.agent.serve import DISPATCHER
+
     target = transport.target_of(flag, study_ssh)
     python = remote_python or os.environ.get(REMOTE_PYTHON_ENV) or study_python
-    return transport.open_host(target, python=python, workdir=workdir)
+    return transport.open_host(target, DISPATCHER, python=python, workdir=workdir)

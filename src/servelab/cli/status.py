@@ -270,9 +270,9 @@ def doctor_cmd(gpu_source: str | None, host: str | None, remote_python: str | No
 
     With --host, the facts are read on that machine and checked here. Exits 1 when a check fails."""
     with opened_host(host, remote_python) as h:
-        from servelab.host import doctor
+        from servelab.status import diagnose_host
 
-        result = doctor.diagnose(h, gpu_source)
+        result = diagnose_host(h, gpu_source)
     emit(result, as_json, _render_doctor)
     if result["worst"] == "fail":
         raise SystemExit(1)

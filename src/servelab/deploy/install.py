@@ -187,7 +187,7 @@ def write_env_file(path: Path, content: bytes) -> None:
 
 class UnitHost:
     """Where the unit is installed: this machine (the module's UNIT_DIR / SYSTEMD_RUNTIME / _systemctl, which
-    the tests replace) or a remote host, through its agent's `deploy_*` operations (servelab.host.ops_deploy).
+    the tests replace) or a remote host, through its agent's `deploy_*` operations (servelab.agent.ops_deploy).
     The server is reached from here: directly, or through a port forward."""
 
     def __init__(self, host: Host | None = None, unit_dir: Path | None = None) -> None:

@@ -3,7 +3,7 @@ places it on, and the trial pipeline runs there through that actor exactly as ov
 
 Why an actor per trial and not a task that runs the whole trial: the driver writes every step into the
 store as it happens (a study killed at any point resumes), and the node-side work is the servelab agent
-(`python -m servelab.host.agent`) that already runs SSH hosts' servers. The actor starts one agent,
+(`python -m servelab.agent`) that already runs SSH hosts' servers. The actor starts one agent,
 detached from the actor's process tree (`--detach`: Ray SIGKILLs a dying worker's children, which would
 strand the servers), joined to the actor by its pipes: when the actor dies — the driver killed, the trial
 cancelled, the node gone — the pipe ends and the agent tears down every server it launched.
@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from servelab import __version__, lifecycle
 from servelab.errors import ConfigError, HostError, HostLost, HostUnusable
 from servelab.executors.base import Capacity, Placement
-from servelab.host import transport
+from servelab.host import transport, wire
 from servelab.host.processes import KilledProcess
 from servelab.host.wire import rebuild_error
 from servelab.results import Node
@@ -49,7 +49,7 @@ class NodeAgent:
 
     def __init__(self, workdir: str | None) -> None:
         self.channel = transport.AgentChannel.start(
-            [sys.executable, "-m", "servelab.host.agent", "--detach"], detached=True
+            [sys.executable, "-m", wire.AGENT_MODULE, "--detach"], detached=True
         )
         try:
             hello = self.channel.request("hello", {"workdir": workdir}, 60)
@@ -319,7 +319,7 @@ class RayExecutor:
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
             raise
-        if facts.get("version") != __version__ or facts.get("protocol") != transport.PROTOCOL:
+        if facts.get("version") != __version__ or facts.get("protocol") != wire.PROTOCOL:
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
             raise HostUnusable(

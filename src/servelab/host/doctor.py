@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from servelab.host.gpus import Gpu, GpuReport
-from servelab.host.transport import Host
 
 LIMITS: dict[str, float] = {
     "shm_min_gib": 8.0,  # NCCL and vLLM/SGLang shared-memory transports; Docker's default 64 MiB fails them
@@ -318,24 +317,4 @@ def report(facts: Facts) -> dict[str, Any]:
         },
         "checks": [c.to_dict() for c in checks],
         "worst": "ok" if worst == "skip" else worst,
-    }
-
-
-def diagnose(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
-    """`servelab doctor` about `host`: the facts gathered there (agent op `doctor_facts`), checked here.
-    A simulator's GPUs (`sim:URL`, the URL as the host sees it) are read through a forward."""
-    from servelab.host.observe import sim_report
-    from servelab.status import sim_gpus
-
-    sim = sim_gpus(gpu_source, [], host)
-    gpus = sim_report(*sim).to_dict() if sim is not None else None
-    got = host.call("doctor_facts", gpu_source=gpu_source, gpus=gpus)
-    out = report(Facts.from_dict(got["facts"]))
-    return {
-        "host": {
-            "target": host.name,
-            "hostname": got["hostname"],
-            "via": "local" if host.is_local else "ssh",
-        },
-        **out,
     }

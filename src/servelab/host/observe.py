@@ -1,6 +1,6 @@
 """The half of `servelab status` read on the observed machine itself: GPUs, topology, systemd units,
 leftovers (shared memory, compile caches, listeners, marked processes) and a server log. On a remote host
-the agent runs it (op `observe_host`, servelab.host.ops_observe); locally LocalHost.call runs the same.
+the agent runs it (op `observe_host`, servelab.agent.ops_observe); locally LocalHost.call runs the same.
 Light on imports (no HTTP client, no asyncio): the remote agent imports it on every `status --host`.
 """
 

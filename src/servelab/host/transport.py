@@ -2,7 +2,7 @@
 
     host = open_host("ssh://root@gpu-box:2222")     # or an alias from ~/.ssh/config; None: this machine
     host.run(["nvidia-smi", "-L"])                   # argv, quoted with shlex.join for the remote shell
-    host.call("sweep", prefix="servelab-study:ab12:") # an operation of servelab.host.agent, run over there
+    host.call("sweep", prefix="servelab-study:ab12:") # an operation of servelab's agent, run over there
     with host.forward("127.0.0.1", 8000) as (h, p):  # reach a server bound to the remote's loopback
         ...
 
@@ -12,12 +12,16 @@ connection (ControlMaster) carries every command, the agent and the port forward
 few milliseconds instead of a handshake. `BatchMode=yes`: a missing key or an unknown host key is an
 error, never a prompt; `ServerAliveInterval`: a dead link is noticed in seconds, never a hang.
 
-Why an agent (`python -m servelab.host.agent` on the remote, one JSON line per request on its stdin):
+Why an agent (`python -m servelab.agent` on the remote, one JSON line per request on its stdin):
 the marker scan, the process-tree kill, the /dev/shm ledger and the port-ownership guard read /proc of
 the machine the server runs on. Running the very code servelab runs locally over there keeps local and
 remote one code path; the launch spec (environment, API keys included) travels on the agent's stdin,
 never on a command line. When the connection ends (a dropped link, a killed control-side servelab),
 the agent's stdin closes and it tears down every server it launched.
+
+The agent (servelab.agent) stands above every room whose operations it runs, so this module never imports
+it: a `LocalHost` is handed its `Dispatcher` by whoever builds it (the fronts: `servelab.agent.local_host()`),
+as httpx's WSGITransport is handed its app; an `SshHost` starts it by its module name over there.
 """
 
 from __future__ import annotations
@@ -43,11 +47,10 @@ import orjson
 
 from servelab import __version__
 from servelab.errors import HostError, HostLost, HostUnusable
+from servelab.host.wire import AGENT_MODULE, PROTOCOL, rebuild_error
 from servelab.host.wire import b64 as b64  # re-exported: callers decode what `call("read")` returns
-from servelab.host.wire import rebuild_error
 from servelab.host.wire import unb64 as unb64
 
-PROTOCOL = 1
 CONTROL_PERSIST_S = 600  # a warm master serves the next command of the user (status --host) at once
 CONNECT_TIMEOUT_S = 10
 ALIVE_INTERVAL_S = 3
@@ -158,32 +161,34 @@ def run_local(argv: list[str], input: bytes | None, timeout: float) -> Completed
     )
 
 
-def _agent() -> Any:
-    """The agent's operations, found by name when first called: they are the rooms above this one (status,
-    deploy, bench register theirs), run here in-process exactly as the remote agent runs them there."""
-    import importlib
+class Dispatcher(Protocol):
+    """The agent's operations as `LocalHost` runs them in this process: a fresh state per host, an operation
+    by name over it, and the teardown of what that state launched (servelab.agent.serve.DISPATCHER)."""
 
-    return importlib.import_module("servelab.host.agent")
+    def new_state(self) -> Any: ...
+    def dispatch(self, state: Any, op: str, args: dict[str, Any]) -> Any: ...
+    def shutdown(self, state: Any) -> None: ...
 
 
 class LocalHost:
-    """This machine: commands run directly, agent operations in this process."""
+    """This machine: commands run directly, agent operations in this process, through the `dispatcher`
+    its builder hands it (the agent stands above this room: it is never imported from here)."""
 
     name = "local"
     is_local = True
 
-    def __init__(self) -> None:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
         self._state: Any = None
 
     def run(self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0) -> Completed:
         return run_local(argv, input, timeout)
 
     def call(self, op: str, **args: Any) -> Any:
-        agent = _agent()
         if self._state is None:
-            self._state = agent.AgentState()
+            self._state = self._dispatcher.new_state()
         args.pop("_timeout", None)  # an SshHost's answer deadline; nothing to wait for in-process
-        return agent.dispatch(self._state, op, args)
+        return self._dispatcher.dispatch(self._state, op, args)
 
     @contextlib.contextmanager
     def forward(self, host: str, port: int) -> Iterator[tuple[str, int]]:
@@ -194,7 +199,7 @@ class LocalHost:
 
     def close(self) -> None:
         if self._state is not None:
-            _agent().shutdown(self._state)
+            self._dispatcher.shutdown(self._state)
             self._state = None
 
 
@@ -478,7 +483,7 @@ class SshHost:
     # -- the agent --------------------------------------------------------------------------------
     def _open_channel(self) -> AgentChannel:
         self.connect()
-        ch = AgentChannel.start(self._remote([self.python, "-m", "servelab.host.agent"]))
+        ch = AgentChannel.start(self._remote([self.python, "-m", AGENT_MODULE]))
         self._channel = ch
         try:
             hello = self._request(ch, "hello", {"workdir": self.workdir}, timeout=60)
@@ -509,7 +514,7 @@ class SshHost:
             return exc
         return HostError(
             f"the servelab agent on {self.target.raw} did not start: {text.strip()[-300:] or exc.message}",
-            hint=f"run `ssh HOST {self.python} -m servelab.host.agent --check` to see why",
+            hint=f"run `ssh HOST {self.python} -m {AGENT_MODULE} --check` to see why",
         )
 
     def _drop(self, ch: AgentChannel) -> None:
@@ -535,7 +540,7 @@ class SshHost:
             raise self._gone(ch, exc.why) from None
 
     def call(self, op: str, **args: Any) -> Any:
-        """Run agent operation `op` on the remote host (servelab.host.agent.OPS)."""
+        """Run agent operation `op` on the remote host (servelab.agent.serve.OPS)."""
         timeout = float(args.pop("_timeout", CALL_TIMEOUT_S))
         with self._lock:
             ch = self._live_channel() or self._open_channel()
@@ -639,8 +644,11 @@ def target_of(flag: str | None, study: str | None = None) -> str | None:
     return None
 
 
-def open_host(target: str | None, *, python: str | None = None, workdir: str | None = None) -> Host:
-    """LocalHost for None, else an SshHost (not yet connected: the first command connects)."""
+def open_host(
+    target: str | None, local: Dispatcher, *, python: str | None = None, workdir: str | None = None
+) -> Host:
+    """LocalHost for None (running the agent's operations through `local`), else an SshHost (not yet
+    connected: the first command connects)."""
     if target is None:
-        return LocalHost()
+        return LocalHost(local)
     return SshHost(SshTarget.parse(target), python=python or "python3", workdir=workdir)

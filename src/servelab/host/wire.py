@@ -1,5 +1,8 @@
-"""What crosses the SSH connection between servelab and its agent, besides plain JSON: errors (as their own
-servelab class, a diagnosis included) and bytes (base64)."""
+"""What crosses the connection between servelab and its agent, besides plain JSON: the protocol's version,
+the agent's module, errors (as their own servelab class, a diagnosis included) and bytes (base64).
+
+Both halves read this module: the control side (servelab.host.transport) and the agent (servelab.agent),
+which stands above every room whose operations it runs, so neither imports the other."""
 
 from __future__ import annotations
 
@@ -9,6 +12,10 @@ from typing import Any
 
 from servelab import errors
 from servelab.errors import ServelabError
+
+PROTOCOL = 1  # the request/answer lines' version: both ends must speak the same one (and the same servelab)
+AGENT_MODULE = "servelab.agent"  # what `python -m` runs on the remote (its argv, not an import here)
+READ_MAX = 4 * 1024 * 1024  # bytes of a file in one answer (one JSON line)
 
 
 def b64(data: bytes) -> str:

@@ -299,7 +299,7 @@ def _readable_score(c: dict[str, Any], slo: Any) -> dict[str, Any]:
 
 
 def _settings(spec: dict[str, Any]) -> dict[str, Any]:
-    from servelab.search.space import FIELDS as keys  # the candidate fields a layout or value sets
+    from servelab.space import FIELDS as keys  # the candidate fields a layout or value sets
 
     d = {k: spec[k] for k in keys if spec.get(k) not in (None, 1) or k == "tp"}
     if spec.get("args"):

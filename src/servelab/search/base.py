@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from servelab.config import CandidateSpec
-from servelab.search.space import Point, Space, Value, candidate_fields
+from servelab.space import Point, Space, Value, candidate_fields
 
 Origin = Literal["listed", "prior", "model", "sampler", "grid", "rung", "pruned"]
 # A tried point's outcome as the search sees it.

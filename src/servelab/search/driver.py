@@ -15,13 +15,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from servelab import analyze
+from servelab import space as sp
 from servelab.config import CandidateSpec, LoadSpec, Study, WorkloadSpec
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
-from servelab.search import space as sp
 from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key
-from servelab.search.space import label as point_label
 from servelab.search.strategies import Budget, make, promoted
+from servelab.space import label as point_label
 
 if TYPE_CHECKING:
     from servelab.tune import Tuner

@@ -14,7 +14,7 @@ Relearned from the whole history at every step, so a region generalises as good 
 from __future__ import annotations
 
 from servelab.search.base import History, Region
-from servelab.search.space import Categorical, Point, Space
+from servelab.space import Categorical, Point, Space
 
 
 def regions(history: History, space: Space) -> list[Region]:

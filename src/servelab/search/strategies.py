@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from servelab.search import prune
 from servelab.search.base import History, Proposal, Region, Tried, point_key
-from servelab.search.space import Categorical, Point, Range, Space, corners
+from servelab.space import Categorical, Point, Range, Space, corners
 
 # The model's objective for a point (None: it cannot say), with the factors the tuner last refitted.
 Rank = Callable[[Point], float | None]

@@ -1,10 +1,10 @@
 """`[host] bench_from = "remote"`: a trial's benchmark runs on the remote host, next to the server, and
 its numbers come back into the control machine's store.
 
-The agent operation `bench` takes a `BenchConfig` (as JSON, on the agent's stdin: the API key with it,
+The agent operation `bench` (servelab.agent.ops_bench) takes a `BenchConfig` (as JSON, on the agent's stdin: the API key with it,
 never on a command line), with the URL the server has over there, and runs `run_bench` against a
 throwaway SQLite store in the agent's workdir. It answers with the run read back by the store's own reader
-(`BenchRepo.load` and `requests`), typed (`RemoteBench`), and deletes the throwaway store. The control side
+(`BenchRepo.load` and `requests`), typed (`RemoteBench`, defined here: the answer both sides read), and deletes the throwaway store. The control side
 (`bench_remote`) writes that run into its store through `BenchRepo`'s writers, with the same uid (a run
 imported twice is found, not doubled), and hands the trial the `BenchResult` read back from there.
 
@@ -17,25 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import select
-import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from servelab.bench.config import BenchConfig
-from servelab.bench.runner import BenchResult, Observer, direct_path, run_bench
-from servelab.errors import Interrupted, NotFoundError, ServelabError
-from servelab.host import registry
+from servelab.bench.runner import BenchResult, Observer
+from servelab.errors import NotFoundError
 from servelab.host.transport import Host
-from servelab.host.wire import error_payload, rebuild_error
+from servelab.host.wire import rebuild_error
 from servelab.results import NetPath, RequestRecord, Run
 from servelab.store.bench import BenchRepo
-from servelab.store.db import Store, open_store
+from servelab.store.db import Store
 
 # A level may take long; a dropped link is noticed by ssh's keep-alives (~10 s), not by this timeout.
 BENCH_CALL_TIMEOUT_S = 24 * 3600.0
-HANGUP_POLL_S = 0.5
 
 
 class RemoteBench(BaseModel):
@@ -49,69 +45,6 @@ class RemoteBench(BaseModel):
     error: dict[str, Any] | None = None
 
 
-# -- over there --------------------------------------------------------------------------------------
-def op_bench(state: registry.AgentState, config: dict[str, Any]) -> dict[str, Any]:
-    cfg = BenchConfig.model_validate(config)
-    rtt = asyncio.run(direct_path(cfg.url)).rtt_ms
-    path = cfg.context.path.model_copy(update={"via": cfg.context.path.via or "remote", "rtt_ms": rtt})
-    cfg = cfg.model_copy(update={"context": cfg.context.model_copy(update={"path": path})})
-    folder = registry.workdir(state) / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    db = folder / f"bench-{uuid.uuid4().hex[:12]}.db"
-    store = open_store(db)
-    error: dict[str, Any] | None = None
-    try:
-        try:
-            asyncio.run(_bench_while_driven(cfg, store, state.stdin_fd))
-        except ServelabError as exc:  # the run (if one was stored) still comes back, marked failed
-            error = error_payload(exc)
-        repo = BenchRepo(store)
-        try:
-            run: Run | None = repo.load("last")
-        except NotFoundError:
-            run = None
-        requests = []
-        if run is not None:
-            ids = repo.level_ids(run.id)
-            requests = [repo.requests(ids[lv.index]) for lv in run.levels]
-        answer = RemoteBench(run=run, requests=requests, error=error)
-        return answer.model_dump(mode="json", by_alias=True)
-    finally:
-        store.close()
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                db.with_name(db.name + suffix).unlink()
-
-
-async def _bench_while_driven(cfg: BenchConfig, store: Store, fd: int | None) -> None:
-    """`run_bench`, stopped (its run marked interrupted) when the driver's end of the request pipe closes:
-    a dropped link must not leave the client loading the server for the rest of the level. Nothing else
-    is read from the pipe meanwhile (the driver sends nothing while it waits for this answer)."""
-    task = asyncio.ensure_future(run_bench(cfg, store))
-    if fd is None:
-        await task
-        return
-    poller = select.poll()
-    poller.register(fd, getattr(select, "POLLRDHUP", 0))  # POLLHUP/POLLERR are always reported
-
-    async def watch() -> None:
-        while not poller.poll(0):
-            await asyncio.sleep(HANGUP_POLL_S)
-        task.cancel()
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await task
-    except asyncio.CancelledError:  # stopped before a run was stored (its probe)
-        raise Interrupted("the driver's connection closed during the benchmark") from None
-    finally:
-        watcher.cancel()
-
-
-registry.register("bench", op_bench)
-
-
-# -- here --------------------------------------------------------------------------------------------
 def import_run(store: Store, run: Run, requests: list[list[RequestRecord]]) -> int:
     """`run` (read from another store) written into `store` with the same uid, its levels and requests;
     a run already there (imported before) is left as it is. The id of the run in `store`."""

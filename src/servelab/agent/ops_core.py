@@ -1,37 +1,21 @@
-"""The servelab agent: the host-side half of a remote host, run as `python -m servelab.host.agent`.
-
-The control machine starts it over SSH (servelab.host.transport.SshHost) and sends one JSON request per
-line on its stdin, `{"id": N, "op": "...", "args": {...}}`; it answers one line each on its stdout,
-`{"id": N, "ok": true, "result": ...}` or `{"id": N, "ok": false, "error": {...}}`. Every operation is
-the function servelab runs on a local host (lifecycle, processes, shm, ports), so the remote side is the
-same code path as the local one. Stray prints of imported libraries go to stderr: stdout is ours.
-
-When stdin ends (the connection dropped, the control-side servelab was killed) or on SIGTERM/SIGHUP, it
-tears down every server it launched before it exits: a server of ours never outlives its driver's link.
-"""
+"""The agent's own operations: who it is, and a server's life on this host (launch, poll, teardown, sweep,
+the /dev/shm ledger, ports, GPU memory, reading a file). Each is the function servelab runs on a local host
+(lifecycle, processes, shm, ports), so the remote side is the same code path as the local one."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from servelab import __version__
+from servelab.agent import registry
+from servelab.agent.registry import READ_MAX, AgentState, Op
 from servelab.errors import ConfigError, NotFoundError
-from servelab.host import registry
-from servelab.host.registry import OPS, READ_MAX, AgentState, register
-from servelab.host.wire import error_payload
-
-__all__ = ["OPS", "READ_MAX", "AgentState", "dispatch", "main", "register", "shutdown"]
-
-PROTOCOL = 1
+from servelab.host.wire import PROTOCOL
 
 
 def _server(state: AgentState, marker: str) -> Any:
@@ -54,7 +38,6 @@ def _read(path: Path, offset: int, max_bytes: int) -> tuple[bytes, int]:
     return data, offset + len(data)
 
 
-# -- operations ------------------------------------------------------------------------------------
 def op_hello(state: AgentState, workdir: str | None = None) -> dict[str, Any]:
     if workdir:
         state.workdir = Path(workdir).expanduser()
@@ -204,105 +187,20 @@ def op_read(state: AgentState, path: str, offset: int = 0, max_bytes: int = READ
     return {"exists": True, "data": b64(data), "size": size, "offset": end}
 
 
-OPS.update(
-    {
-        "hello": op_hello,
-        "ping": op_ping,
-        "launch": op_launch,
-        "poll": op_poll,
-        "record_shm": op_record_shm,
-        "port_owners": op_port_owners,
-        "append_log": op_append_log,
-        "teardown": op_teardown,
-        "sweep": op_sweep,
-        "shm_remove_orphaned": op_shm_remove_orphaned,
-        "free_port": op_free_port,
-        "port_is_free": op_port_is_free,
-        "port_open": op_port_open,
-        "gpu_memory": op_gpu_memory,
-        "read": op_read,
-    }
-)
-
-
-def _load_ops() -> None:
-    """Operations other rooms define, imported on first use (they import heavier modules)."""
-    from servelab.host import agent_ops  # noqa: F401
-
-
-def dispatch(state: AgentState, op: str, args: dict[str, Any]) -> Any:
-    if op not in OPS:
-        _load_ops()
-    fn = OPS.get(op)
-    if fn is None:
-        raise ConfigError(
-            f"unknown agent operation {op!r}", hint="servelab versions differ on the two machines"
-        )
-    return fn(state, **args)
-
-
-def shutdown(state: AgentState) -> None:
-    """Tear down every server still running: the driver that owned them is gone."""
-    from servelab import lifecycle
-
-    for marker in list(state.servers):
-        server = state.servers.pop(marker)
-        try:
-            lifecycle.teardown(server, 10.0, gpu_timeout_s=10.0)
-        except Exception as exc:
-            print(f"servelab agent: teardown of {marker} failed: {exc}", file=sys.stderr)
-
-
-# -- the loop --------------------------------------------------------------------------------------
-def serve(stdin: Any, out: Any) -> None:
-    state = AgentState()
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        state.stdin_fd = stdin.fileno()
-
-    def stop(_sig: int, _frame: Any) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-    try:
-        for line in stdin:
-            if not line.strip():
-                continue
-            rid = None
-            try:
-                req = orjson.loads(line)
-                rid = req.get("id")
-                result = dispatch(state, str(req.get("op")), dict(req.get("args") or {}))
-                answer = {"id": rid, "ok": True, "result": result}
-            except Exception as exc:
-                answer = {"id": rid, "ok": False, "error": error_payload(exc)}
-            try:
-                out.write(orjson.dumps(answer, default=str) + b"\n")
-                out.flush()
-            except (BrokenPipeError, OSError):
-                break
-    finally:
-        shutdown(state)
-
-
-def main() -> None:
-    # Run as `python -m servelab.host.agent` this module is __main__: the rooms' `register` calls (from
-    # agent_ops) must reach this OPS, not a second copy of the module.
-    sys.modules.setdefault("servelab.host.agent", sys.modules[__name__])
-    if "--check" in sys.argv[1:]:
-        print(orjson.dumps(op_hello(AgentState())).decode())
-        return
-    if "--detach" in sys.argv[1:]:
-        # Out of the starter's process tree (a Ray worker: Ray SIGKILLs a dying worker's children, which
-        # would leave our servers running); the pipes stay ours, so their end still tears down.
-        if os.fork() > 0:
-            os._exit(0)
-        os.setsid()
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # what anything else prints lands on stderr, never in the protocol
-    sys.stdout = sys.stderr
-    serve(sys.stdin.buffer, out)
-
-
-if __name__ == "__main__":
-    main()
+OPS: dict[str, Op] = {
+    "hello": op_hello,
+    "ping": op_ping,
+    "launch": op_launch,
+    "poll": op_poll,
+    "record_shm": op_record_shm,
+    "port_owners": op_port_owners,
+    "append_log": op_append_log,
+    "teardown": op_teardown,
+    "sweep": op_sweep,
+    "shm_remove_orphaned": op_shm_remove_orphaned,
+    "free_port": op_free_port,
+    "port_is_free": op_port_is_free,
+    "port_open": op_port_open,
+    "gpu_memory": op_gpu_memory,
+    "read": op_read,
+}

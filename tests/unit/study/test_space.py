@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from servelab import space as sp
 from servelab.config import load_study, parse_study
 from servelab.errors import ConfigError
-from servelab.search import space as sp
 from servelab.search.base import candidate
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servelab.host import registry
+from servelab.agent import registry
 
 
 def op_deploy_systemd_missing(state: registry.AgentState) -> str | None:
@@ -36,7 +36,7 @@ def op_deploy_write_env_file(state: registry.AgentState, path: str, data: str) -
     """Write the unit's EnvironmentFile (its secrets) with mode 0600; the content came on our stdin."""
     from servelab.deploy.install import write_env_file
     from servelab.errors import ConfigError
-    from servelab.host.transport import unb64
+    from servelab.host.wire import unb64
 
     p = Path(path)
     if not p.is_absolute():
@@ -89,10 +89,12 @@ def op_preflight(
     ).to_dict()
 
 
-registry.register("deploy_systemd_missing", op_deploy_systemd_missing)
-registry.register("deploy_write_unit", op_deploy_write_unit)
-registry.register("deploy_write_env_file", op_deploy_write_env_file)
-registry.register("deploy_systemctl", op_deploy_systemctl)
-registry.register("deploy_journal", op_deploy_journal)
-registry.register("deploy_unit_status", op_deploy_unit_status)
-registry.register("preflight", op_preflight)
+OPS: dict[str, registry.Op] = {
+    "deploy_systemd_missing": op_deploy_systemd_missing,
+    "deploy_write_unit": op_deploy_write_unit,
+    "deploy_write_env_file": op_deploy_write_env_file,
+    "deploy_systemctl": op_deploy_systemctl,
+    "deploy_journal": op_deploy_journal,
+    "deploy_unit_status": op_deploy_unit_status,
+    "preflight": op_preflight,
+}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servelab.host import registry
+from servelab.agent import registry
 
 
 def op_observe_host(state: registry.AgentState, **kwargs: Any) -> dict[str, Any]:
@@ -44,6 +44,8 @@ def op_observe_ready(state: registry.AgentState) -> str:
     return socket.gethostname()
 
 
-registry.register("observe_ready", op_observe_ready)
-registry.register("observe_host", op_observe_host)
-registry.register("doctor_facts", op_doctor_facts)
+OPS: dict[str, registry.Op] = {
+    "observe_ready": op_observe_ready,
+    "observe_host": op_observe_host,
+    "doctor_facts": op_doctor_facts,
+}

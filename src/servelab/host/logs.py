@@ -1,29 +1,25 @@
-"""Reading a host's logs and facts for `logs`, `plan check` and `report`, on this machine or over SSH.
+"""Reading a host's logs for `logs`, `plan check` and `report`, on this machine or over SSH.
 
-The reading functions take a `Host` (transport.LocalHost or SshHost) and call the agent operations below
-through it, so a log on this machine and one on a GPU box go through the same code: the agent checks the
-path (a directory, a missing or unreadable file: exit 2) and hands the file back in chunks, never more than
-`LIMIT` bytes of it (a long-running server's log can be gigabytes).
+The reading functions take a `Host` (transport.LocalHost or SshHost) and call the agent operation `log_read`
+(servelab.agent.ops_logs) through it, so a log on this machine and one on a GPU box go through the same
+code: the agent checks the path (a directory, a missing or unreadable file: exit 2) and hands the file back
+in chunks, never more than `LIMIT` bytes of it (a long-running server's log can be gigabytes).
 
     text = read_log(host, "/var/log/sglang.log", keep="tail")   # diagnose: the end matters
     text = read_unit(host, "servelab-glm5", lines=10000)         # journalctl -u NAME over there
-
-The operations are registered with the agent when servelab.host.agent_ops imports this module.
 """
 
 from __future__ import annotations
 
 import re
-import socket
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from servelab.errors import ConfigError, HostError, NotFoundError
-from servelab.host import registry
-from servelab.host.transport import Host, b64, unb64
+from servelab.host.transport import Host, unb64
+from servelab.host.wire import READ_MAX
 
-CHUNK = registry.READ_MAX  # bytes per agent answer (one JSON line)
+CHUNK = READ_MAX  # bytes per agent answer (one JSON line)
 LIMIT = 32 * 1024 * 1024  # bytes of one log a command reads at most
 JOURNAL_LINES = 10000
 
@@ -39,55 +35,6 @@ class LogText:
     cut: bool = False
 
 
-# -- agent operations ------------------------------------------------------------------------------
-def op_log_read(
-    state: registry.AgentState, path: str, offset: int = 0, max_bytes: int = CHUNK
-) -> dict[str, Any]:
-    """`max_bytes` of the log file `path` from `offset` (negative: from the end), after the same checks a
-    local read makes: a directory or a missing file is the user's to fix (exit 2)."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ConfigError(
-            f"{path} is a directory, not a log file",
-            hint="pass one log file from it (a study keeps one per candidate: `ls` the directory)",
-        )
-    try:
-        with open(p, "rb") as f:
-            size = f.seek(0, 2)
-            start = max(0, size + offset) if offset < 0 else min(offset, size)
-            f.seek(start)
-            data = f.read(max(0, min(max_bytes, CHUNK)))
-    except FileNotFoundError:
-        raise NotFoundError(
-            f"log file {path} does not exist on {_where(state)}", hint="pass the path of a server's log file"
-        ) from None
-    except OSError as exc:
-        raise NotFoundError(
-            f"cannot read {path} on {_where(state)}: {exc.strerror or exc}",
-            hint="check the file's permissions",
-        ) from None
-    return {"size": size, "start": start, "offset": start + len(data), "data": b64(data)}
-
-
-def op_host_facts(state: registry.AgentState) -> dict[str, Any] | None:
-    """`servelab doctor`'s findings and the GPU topology summary of this host, for the report."""
-    from servelab.report.host import gather
-
-    facts = gather()
-    if facts is None:
-        return None
-    return {**facts, "hostname": socket.gethostname()}
-
-
-def _where(state: registry.AgentState) -> str:
-    return socket.gethostname()
-
-
-registry.register("log_read", op_log_read)
-registry.register("host_facts", op_host_facts)
-
-
-# -- the reading side ------------------------------------------------------------------------------
 def read_log(host: Host, path: str, keep: Literal["head", "tail"] = "head", limit: int = LIMIT) -> LogText:
     """The text of log file `path` on `host`, at most `limit` bytes of it: the start (`keep="head"`, where
     an engine prints its configuration) or the end (`"tail"`, where a failure shows). A cut keeps whole
