@@ -447,12 +447,12 @@ class Scheduler:
             self._release(r)
             r.state = DONE
             c.success[r.reason] += 1
-            first = r.first_token_time if r.first_token_time is not None else t_end
-            last = t_end + r.lag if r.generated > 1 else first
-            c.ttft_s += first - r.arrival
-            c.itl_s += last - first
+            first_s = r.first_token_time if r.first_token_time is not None else t_end
+            last_s = t_end + r.lag if r.generated > 1 else first_s
+            c.ttft_s += first_s - r.arrival
+            c.itl_s += last_s - first_s
             c.itl_n += r.generated - 1
-            c.e2e_s += last - r.arrival
+            c.e2e_s += last_s - r.arrival
             c.timed += 1
             r.sink.finish(r, r.reason)
         if self.on_step is not None:
