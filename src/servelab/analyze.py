@@ -111,6 +111,9 @@ def combine_repeats(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
         merged["errors"] = _sum_counts([d.get("errors") or {} for d in ds])
         merged["flags"] = sorted({f for d in ds for f in d.get("flags", [])})
         merged["died"] = any(d.get("died") for d in ds)
+        mode = next((d["mode"] for d in ds if d.get("mode")), None)
+        if mode is not None:  # a rate or trace level stays one (digests stored before it carry none)
+            merged["mode"] = mode
         out.append(merged)
     return out
 

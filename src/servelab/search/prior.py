@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from servelab.config import OBJECTIVES, CandidateSpec, Study
 from servelab.errors import ServelabError
+from servelab.load import LoadKind, ModelConcurrency
 from servelab.model.factors import Factors, default_factors
 
 if TYPE_CHECKING:
@@ -66,6 +67,30 @@ def prediction(
     )
 
 
+def model_concurrency(
+    study: Study,
+    cand: CandidateSpec,
+    kind: LoadKind | None = None,
+    factors: Factors | None = None,
+    value: float | None = None,
+) -> ModelConcurrency:
+    """The study's main level (or the level `value`) as the concurrency the model predicts a candidate at:
+    a closed loop's level; an open loop's offered rate met by the model's request rate (servelab.load)."""
+    kind = kind or study.load_kind(read_trace=True)
+    osl = study.workload.output_len
+
+    def rate_at(concurrency: int) -> float | None:
+        try:
+            p = prediction(study, cand, concurrency, factors)
+        except ServelabError:
+            return None
+        if not p.feasible or not p.output_throughput:
+            return None
+        return float(p.output_throughput) / osl
+
+    return kind.as_concurrency_for_model(kind.main if value is None else value, rate_at, study.sim_speed())
+
+
 def predict(
     study: Study, cand: CandidateSpec, factors: Factors | None = None, objective: str | None = None
 ) -> Predicted:
@@ -79,7 +104,10 @@ def predict(
     chunk = _flag(cand, PREFILL_CHUNK)
     if chunk:
         f = f.merged({"prefill_budget": float(chunk)})
-    conc = max(1, int(study.load.main or max(study.load.levels)))
+    at = model_concurrency(study, cand, factors=f)
+    if at.concurrency is None:
+        return Predicted(None, True, at.reason)
+    conc = at.concurrency
     cap = running_cap(cand)
     if cap:
         conc = min(conc, cap)
