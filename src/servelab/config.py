@@ -22,22 +22,15 @@ from pydantic import (
 )
 
 from servelab import load as load_kinds
+from servelab import objectives as objective_types
 from servelab.bench.config import SessionOptions
 from servelab.errors import ConfigError, ServelabError
 from servelab.load import LoadKind
+from servelab.objectives import Objective
 from servelab.redact import redact_argv, redact_env
 
-OBJECTIVES: dict[str, Literal["max", "min"]] = {
-    "output_throughput": "max",
-    "total_token_throughput": "max",
-    "request_throughput": "max",
-    "goodput": "max",
-    "ttft_ms_p50": "min",
-    "tpot_ms_p50": "min",
-    "e2e_ms_p50": "min",
-    # each candidate's server gets a capacity search (bench --find-capacity) under the study's SLO
-    "capacity": "max",
-}
+# every objective's direction, by name: the classes of servelab.objectives (adding one is adding a class)
+OBJECTIVES: dict[str, Literal["max", "min"]] = objective_types.directions()
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
 
 
@@ -417,9 +410,9 @@ class SearchSpec(_Strict):
     @classmethod
     def _objectives(cls, v: list[str]) -> list[str]:
         for o in v:
-            if o not in OBJECTIVES or o == "capacity":
+            if o not in OBJECTIVES or not objective_types.objective(o).searchable:
                 raise ValueError(
-                    f"unknown objective {o!r}; use {', '.join(k for k in OBJECTIVES if k != 'capacity')}"
+                    f"unknown objective {o!r}; use {', '.join(objective_types.names(searchable_only=True))}"
                 )
         if len(v) > 2:
             raise ValueError("at most two objectives (a Pareto front of two)")
@@ -455,7 +448,7 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _capacity_needs_an_slo(self) -> Study:
-        if self.objective == "capacity" and not self.slo.limits():
+        if self.objective_type().searches_capacity and not self.slo.limits():
             raise ValueError(
                 'objective = "capacity" searches for the highest load meeting the SLO: give [slo] limits, '
                 "e.g. tpot_ms = { p99 = 50 }"
@@ -478,11 +471,15 @@ class Study(_Strict):
                 "load.trace is an open loop: slice it with workload.num_requests (its first N requests) "
                 "or workload.duration_s, not requests_per_stream"
             )
-        if self.objective == "capacity":
+        if self.objective_type().searches_capacity:
             raise ValueError(
                 'objective = "capacity" searches over load.concurrency or load.rate levels, not a trace'
             )
         return self
+
+    def objective_type(self) -> Objective:
+        """The study's objective as its type (servelab.objectives)."""
+        return objective_types.objective(self.objective)
 
     def sim_speed(self) -> float:
         """How many times faster than a real GPU the server's clock runs (the simulator's `speed`; else 1)."""
@@ -503,12 +500,12 @@ class Study(_Strict):
         parse the same file, so both refuse it before anything starts)."""
         if self.workload.kind != "sessions":
             return self
-        if self.load.mode != "concurrency":
+        if not self.load.kind().closed_loop:
             raise ValueError(
                 'workload.kind = "sessions" runs load.concurrency = [...] conversations at once; '
                 "each turn waits for the reply it resends (no open-loop load.rate)"
             )
-        if self.objective == "capacity":
+        if self.objective_type().searches_capacity:
             raise ValueError(
                 'objective = "capacity" does not search over workload.kind = "sessions" (a session plan '
                 "is built per level before it runs); rank by another objective at load.concurrency levels"

@@ -710,7 +710,7 @@ class Trial:
             context = (context or RunContext()).model_copy(update={"path": self._remote_path()})
         url = remote_url or target.url
         base_cfg = bench_config(self.study, url, target.served_model, target.api_key, context)
-        if self.study.objective == "capacity":
+        if self.study.objective_type().searches_capacity:
             return await self._capacity(base_cfg.model_copy(update={"url": target.url}), target)
         path = self.engine.capabilities.telemetry_path
         tele = Telemetry(http_telemetry(target.url, path) if path else None)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servelab.config import OBJECTIVES, CandidateSpec, Study
+from servelab.config import CandidateSpec, Study
 from servelab.errors import ServelabError
 from servelab.load import LoadKind, ModelConcurrency
 from servelab.model.factors import Factors, default_factors
+from servelab.objectives import objective as objective_of
 
 if TYPE_CHECKING:
     from servelab.model.predict import Prediction
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
 # at most it) and the prefill chunk (the model's `prefill_budget`). vLLM's and SGLang's spellings.
 RUNNING_CAP = ("max_running_requests", "max_num_seqs")
 PREFILL_CHUNK = ("chunked_prefill_size", "max_num_batched_tokens")
-# The prediction each objective reads (the throughput kinds all follow output throughput).
-_PREDICTED = {"tpot_ms_p50": "tpot_ms", "ttft_ms_p50": "ttft_ms"}
 
 
 def _flag(cand: CandidateSpec, names: tuple[str, ...]) -> int | None:
@@ -119,13 +118,13 @@ def predict(
         return Predicted(None, True, f"model error: {exc}")
     if not p.feasible:
         return Predicted(None, False, p.reason)
-    value = getattr(p, _PREDICTED.get(objective, "output_throughput"))
+    value = getattr(p, objective_of(objective).predicted_as)
     return Predicted(float(value) if value is not None else None, True)
 
 
 def better(objective: str) -> float:
     """+1 when higher is better, -1 when lower is."""
-    return 1.0 if OBJECTIVES[objective] == "max" else -1.0
+    return objective_of(objective).sign
 
 
 def running_cap(cand: CandidateSpec) -> int | None:
