@@ -230,6 +230,14 @@ def make(
     raise ValueError(f"unknown load mode {mode!r}; known: concurrency, rate, trace")
 
 
+def of_spec(load: dict[str, Any] | None, workload: dict[str, Any] | None = None) -> LoadKind | None:
+    """`from_spec`, or None for a stored study whose load names no levels (the readers show none)."""
+    try:
+        return from_spec(load or {}, workload)
+    except ValueError:
+        return None
+
+
 def from_spec(load: dict[str, Any], workload: dict[str, Any] | None = None) -> LoadKind:
     """The typed load of a stored study's `load` and `workload` tables (the report's dicts)."""
     for mode, key in (("concurrency", "concurrency"), ("rate", "rate"), ("trace", "trace")):
