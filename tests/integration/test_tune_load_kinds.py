@@ -97,6 +97,9 @@ def _check(home: Path, study: Path, mode: str, levels: list[float], unit: str) -
     assert ex["decode"]["mode"] == mode and ex["decode"]["level"] == main
     assert mode in ex["largest_gap"] or unit in ex["largest_gap"] or "×" in ex["largest_gap"]
 
+    md = simruns.servelab(home, "report", "last", "--no-host-checks", timeout=600).stdout
+    assert f"- load: {mode} {', '.join(f'{v:g}' for v in levels)};" in md  # a rate of 1.5 is not "2"
+
     trial = _json(home, "runs", "study", "last")["candidates"][0]["trials"][0]
     for digest, level in zip(trial["levels"], levels, strict=True):
         assert digest["level"] == level and digest["mode"] == mode
