@@ -6,6 +6,7 @@ typo in a study is a one-line fix, not a traceback. See docs/study.md for every 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import tomllib
 from pathlib import Path
@@ -312,6 +313,7 @@ class LoadSpec(_Strict):
         return load_kinds.make(self.mode, self.levels, self.main, sessions=sessions, trace_rate=trace_rate)
 
 
+@functools.lru_cache(maxsize=16)  # asked per candidate and per proposed point; a trace is read once
 def _trace_rate(path: str, fmt: str | None, limit: int | None) -> float | None:
     """Requests/s of a trace (its first `limit` requests) at time scale 1; None when it cannot be read."""
     from servelab.bench.traces import read_trace
