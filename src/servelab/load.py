@@ -203,6 +203,15 @@ LoadKind = ConcurrencyLoad | SessionsLoad | RateLoad | TraceLoad
 KINDS: dict[str, type[_Load]] = {k.kind: k for k in (ConcurrencyLoad, SessionsLoad, RateLoad, TraceLoad)}
 
 
+def in_flight_text(mode: str | None, level: float | None, concurrency: int) -> str:
+    """An explained level's concurrency cell: `16`; an open loop's `1 (rate 1.5 req/s)`, so a rate is
+    never read as a concurrency."""
+    kind = KINDS.get(mode or "concurrency", ConcurrencyLoad)
+    if kind.closed_loop or level is None:
+        return str(concurrency)
+    return f"{concurrency} ({kind.label(level)})"
+
+
 def kind_of(mode: str) -> type[_Load]:
     """The kind of a level that knows only its mode (a stored level, a bench LevelSpec)."""
     try:

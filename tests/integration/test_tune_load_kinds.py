@@ -75,7 +75,7 @@ def _json(home: Path, *args: str) -> Any:
     return json.loads(res.stdout)
 
 
-def _check(home: Path, study: Path, mode: str, levels: list[float], unit: str) -> None:
+def _check(home: Path, study: Path, mode: str, levels: list[float], unit: str, label: str) -> None:
     main = max(levels)
     tuned = _json(home, "tune", str(study))
     assert tuned["status"] == "completed"
@@ -99,6 +99,7 @@ def _check(home: Path, study: Path, mode: str, levels: list[float], unit: str) -
 
     md = simruns.servelab(home, "report", "last", "--no-host-checks", timeout=600).stdout
     assert f"- load: {mode} {', '.join(f'{v:g}' for v in levels)};" in md  # a rate of 1.5 is not "2"
+    assert f"({label})" in md  # the explain table names the level beside the requests in flight
 
     trial = _json(home, "runs", "study", "last")["candidates"][0]["trials"][0]
     for digest, level in zip(trial["levels"], levels, strict=True):
@@ -117,10 +118,10 @@ def _check(home: Path, study: Path, mode: str, levels: list[float], unit: str) -
 def test_a_rate_study_keeps_its_rate_everywhere(servelab_home: Path, tmp_path: Path) -> None:
     study = tmp_path / "rate.toml"
     study.write_text(RATE)
-    _check(servelab_home, study, "rate", [1.5, 2.5], "req/s")
+    _check(servelab_home, study, "rate", [1.5, 2.5], "req/s", "rate 1.5 req/s")
 
 
 def test_a_trace_study_keeps_its_time_scale_everywhere(servelab_home: Path, tmp_path: Path) -> None:
     study = tmp_path / "trace.toml"
     study.write_text(TRACE.format(trace=trace_samples.DIR / "mooncake.jsonl"))
-    _check(servelab_home, study, "trace", [5.0, 10.0], "× trace time")
+    _check(servelab_home, study, "trace", [5.0, 10.0], "× trace time", "trace ×5")

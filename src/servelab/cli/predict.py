@@ -10,6 +10,7 @@ from rich.table import Table
 from servelab.cli.output import emit, stdout
 from servelab.config import Study
 from servelab.errors import ConfigError
+from servelab.load import in_flight_text
 from servelab.model.factors import Factors, default_factors
 from servelab.model.layouts import Layout
 from servelab.model.predict import (
@@ -561,7 +562,7 @@ def _render_explain(d: dict[str, Any]) -> None:
     for lv in d["levels"]:
         m, p = lv["measured"], lv["predicted"]
         t.add_row(
-            str(lv["concurrency"]),
+            in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]),
             fmt(m["tpot_ms"], 2),
             fmt(p["tpot_ms"], 2),
             fmt(m["ttft_ms"], 0),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.markdown import LEVEL_HEAD, run_head_lines
 from servelab.report.runreport import RunReport
@@ -365,7 +366,9 @@ def explain_section(ex: dict[str, Any]) -> str:
             ],
             [
                 [
-                    num(lv["concurrency"], 0),
+                    num(lv["concurrency"], 0)
+                    if kind_of(lv.get("mode") or "concurrency").closed_loop
+                    else f'<td class="num">{h(in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]))}</td>',
                     num(lv["measured"]["tpot_ms"], 2, "tpot_meas"),
                     num(lv["predicted"]["tpot_ms"], 2, "tpot_pred"),
                     num(lv["measured"]["ttft_ms"], 0, "ttft_meas"),

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from servelab.load import in_flight_text
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
@@ -310,7 +311,7 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
         ),
         [
             [
-                str(lv["concurrency"]),
+                in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]),
                 fmt(lv["measured"]["tpot_ms"], 2),
                 fmt(lv["predicted"]["tpot_ms"], 2),
                 fmt(lv["measured"]["ttft_ms"], 0),
