@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from servelab.config import OBJECTIVES, AnomalySpec, SLOSpec
+from servelab.objectives import objective as objective_of
 from servelab.results import RequestRecord
 
 # Two-sided 95 % Student-t critical values by degrees of freedom (1..30); beyond, the normal 1.96.
@@ -111,6 +112,9 @@ def combine_repeats(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
         merged["errors"] = _sum_counts([d.get("errors") or {} for d in ds])
         merged["flags"] = sorted({f for d in ds for f in d.get("flags", [])})
         merged["died"] = any(d.get("died") for d in ds)
+        mode = next((d["mode"] for d in ds if d.get("mode")), None)
+        if mode is not None:  # a rate or trace level stays one (digests stored before it carry none)
+            merged["mode"] = mode
         out.append(merged)
     return out
 
@@ -209,7 +213,7 @@ def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, o
     """A measured candidate's objective at its best SLO-meeting level; other outcomes score None."""
     if status not in ("measured", "anomalous"):
         return Score(label, status, None, None, None, f"not measured ({status})")
-    if objective == "capacity":
+    if objective_of(objective).searches_capacity:
         return _capacity_score(label, status, levels)
     direction = OBJECTIVES[objective]
     ok = [d for d in levels if not slo_failures(d, slo) and d.get(objective) is not None]
@@ -272,9 +276,6 @@ def _judge_capacity(w: Score, r: Score) -> tuple[bool | None, dict[str, Any], st
 
 BOOTSTRAP_B = 2000
 BOOTSTRAP_SEED = 0
-# Objectives that are a rate (a sum over requests per second) and those that are a latency median.
-_RATE_OBJECTIVES = ("output_throughput", "total_token_throughput", "request_throughput", "goodput")
-_LATENCY_OBJECTIVES = {"ttft_ms_p50": "ttft", "tpot_ms_p50": "tpot", "e2e_ms_p50": "e2e"}
 
 
 def bootstrap_method(b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED) -> str:
@@ -311,24 +312,18 @@ class Cluster:
         """A trial's cluster from its stored requests (`speed`: the simulator's clock, so latencies are in
         the GPU's time as the digests are); None when the objective has no per-request form."""
         ok = [r for r in records if r.ok and r.e2e_s is not None]
-        if objective in _RATE_OBJECTIVES:
+        obj = objective_of(objective)
+        if obj.is_rate:  # a sum over requests per second
             pairs = []
             for r in ok:
-                out = float(r.output_tokens or 0)
-                if objective == "output_throughput":
-                    n = out
-                elif objective == "total_token_throughput":
-                    n = out + float(r.input_tokens or 0)
-                elif objective == "request_throughput":
-                    n = 1.0
-                else:
-                    n = out if slo is None or not _misses(r, slo, speed) else 0.0
+                meets = not obj.counts_slo or slo is None or not _misses(r, slo, speed)
+                n = obj.request_share(float(r.output_tokens or 0), float(r.input_tokens or 0), meets) or 0.0
                 pairs.append((n, float(r.e2e_s or 0.0) * speed))
             pairs.sort()
             if not pairs or sum(d for _, d in pairs) <= 0 or sum(n for n, _ in pairs) <= 0:
                 return None
             return cls(float(value), tuple(n for n, _ in pairs), tuple(d for _, d in pairs))
-        kind = _LATENCY_OBJECTIVES.get(objective)
+        kind = obj.latency()  # a latency median, or no per-request form
         if kind is None:
             return None
         vals = sorted(v * 1000.0 * speed for r in ok if (v := _latency_s(r, kind)) is not None)
@@ -465,7 +460,7 @@ def rank(
     r = valid[1]
     margin = sign * ((w.value or 0.0) - (r.value or 0.0))
     pct = margin / abs(r.value) * 100 if r.value else None
-    if objective == "capacity":
+    if objective_of(objective).searches_capacity:
         significant, noise_info, noise = _judge_capacity(w, r)
     else:
         significant, noise_info, noise = _judge(w, r, sign, margin, samples or {}, b, seed)

@@ -6,6 +6,7 @@ typo in a study is a one-line fix, not a traceback. See docs/study.md for every 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import tomllib
 from pathlib import Path
@@ -21,21 +22,16 @@ from pydantic import (
     model_validator,
 )
 
+from servelab import load as load_kinds
+from servelab import objectives as objective_types
 from servelab.bench.config import SessionOptions
 from servelab.errors import ConfigError, ServelabError
+from servelab.load import LoadKind
+from servelab.objectives import Objective
 from servelab.redact import redact_argv, redact_env
 
-OBJECTIVES: dict[str, Literal["max", "min"]] = {
-    "output_throughput": "max",
-    "total_token_throughput": "max",
-    "request_throughput": "max",
-    "goodput": "max",
-    "ttft_ms_p50": "min",
-    "tpot_ms_p50": "min",
-    "e2e_ms_p50": "min",
-    # each candidate's server gets a capacity search (bench --find-capacity) under the study's SLO
-    "capacity": "max",
-}
+# every objective's direction, by name: the classes of servelab.objectives (adding one is adding a class)
+OBJECTIVES: dict[str, Literal["max", "min"]] = objective_types.directions()
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
 
 
@@ -262,6 +258,10 @@ class WorkloadSpec(_Strict, SessionOptions):
 class LoadSpec(_Strict):
     concurrency: list[int] | None = None
     rate: list[float] | None = None
+    # a trace replayed at its timestamps ÷ each time scale (bench --trace); workload.num_requests slices it
+    trace: str | None = None
+    trace_format: str | None = None
+    time_scale: list[float] | None = None
     max_concurrency: int | None = Field(default=None, ge=1)
     main: float | None = Field(
         default=None, description="the level deployment checks use (default: the highest)"
@@ -272,8 +272,15 @@ class LoadSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> LoadSpec:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError("give exactly one of concurrency = [...] or rate = [...]")
+        if sum(x is not None for x in (self.concurrency, self.rate, self.trace)) != 1:
+            raise ValueError("give exactly one of concurrency = [...], rate = [...] or trace = FILE")
+        if self.trace is None and (self.time_scale is not None or self.trace_format is not None):
+            raise ValueError("time_scale and trace_format need trace = FILE")
+        if self.trace_format is not None:
+            from servelab.bench.traces import formats
+
+            if self.trace_format not in formats():
+                raise ValueError(f"trace_format must be one of {', '.join(formats())}")
         levels = self.levels
         if not levels:
             raise ValueError("the list of load levels is empty")
@@ -284,12 +291,39 @@ class LoadSpec(_Strict):
         return self
 
     @property
-    def mode(self) -> Literal["concurrency", "rate"]:
+    def mode(self) -> Literal["concurrency", "rate", "trace"]:
+        if self.trace is not None:
+            return "trace"
         return "concurrency" if self.concurrency is not None else "rate"
 
     @property
     def levels(self) -> list[float]:
+        if self.trace is not None:
+            return [float(v) for v in (self.time_scale or [1.0])]
         return [float(v) for v in (self.concurrency if self.concurrency is not None else self.rate or [])]
+
+    def with_levels(self, levels: list[float]) -> LoadSpec:
+        """The same load at these levels only (no main: the highest of them)."""
+        key = self.kind().study_key
+        spelled = [int(v) for v in levels] if key == "concurrency" else [float(v) for v in levels]
+        return self.model_copy(update={key: spelled, "main": None})
+
+    def kind(self, sessions: bool = False, trace_rate: float | None = None) -> LoadKind:
+        """This load as its type (servelab.load); `Study.load_kind` adds what the workload says."""
+        return load_kinds.make(self.mode, self.levels, self.main, sessions=sessions, trace_rate=trace_rate)
+
+
+@functools.lru_cache(maxsize=16)  # asked per candidate and per proposed point; a trace is read once
+def _trace_rate(path: str, fmt: str | None, limit: int | None) -> float | None:
+    """Requests/s of a trace (its first `limit` requests) at time scale 1; None when it cannot be read."""
+    from servelab.bench.traces import read_trace
+
+    try:
+        trace = read_trace(path, fmt).sliced(limit)
+    except (ServelabError, OSError):
+        return None
+    span = trace.span_s
+    return len(trace.requests) / span if span > 0 and len(trace.requests) > 1 else None
 
 
 class SLOSpec(_Strict):
@@ -378,9 +412,9 @@ class SearchSpec(_Strict):
     @classmethod
     def _objectives(cls, v: list[str]) -> list[str]:
         for o in v:
-            if o not in OBJECTIVES or o == "capacity":
+            if o not in OBJECTIVES or not objective_types.objective(o).searchable:
                 raise ValueError(
-                    f"unknown objective {o!r}; use {', '.join(k for k in OBJECTIVES if k != 'capacity')}"
+                    f"unknown objective {o!r}; use {', '.join(objective_types.names(searchable_only=True))}"
                 )
         if len(v) > 2:
             raise ValueError("at most two objectives (a Pareto front of two)")
@@ -416,7 +450,7 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _capacity_needs_an_slo(self) -> Study:
-        if self.objective == "capacity" and not self.slo.limits():
+        if self.objective_type().searches_capacity and not self.slo.limits():
             raise ValueError(
                 'objective = "capacity" searches for the highest load meeting the SLO: give [slo] limits, '
                 "e.g. tpot_ms = { p99 = 50 }"
@@ -424,17 +458,56 @@ class Study(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _a_trace_is_its_own_workload(self) -> Study:
+        """What `bench --trace` refuses, in the study's words: a trace brings its requests, their lengths
+        and their times."""
+        if self.load.trace is None:
+            return self
+        w = self.workload
+        if w.kind != "synthetic" or w.dataset is not None:
+            raise ValueError(
+                "load.trace replays the trace's own requests: drop workload.kind and workload.dataset"
+            )
+        if w.requests_per_stream is not None:
+            raise ValueError(
+                "load.trace is an open loop: slice it with workload.num_requests (its first N requests) "
+                "or workload.duration_s, not requests_per_stream"
+            )
+        if self.objective_type().searches_capacity:
+            raise ValueError(
+                'objective = "capacity" searches over load.concurrency or load.rate levels, not a trace'
+            )
+        return self
+
+    def objective_type(self) -> Objective:
+        """The study's objective as its type (servelab.objectives)."""
+        return objective_types.objective(self.objective)
+
+    def sim_speed(self) -> float:
+        """How many times faster than a real GPU the server's clock runs (the simulator's `speed`; else 1)."""
+        return float(self.engine.options.get("speed", 1.0) or 1.0)
+
+    def load_kind(self, read_trace: bool = False) -> LoadKind:
+        """The study's load as its type (servelab.load): the main-level rule, units, warm-up and what a
+        level means to the model live there. `read_trace`: read a trace's request rate (the model needs
+        it to stand a time scale for a concurrency)."""
+        rate = None
+        if read_trace and self.load.trace is not None:
+            rate = _trace_rate(self.load.trace, self.load.trace_format, self.workload.num_requests)
+        return self.load.kind(sessions=self.workload.kind == "sessions", trace_rate=rate)
+
+    @model_validator(mode="after")
     def _sessions_are_a_closed_loop(self) -> Study:
         """What `bench --workload sessions` refuses, in the study's words (the dry run and the real run
         parse the same file, so both refuse it before anything starts)."""
         if self.workload.kind != "sessions":
             return self
-        if self.load.mode != "concurrency":
+        if not self.load.kind().closed_loop:
             raise ValueError(
                 'workload.kind = "sessions" runs load.concurrency = [...] conversations at once; '
                 "each turn waits for the reply it resends (no open-loop load.rate)"
             )
-        if self.objective == "capacity":
+        if self.objective_type().searches_capacity:
             raise ValueError(
                 'objective = "capacity" does not search over workload.kind = "sessions" (a session plan '
                 "is built per level before it runs); rank by another objective at load.concurrency levels"

@@ -216,8 +216,15 @@ class LevelSummary(_Model):
 
     @property
     def concurrency(self) -> int:
-        """The level's concurrency (closed loop) or 1 for a request-rate level."""
-        return int(self.value) if self.mode == "concurrency" else 1
+        """The requests in flight: a closed loop's level; an open loop's (a rate, a trace) by Little's law,
+        completed requests/s × mean time in the system (the same in either time base), at least 1.
+        (servelab.load.measured_concurrency says the same; the contract imports nothing of ours.)"""
+        if self.mode == "concurrency":
+            return int(self.value)
+        e2e = self.e2e_ms.mean
+        if not self.request_throughput or not e2e:
+            return 1
+        return max(1, round(self.request_throughput * e2e / 1000.0))
 
     def stat(self, metric: str, stat: str) -> float | None:
         """`stat("tpot_ms", "p50")`: one statistic of one latency metric."""
@@ -249,6 +256,7 @@ class LevelSummary(_Model):
         objective and SLO names of the study file are keys of this. Same units as the summary."""
         d: dict[str, Any] = {
             "level": self.value,
+            "mode": self.mode,
             "completed": self.completed,
             "failed": self.failed,
             "failure_rate": self.failure_rate,
@@ -264,9 +272,10 @@ class LevelSummary(_Model):
         return d
 
     @classmethod
-    def from_digest(cls, d: dict[str, Any]) -> LevelSummary:
+    def from_digest(cls, d: dict[str, Any], mode: str | None = None) -> LevelSummary:
         """The inverse of `digest()` for what a digest keeps (a study's stored levels, repeats combined):
-        the readers of a study's levels see the same typed summary as the readers of a run."""
+        the readers of a study's levels see the same typed summary as the readers of a run. The level's
+        mode is the digest's; a digest stored before it carried one takes `mode` (the study's load kind)."""
         data: dict[str, Any] = {
             m: {st: d.get(f"{m}_{st}") for st in ("mean", "p50", "p90", "p95", "p99")}
             for m in LATENCY_METRICS
@@ -274,7 +283,8 @@ class LevelSummary(_Model):
         data |= {
             k: d[k] for k in ("completed", "failed", "failure_rate", "errors", *RATES) if d.get(k) is not None
         }
-        return cls.model_validate(data | {"mode": "concurrency", "value": float(d.get("level") or 0)})
+        level_mode = d.get("mode") or mode or "concurrency"
+        return cls.model_validate(data | {"mode": level_mode, "value": float(d.get("level") or 0)})
 
     def vllm_compatible(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The same level in `vllm bench serve`'s result field names, so numbers compare with that tool."""

@@ -48,6 +48,7 @@ from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
 from servelab.host.ports import free_port
+from servelab.load import TraceLoad
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
@@ -137,15 +138,22 @@ def bench_config(
     study: Study, url: str, model: str, api_key: str | None = None, context: RunContext | None = None
 ) -> BenchConfig:
     w, ld = study.workload, study.load
+    kind = study.load_kind()
+    # a trace study's levels are time scales; workload.num_requests slices the trace (bench --trace-limit)
+    traced = isinstance(kind, TraceLoad)
     try:
         return BenchConfig(
             url=url,
             model=model,
             api=w.api,
-            mode=ld.mode,
+            mode=kind.mode,
             levels=ld.levels,
-            max_concurrency=ld.max_concurrency if ld.mode == "rate" else None,
-            num_requests=w.num_requests,
+            max_concurrency=None if kind.closed_loop else ld.max_concurrency,
+            num_requests=None if traced else w.num_requests,
+            trace=ld.trace,
+            trace_format=ld.trace_format,
+            time_scale=ld.levels[0] if traced else 1.0,
+            trace_limit=w.num_requests if traced else None,
             requests_per_stream=w.requests_per_stream,
             duration_s=w.duration_s,
             workload=w.kind,
@@ -198,7 +206,7 @@ def verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
 
 def sim_speed(study: Study) -> float:
     """How many times faster than a real GPU the server's clock runs (the simulator's `speed`; else 1)."""
-    return float(study.engine.options.get("speed", 1.0) or 1.0)
+    return study.sim_speed()
 
 
 def level_digest(level: Level, clock: Clock) -> Digest:
@@ -702,7 +710,7 @@ class Trial:
             context = (context or RunContext()).model_copy(update={"path": self._remote_path()})
         url = remote_url or target.url
         base_cfg = bench_config(self.study, url, target.served_model, target.api_key, context)
-        if self.study.objective == "capacity":
+        if self.study.objective_type().searches_capacity:
             return await self._capacity(base_cfg.model_copy(update={"url": target.url}), target)
         path = self.engine.capabilities.telemetry_path
         tele = Telemetry(http_telemetry(target.url, path) if path else None)
@@ -720,6 +728,8 @@ class Trial:
                         return BenchRun(measured, stopped_early=self._stop_early(collapses))
                 continue
             cfg = base_cfg.model_copy(update={"levels": [value]})
+            if isinstance(self.study.load_kind(), TraceLoad):  # a trace's level is its time scale
+                cfg = cfg.model_copy(update={"time_scale": float(value)})
             tele.start()
             try:
                 if remote_url is not None and self.host is not None:
@@ -751,9 +761,9 @@ class Trial:
         """objective = "capacity": one capacity search (its probes the levels of one bench run, driven from
         here), stored as one level at the capacity found, with the search's answer in its digest."""
         ld = self.study.load
-        search = C.SearchSpec(
-            by=ld.mode, start=min(ld.levels), resolution=ld.resolution, max_probes=ld.max_probes
-        )
+        # a capacity study loads by concurrency or rate (the study refuses a trace)
+        by: Literal["concurrency", "rate"] = "concurrency" if self.study.load_kind().closed_loop else "rate"
+        search = C.SearchSpec(by=by, start=min(ld.levels), resolution=ld.resolution, max_probes=ld.max_probes)
         slo = C.parse_capacity_slo(self.study.slo.capacity_slo())
         res, found = await find_capacity(cfg, self.store, search, slo, self.observer.bench_event)
         at = next((lv for lv in res.levels if lv.value == found.capacity), None)

@@ -78,6 +78,7 @@ class StudyOutcome:
     ranking: dict[str, Any]
     swept: list[dict[str, Any]] = field(default_factory=list)
     search: dict[str, Any] | None = None  # [search]: strategy, budget, pruned regions, model errors, Pareto
+    load: dict[str, Any] | None = None  # the study's load kind: mode, levels, main level, unit
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -87,6 +88,8 @@ class StudyOutcome:
             "ranking": self.ranking,
             "orphans_cleaned": self.swept,
         }
+        if self.load is not None:
+            out["load"] = self.load
         if self.search is not None:
             out["search"] = self.search
         return out
@@ -103,16 +106,19 @@ def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | Non
     """The model's view of a candidate at the study's main level, or None when it does not know the setup."""
     if not study.host.gpu:
         return None
+    kind = study.load_kind(read_trace=True)
+    load = kind.describe()
     try:
-        from servelab.search.prior import prediction
+        from servelab.search.prior import model_concurrency, prediction
 
-        main = study.load.main or max(study.load.levels)
-        conc = int(main) if study.load.mode == "concurrency" else max(1, int(main))
-        p = prediction(study, cand, conc)
+        conc = model_concurrency(study, cand, kind)
+        if conc.concurrency is None:
+            return {"feasible": False, "reason": conc.reason, "known": False, "load": load}
+        p = prediction(study, cand, conc.concurrency)
     except ServelabError as exc:
-        return {"feasible": False, "reason": exc.message, "known": False}
+        return {"feasible": False, "reason": exc.message, "known": False, "load": load}
     except Exception as exc:  # the model's own gaps must not stop a study
-        return {"feasible": False, "reason": f"model error: {exc}", "known": False}
+        return {"feasible": False, "reason": f"model error: {exc}", "known": False, "load": load}
     d = p.to_dict()
     return {
         "known": True,
@@ -128,7 +134,8 @@ def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | Non
                 "single_stream_ceiling_tok_s",
             )
         },
-        "concurrency": conc,
+        "concurrency": conc.concurrency,
+        "load": load,
     }
 
 
@@ -468,7 +475,15 @@ class Tuner:
             search_view = summary(self, sid, cands, out, ranking)
             result["search"] = search_view
         self.repo.set_study_status(sid, "completed", result)
-        return StudyOutcome(uid, "completed", out, ranking.to_dict(), self.swept, search_view)
+        return StudyOutcome(
+            uid,
+            "completed",
+            out,
+            ranking.to_dict(),
+            self.swept,
+            search_view,
+            self.study.load_kind().summary(),
+        )
 
     def scored_trials(self, cand_id: int) -> list[dict[str, Any]]:
         """A candidate's measured trials at its highest rung (halving's short benchmarks do not mix with

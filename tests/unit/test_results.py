@@ -63,3 +63,17 @@ def test_vllm_view_is_a_method_of_the_summary() -> None:
     v = s.vllm_compatible({"max_concurrency": 2})
     assert v["median_tpot_ms"] == s.tpot_ms.p50 and v["request_goodput"] == s.request_goodput
     assert v["p99_ttft_ms"] == s.ttft_ms.p99 and v["max_concurrency"] == 2
+
+
+@pytest.mark.parametrize("mode,value", [("rate", 1.5), ("trace", 5.0), ("concurrency", 4.0)])
+def test_from_digest_keeps_the_level_mode(mode: str, value: float) -> None:
+    """A study's rate or trace level reads back as that, not as a concurrency (issue 30)."""
+    s = _summary().model_copy(update={"mode": mode, "value": value})
+    d = s.digest()
+    assert d["mode"] == mode and d["level"] == value
+    back = LevelSummary.from_digest(d)
+    assert back.mode == mode and back.value == value
+    # a digest stored before the digest carried its mode: the study's load kind says it
+    old = {k: v for k, v in d.items() if k != "mode"}
+    assert LevelSummary.from_digest(old, mode=mode).mode == mode
+    assert LevelSummary.from_digest(old).mode == "concurrency"

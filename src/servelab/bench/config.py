@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from servelab.bench.load import ARRIVALS, LevelSpec
 from servelab.bench.traces import Trace, formats
+from servelab.load import kind_of
 from servelab.results import RunContext
 
 # No served model has a context this long (the longest are 1M tokens plus change); a length above it
@@ -166,5 +167,4 @@ class BenchConfig(SessionOptions):
     def warmup_count(self, spec: LevelSpec) -> int:
         if self.warmup >= 0:
             return self.warmup
-        streams = int(spec.value) if spec.mode == "concurrency" else int(spec.max_concurrency or 4)
-        return min(16, max(1, streams))
+        return min(16, max(1, kind_of(spec.mode).warmup_streams(spec.value, spec.max_concurrency)))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from servelab.bench.client import Client, StreamResult
+from servelab.load import kind_of
 from servelab.results import RequestRecord
 
 ARRIVALS = ("poisson", "gamma", "constant")
@@ -318,12 +319,13 @@ async def run_level(
     seed: int = 0,
     watch: Watch | None = None,
 ) -> tuple[list[RequestRecord], float, ClientMonitor]:
-    in_flight = int(spec.value) if spec.mode == "concurrency" else (spec.max_concurrency or 4096)
+    closed = kind_of(spec.mode).closed_loop
+    in_flight = int(spec.value) if closed else (spec.max_concurrency or 4096)
     raise_fd_limit(in_flight)
     monitor = ClientMonitor()
     monitor.start()
     try:
-        if spec.mode == "concurrency":
+        if closed:
             records, wall = await run_closed(client, requests, spec, make, on_record, monitor)
         else:
             records, wall = await run_open(client, requests, spec, make, on_record, monitor, seed, watch)

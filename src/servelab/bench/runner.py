@@ -31,6 +31,7 @@ from servelab.bench.load import LevelSpec, PreparedRequest, Watch, frozen_heap, 
 from servelab.bench.scrape import LevelScrape, detect_engine, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource, source_for
 from servelab.errors import ConfigError, Interrupted, ServerError
+from servelab.load import kind_of
 from servelab.results import (
     CapacityProbe,
     CapacityResult,
@@ -777,7 +778,7 @@ async def _run_one_level(
             "warmup": n_warm,
         },
     )
-    await warmup(client, warm, n_warm, int(spec.value) if spec.mode == "concurrency" else n_warm)
+    await warmup(client, warm, n_warm, int(spec.value) if kind_of(spec.mode).closed_loop else n_warm)
     scrape = LevelScrape()
     before = await _snapshot(metrics_client)
     scrape.available = before is not None
@@ -853,7 +854,7 @@ async def _run_one_level(
     series = scrape.series(t_start, cfg.scrape_interval_s, gpus.name if gpus else None)
     repo.finish_level(level_id, status, summary, server, client_stats, series=series)
     saturation = None
-    if spec.mode in S.OPEN_LOOP and plan is None and records:
+    if not kind_of(spec.mode).closed_loop and plan is None and records:
         saturation = S.detect(
             records,
             S.asked_rate(spec.mode, spec.value, records),

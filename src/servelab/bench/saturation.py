@@ -26,7 +26,6 @@ import numpy as np
 
 from servelab.results import RequestRecord, Saturation
 
-OPEN_LOOP = ("rate", "trace")  # the level modes that send on a schedule whatever the server does
 COMPLETION_RATIO = 0.8
 SLOPE_T = 5.0
 QUEUE_MIN = 4.0

@@ -10,6 +10,7 @@ from rich.table import Table
 from servelab.cli.output import emit, stdout
 from servelab.config import Study
 from servelab.errors import ConfigError
+from servelab.load import in_flight_text
 from servelab.model.factors import Factors, default_factors
 from servelab.model.layouts import Layout
 from servelab.model.predict import (
@@ -265,12 +266,17 @@ def predict(**kw: Any) -> None:
     mtp = kw["mtp_tokens"]
     accept = kw["accept_len"] if kw["accept_len"] is not None else 1.0 + 0.7 * mtp
     conc_source = "--concurrency"
-    if kw["concurrency"] is None:
-        kw["concurrency"], conc_source = 1, "default"
-    elif study is not None and kw.pop("_conc_from_study", False):
-        conc_source = "study"
     isl = 1024 if kw["isl"] is None else kw["isl"]
     osl = 1024 if kw["osl"] is None else kw["osl"]
+    from_study = study is not None and kw.pop("_conc_from_study", False)
+    if from_study and kw["concurrency"] is None:
+        assert study is not None
+        kw["concurrency"] = _study_concurrency(kw, study, setup, isl, osl)
+    if kw["concurrency"] is None:
+        kw["concurrency"], conc_source = 1, "default"
+    elif from_study:
+        conc_source = "study"
+    load = kw["_load"].describe() if from_study else None
     wl = Workload(isl, osl, kw["concurrency"], mtp, accept)
     if kw["compare_layouts"]:
         results = compare_layouts(setup, wl, kw["tpot_limit"], kw["ttft_limit"])
@@ -280,6 +286,7 @@ def predict(**kw: Any) -> None:
             "num_gpus": setup.host.num_gpus,
             "workload": {"isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency},
             "concurrency_source": conc_source,
+            **({"load": load} if load is not None else {}),
             "study": study.study.name if study is not None else None,
             "ep_note": EP_SAME if any(r.same_as for r in results) else None,
             "layouts": [
@@ -317,7 +324,10 @@ def predict(**kw: Any) -> None:
         }
         emit(data, kw["as_json"], _render_sweep)
         return
-    emit(evaluate(setup, wl).to_dict(), kw["as_json"], _render_prediction)
+    out = evaluate(setup, wl).to_dict()
+    if load is not None:  # the study's main level, in its own unit, and the concurrency it stands for
+        out |= {"concurrency_source": conc_source, "load": load}
+    emit(out, kw["as_json"], _render_prediction)
 
 
 _CONC_SOURCE = {
@@ -351,15 +361,31 @@ def _apply_study(kw: dict[str, Any]) -> Study | None:
             f"study {study.study.name} names no GPU (host.gpu)", hint="pass --gpu and --num-gpus"
         )
     if kw["concurrency"] is None:
-        if study.load.mode != "concurrency":
-            raise ConfigError(
-                f"study {study.study.name} loads by request rate; the model predicts a concurrency",
-                hint="pass --concurrency N (the requests in flight at that rate)",
-            )
-        main = study.load.main if study.load.main is not None else max(study.load.levels)
-        kw["concurrency"] = int(main)
+        # the study's main level, in its own kind: a closed loop's is a concurrency; an open loop's (a rate,
+        # a trace's time scale) becomes the model's concurrency once the setup is built (predict())
+        kind = study.load_kind(read_trace=True)
+        kw["_load"] = kind
+        if kind.closed_loop:
+            kw["concurrency"] = int(kind.main)
         kw["_conc_from_study"] = True
     return study
+
+
+def _study_concurrency(kw: dict[str, Any], study: Study, setup: Any, isl: int, osl: int) -> int:
+    """An open-loop study's main level as the concurrency the model predicts at (servelab.load)."""
+    kind = kw["_load"]
+
+    def rate_at(concurrency: int) -> float | None:
+        p = evaluate(setup, Workload(isl, osl, concurrency))
+        return float(p.output_throughput) / osl if p.feasible and p.output_throughput else None
+
+    at = kind.as_concurrency_for_model(kind.main, rate_at, study.sim_speed())
+    if at.concurrency is None:
+        raise ConfigError(
+            f"study {study.study.name}: {at.reason}",
+            hint="pass --concurrency N (the requests in flight at that load)",
+        )
+    return int(at.concurrency)
 
 
 def _study_candidates(study: Study | None, layout: dict[str, int], same_as: list[str]) -> list[str]:
@@ -536,7 +562,7 @@ def _render_explain(d: dict[str, Any]) -> None:
     for lv in d["levels"]:
         m, p = lv["measured"], lv["predicted"]
         t.add_row(
-            str(lv["concurrency"]),
+            in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]),
             fmt(m["tpot_ms"], 2),
             fmt(p["tpot_ms"], 2),
             fmt(m["ttft_ms"], 0),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from servelab import load as load_kinds
 from servelab.errors import ConfigError, NotFoundError
 from servelab.redact import MASK, env_route, has_url_credentials, is_secret_flag, is_secret_name, secret_args
 from servelab.store.db import Store
@@ -180,9 +181,7 @@ def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) 
         or model.get("path")
         or ""
     )
-    load = spec.get("load") or {}
-    levels = [float(v) for v in (load.get("concurrency") or load.get("rate") or [])]
-    main = load.get("main")
+    kind = load_kinds.of_spec(spec.get("load"), spec.get("workload"))
     return LaunchRecord(
         study_uid=study["uid"],
         study_name=study["name"],
@@ -197,7 +196,7 @@ def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) 
         engine_version=trial.get("engine_version") or eff.get("version"),
         ready_s=trial.get("ready_s"),
         levels=list(trial.get("levels") or []),
-        main_level=float(main) if main is not None else (max(levels) if levels else None),
+        main_level=kind.main if kind is not None else None,
         study=spec,
         effective=eff,
         candidate_spec=cand.get("spec") or {},

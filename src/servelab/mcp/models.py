@@ -258,7 +258,7 @@ class LayoutsView(Doc):
 class LevelComparison(Doc):
     """One `model.explain.LevelComparison`: a measured level beside the prediction."""
 
-    concurrency: int
+    concurrency: int = Field(description="Requests in flight (a rate or trace level: by Little's law).")
     measured: dict[str, float | None] = Field(description="tpot_ms, ttft_ms, output_throughput (p50s).")
     predicted: dict[str, float | None]
     error_pct: dict[str, float | None] = Field(description="(predicted - measured) / measured, %.")
@@ -267,6 +267,8 @@ class LevelComparison(Doc):
     sources: dict[str, str] = Field(
         description="Where each decode-step term comes from: `formula`, or the measured table read."
     )
+    mode: str = Field(description="The level's load kind: concurrency | rate | trace.")
+    level: float = Field(description="The level as run: in flight, req/s, or a trace's time scale.")
 
 
 class ExplainView(Doc):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from servelab import load as load_kinds
 from servelab.mcp.models import CandidateProgress, Driver, Finding, TrialProgress, TuneProgress
 from servelab.store.db import Store
 from servelab.store.leases import holder
@@ -68,7 +69,8 @@ def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgres
     spec = st.get("spec") or {}
     adaptive = bool(spec.get("search"))
     repeats = int(spec.get("repeats") or 1)
-    planned_levels = len((spec.get("load") or {}).get("concurrency") or []) or None
+    kind = load_kinds.of_spec(spec.get("load"), spec.get("workload"))
+    planned_levels = len(kind.levels) if kind is not None else None
     cands = repo.candidates(st["id"])
     running: list[TrialProgress] = []
     rows: list[CandidateProgress] = []

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import ConfigError, ServelabError
+from servelab.load import kind_of
 from servelab.model.factors import FIT_BOUNDS, Factors
 from servelab.model.memory import plan_memory
 from servelab.model.predict import Setup, Terms, Workload, latencies, make_setup, make_terms, perf_of
@@ -697,7 +698,7 @@ def observations_from_runs(runs: list[Run]) -> list[Observation]:
         for lv in run.levels:
             s = lv.summary
             tpot, ttft = s.tpot_ms.p50, s.ttft_ms.p50
-            if not tpot or not ttft or lv.mode != "concurrency":
+            if not tpot or not ttft or not kind_of(lv.mode).closed_loop:
                 continue
             tp = int(layout.tp or host.num_gpus or 1)
             dp = int(layout.dp or 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servelab.load import kind_of
 from servelab.model.predict import Setup, Workload, evaluate
 from servelab.results import LevelSummary
 
@@ -17,6 +18,10 @@ class LevelComparison:
     attribution: dict[str, float]
     largest_gap: str
     sources: dict[str, str]  # per decode-step term: "formula" or the measured table it was read off
+    # the level as it was run: its mode (concurrency, rate, trace) and value (in flight, req/s, time
+    # scale); `concurrency` is the requests in flight it had (an open loop's by Little's law)
+    mode: str = "concurrency"
+    level: float = 0.0
 
 
 @dataclass
@@ -43,7 +48,8 @@ def explain_levels(setup: Setup, levels: list[LevelSummary], isl: int, osl: int)
         s = lv
         if not s.completed:
             continue
-        c = s.concurrency
+        c = s.concurrency  # a rate or trace level: the requests in flight it had (servelab.load)
+        kind = kind_of(s.mode)
         wl = Workload(round(s.mean_input_tokens or isl), round(s.mean_output_tokens or osl), c)
         p = evaluate(setup, wl)
         measured: dict[str, float | None] = {
@@ -72,7 +78,20 @@ def explain_levels(setup: Setup, levels: list[LevelSummary], isl: int, osl: int)
         else:
             label = "no measured numbers to compare"
         if name and gaps[name] > worst[0]:
-            worst = (gaps[name], f"at concurrency {c}: {label}")
-        out.levels.append(LevelComparison(c, measured, predicted, errors, attribution, label, p.sources))
+            where = kind.label(s.value) if kind.closed_loop else f"{kind.label(s.value)} (~{c} in flight)"
+            worst = (gaps[name], f"at {where}: {label}")
+        out.levels.append(
+            LevelComparison(
+                c,
+                measured,
+                predicted,
+                errors,
+                attribution,
+                label,
+                p.sources,
+                s.mode,
+                kind.level_value(s.value),
+            )
+        )
     out.largest_gap = worst[1]
     return out

@@ -10,6 +10,7 @@ import shlex
 from typing import Any
 
 from servelab import analyze
+from servelab import load as load_kinds
 from servelab.results import LevelSummary
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
@@ -138,9 +139,10 @@ def _slo(spec: dict[str, Any]) -> Any:
 
 def _study(st: dict[str, Any], spec: dict[str, Any], baseline: str | None) -> dict[str, Any]:
     eng = spec.get("engine") or {}
-    load_ = spec.get("load") or {}
-    mode = "rate" if load_.get("rate") else "concurrency"
-    levels = load_.get("rate") or load_.get("concurrency") or []
+    try:
+        load = load_kinds.from_spec(spec.get("load") or {}, spec.get("workload")).summary()
+    except ValueError:  # a study stored without a load (never written by tune): show what there is
+        load = {"mode": "concurrency", "levels": [], "main": None, "unit": load_kinds.ConcurrencyLoad.unit}
     src = st.get("source")
     return {
         "uid": st["uid"],
@@ -160,7 +162,7 @@ def _study(st: dict[str, Any], spec: dict[str, Any], baseline: str | None) -> di
             "args": eng.get("args") or [],
         },
         "workload": spec.get("workload") or {},
-        "load": {"mode": mode, "levels": levels, "main": load_.get("main")},
+        "load": load,
         "command": shlex.join(["servelab", "tune", src]) if src else None,
     }
 
@@ -472,11 +474,13 @@ def _explain(
         )
         w = spec.get("workload") or {}
         isl, osl = int(w.get("input_len") or 1024), int(w.get("output_len") or 128)
-        runs = [LevelSummary.from_digest(lv) for lv in pick["levels"]]
+        kind = load_kinds.from_spec(spec.get("load") or {}, w)
+        runs = [LevelSummary.from_digest(lv, mode=kind.mode) for lv in pick["levels"]]
         ex = explain_levels(setup, runs, isl, osl)
-        main = int((spec.get("load") or {}).get("main") or max(int(lv["level"]) for lv in pick["levels"]))
-        main_lv = min(pick["levels"], key=lambda lv: abs(float(lv["level"]) - main))
-        p = evaluate(setup, Workload(isl, osl, int(main_lv["level"])))
+        main = kind.main
+        at = min(range(len(runs)), key=lambda i: abs(runs[i].value - main))
+        main_lv, main_run = pick["levels"][at], runs[at]
+        p = evaluate(setup, Workload(isl, osl, main_run.concurrency))
     except Exception as exc:  # the model's gaps (unknown model, GPU) must not stop the report
         return {"available": False, "note": f"the performance model cannot describe this setup: {exc}"}
     simulated = (spec.get("engine") or {}).get("name") == "sim"
@@ -494,6 +498,8 @@ def _explain(
         "largest_gap": ex.largest_gap,
         "levels": [
             {
+                "mode": lv.mode,
+                "level": lv.level,
                 "concurrency": lv.concurrency,
                 "measured": lv.measured,
                 "predicted": lv.predicted,
@@ -504,7 +510,8 @@ def _explain(
             for lv in ex.levels
         ],
         "decode": {
-            "concurrency": int(main_lv["level"]),
+            **kind.describe(main_run.value),
+            "concurrency": main_run.concurrency,
             "predicted_step_ms": p.decode_step_ms,
             "predicted_tpot_ms": p.tpot_ms,
             "predicted_breakdown_ms": dict(p.decode_breakdown_ms),

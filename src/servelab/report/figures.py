@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from servelab.load import kind_of
 from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
 from servelab.report.runreport import RunReport, Timeline
 
@@ -73,7 +74,7 @@ def _limit(model: dict[str, Any], metric: str) -> list[tuple[float, str]]:
 def figures(model: dict[str, Any]) -> list[Figure]:
     cands = [c for c in model["candidates"] if c["status"] in PLOTTED and c["levels"]]
     mode = model["study"]["load"]["mode"]
-    x_label = "concurrency (requests in flight)" if mode == "concurrency" else "request rate (req/s)"
+    x_label = kind_of(mode).axis_label
     thr = [_series(c, "output_throughput") for c in cands]
     thr_svg = line_chart(
         "Output throughput against load",
@@ -173,7 +174,7 @@ def figures(model: dict[str, Any]) -> list[Figure]:
 
 
 def _load_label(mode: str) -> str:
-    return "concurrency (requests in flight)" if mode == "concurrency" else "request rate (req/s)"
+    return kind_of(mode).axis_label
 
 
 def _pts(xs: list[float], ys: list[float | None]) -> list[tuple[float, float]]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.markdown import LEVEL_HEAD, run_head_lines
 from servelab.report.runreport import RunReport
-from servelab.report.text import clock_sentence, fmt, h
+from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222;line-height:1.4}
@@ -118,7 +119,7 @@ def summary_section(model: dict[str, Any]) -> str:
         f"{h(st['baseline'] or '-')}</li>",
         f"<li>model {h(st['model'])}; engine {h(st['engine']['name'])} {h(st['engine'].get('personality') or '')}"
         "</li>",
-        f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt(v, 0) for v in st['load']['levels']))}; workload "
+        f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt_level(v) for v in st['load']['levels']))}; workload "
         f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens"
         "</li>",
         f"<li>SLOs: {slo}</li></ul>",
@@ -259,7 +260,7 @@ def candidate_detail(c: dict[str, Any], ui: bool = False) -> str:
         out.append(
             "<ul>"
             + "".join(
-                f'<li class="anomaly">anomaly at level {fmt(a["level"], 0)}: {h(a["kind"])}: '
+                f'<li class="anomaly">anomaly at level {fmt_level(a["level"])}: {h(a["kind"])}: '
                 f"{h(a['detail'])}</li>"
                 for a in c["anomalies"]
             )
@@ -303,7 +304,7 @@ def tried_section(cands: list[dict[str, Any]], ui: bool = False) -> str:
                 h(settings) + (f" <code>{h(args)}</code>" if args else ""),
                 f'<span class="status-{h(c["status"])}">{h(c["outcome"])}</span>',
                 num(s.get("value"), 1, "score"),
-                num(s.get("level"), 0, "score_level"),
+                num(s.get("level"), level_digits(s.get("level")), "score_level"),
                 num((c.get("predicted") or {}).get("output_throughput"), 0, "predicted"),
             ]
         )
@@ -365,7 +366,9 @@ def explain_section(ex: dict[str, Any]) -> str:
             ],
             [
                 [
-                    num(lv["concurrency"], 0),
+                    num(lv["concurrency"], 0)
+                    if kind_of(lv.get("mode") or "concurrency").closed_loop
+                    else f'<td class="num">{h(in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]))}</td>',
                     num(lv["measured"]["tpot_ms"], 2, "tpot_meas"),
                     num(lv["predicted"]["tpot_ms"], 2, "tpot_pred"),
                     num(lv["measured"]["ttft_ms"], 0, "ttft_meas"),

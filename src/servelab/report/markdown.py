@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from servelab.load import in_flight_text
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.runreport import RunReport
-from servelab.report.text import clock_sentence, fmt, md, md_code, md_inline_code
+from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
 
 LEVEL_HEAD = (
     "level",
@@ -85,7 +86,7 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
         f"{md(st['baseline'] or '-')}",
         f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
         + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
-        f"- load: {md(st['load']['mode'])} {', '.join(fmt(v, 0) for v in st['load']['levels'])}; workload "
+        f"- load: {md(st['load']['mode'])} {', '.join(fmt_level(v) for v in st['load']['levels'])}; workload "
         f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens",
         "- SLOs: "
         + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"),
@@ -98,7 +99,7 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
     if win["label"]:
         L += [
             f"**{md(win['label'])}**: {md(win['objective'])} {_pm(win['value'], win['half_width'])} at level "
-            f"{fmt(win['level'], 0)}.",
+            f"{fmt_level(win['level'])}.",
             "",
         ]
         if win.get("runner_up"):
@@ -205,7 +206,7 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
                 md(settings) + (" " + md_inline_code(args) if args else ""),
                 md(c["outcome"]),
                 fmt(s.get("value")),
-                fmt(s.get("level"), 0),
+                fmt_level(s.get("level")),
                 fmt((c.get("predicted") or {}).get("output_throughput"), 0),
             ]
         )
@@ -250,7 +251,7 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
                 L += ["Evidence:", "", md_code(d["evidence"]), ""]
         if c["anomalies"]:
             L += [
-                f"- anomaly at level {fmt(a['level'], 0)}: {md(a['kind'])}: {md(a['detail'])}"
+                f"- anomaly at level {fmt_level(a['level'])}: {md(a['kind'])}: {md(a['detail'])}"
                 for a in c["anomalies"]
             ] + [""]
         if c["command"]:
@@ -310,7 +311,7 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
         ),
         [
             [
-                str(lv["concurrency"]),
+                in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]),
                 fmt(lv["measured"]["tpot_ms"], 2),
                 fmt(lv["predicted"]["tpot_ms"], 2),
                 fmt(lv["measured"]["ttft_ms"], 0),

@@ -57,6 +57,21 @@ def md_inline_code(value: object) -> str:
     return f"{tick}{pad}{text}{pad}{tick}" if text else ""
 
 
+def level_digits(value: object) -> int:
+    """Digits to show a load level with: a concurrency (a whole number) none, a rate or a time scale two."""
+    try:
+        return 0 if float(value).is_integer() else 2  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+
+
+def fmt_level(value: object) -> str:
+    """A load level: `16`, a rate `2.5` (never rounded to a concurrency), `-` when missing."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:g}"
+    return fmt(value, 0)
+
+
 def fmt(value: object, digits: int = 1) -> str:
     """A number for a table (thousands separated), `-` when missing."""
     if value is None or isinstance(value, bool):

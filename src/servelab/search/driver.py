@@ -39,20 +39,22 @@ def short_study(study: Study) -> Study:
     stream, or a 1/eta share of its duration)."""
     assert study.search is not None
     eta = study.search.eta
-    main = study.load.main or max(study.load.levels)
-    load = study.load.model_dump()
-    key = "concurrency" if study.load.mode == "concurrency" else "rate"
-    load[key] = [int(main) if key == "concurrency" else main]
-    load["main"] = None
+    kind = study.load_kind()
+    main = kind.main
+    load = study.load.with_levels([main])
+    streams = int(main) if kind.closed_loop else 1  # at least one request per stream
     wl = study.workload.model_dump()
     if wl.get("requests_per_stream"):
         wl["requests_per_stream"] = max(1, math.ceil(wl["requests_per_stream"] / eta))
     elif wl.get("num_requests"):
-        wl["num_requests"] = max(int(main), math.ceil(wl["num_requests"] / eta))
+        wl["num_requests"] = max(streams, math.ceil(wl["num_requests"] / eta))
     elif wl.get("duration_s"):
         wl["duration_s"] = wl["duration_s"] / eta
     return study.model_copy(
-        update={"load": LoadSpec.model_validate(load), "workload": WorkloadSpec.model_validate(wl)}
+        update={
+            "load": LoadSpec.model_validate(load.model_dump()),
+            "workload": WorkloadSpec.model_validate(wl),
+        }
     )
 
 
@@ -418,7 +420,7 @@ def summary(
     assert study.search is not None
     spec = study.search
     objs = objectives(study)
-    main = float(study.load.main or max(study.load.levels))
+    main = study.load_kind().main
     trials_used = 0
     redone = 0  # trials a kill or a lost node cut short, run again (not charged to the budget)
     elapsed = 0.0

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servelab.config import OBJECTIVES, CandidateSpec, Study
+from servelab.config import CandidateSpec, Study
 from servelab.errors import ServelabError
+from servelab.load import LoadKind, ModelConcurrency
 from servelab.model.factors import Factors, default_factors
+from servelab.objectives import objective as objective_of
 
 if TYPE_CHECKING:
     from servelab.model.predict import Prediction
@@ -18,8 +20,6 @@ if TYPE_CHECKING:
 # at most it) and the prefill chunk (the model's `prefill_budget`). vLLM's and SGLang's spellings.
 RUNNING_CAP = ("max_running_requests", "max_num_seqs")
 PREFILL_CHUNK = ("chunked_prefill_size", "max_num_batched_tokens")
-# The prediction each objective reads (the throughput kinds all follow output throughput).
-_PREDICTED = {"tpot_ms_p50": "tpot_ms", "ttft_ms_p50": "ttft_ms"}
 
 
 def _flag(cand: CandidateSpec, names: tuple[str, ...]) -> int | None:
@@ -66,6 +66,30 @@ def prediction(
     )
 
 
+def model_concurrency(
+    study: Study,
+    cand: CandidateSpec,
+    kind: LoadKind | None = None,
+    factors: Factors | None = None,
+    value: float | None = None,
+) -> ModelConcurrency:
+    """The study's main level (or the level `value`) as the concurrency the model predicts a candidate at:
+    a closed loop's level; an open loop's offered rate met by the model's request rate (servelab.load)."""
+    kind = kind or study.load_kind(read_trace=True)
+    osl = study.workload.output_len
+
+    def rate_at(concurrency: int) -> float | None:
+        try:
+            p = prediction(study, cand, concurrency, factors)
+        except ServelabError:
+            return None
+        if not p.feasible or not p.output_throughput:
+            return None
+        return float(p.output_throughput) / osl
+
+    return kind.as_concurrency_for_model(kind.main if value is None else value, rate_at, study.sim_speed())
+
+
 def predict(
     study: Study, cand: CandidateSpec, factors: Factors | None = None, objective: str | None = None
 ) -> Predicted:
@@ -79,7 +103,10 @@ def predict(
     chunk = _flag(cand, PREFILL_CHUNK)
     if chunk:
         f = f.merged({"prefill_budget": float(chunk)})
-    conc = max(1, int(study.load.main or max(study.load.levels)))
+    at = model_concurrency(study, cand, factors=f)
+    if at.concurrency is None:
+        return Predicted(None, True, at.reason)
+    conc = at.concurrency
     cap = running_cap(cand)
     if cap:
         conc = min(conc, cap)
@@ -91,13 +118,13 @@ def predict(
         return Predicted(None, True, f"model error: {exc}")
     if not p.feasible:
         return Predicted(None, False, p.reason)
-    value = getattr(p, _PREDICTED.get(objective, "output_throughput"))
+    value = getattr(p, objective_of(objective).predicted_as)
     return Predicted(float(value) if value is not None else None, True)
 
 
 def better(objective: str) -> float:
     """+1 when higher is better, -1 when lower is."""
-    return 1.0 if OBJECTIVES[objective] == "max" else -1.0
+    return objective_of(objective).sign
 
 
 def running_cap(cand: CandidateSpec) -> int | None:

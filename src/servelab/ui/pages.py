@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import orjson
 
+from servelab import load as load_kinds
 from servelab.errors import NotFoundError, UserError
 from servelab.report import data
 from servelab.report.html import levels_table, page, plan_items, study_body, table
@@ -151,11 +152,8 @@ def progress(store: Store, ref: str) -> dict[str, Any]:
     """What a running study has done so far: per candidate its status, trials and levels measured."""
     repo = StudyRepo(store)
     st = repo.resolve(ref)
-    levels = (
-        ((st["spec"] or {}).get("load") or {}).get("concurrency")
-        or ((st["spec"] or {}).get("load") or {}).get("rate")
-        or []
-    )
+    kind = load_kinds.of_spec((st["spec"] or {}).get("load"), (st["spec"] or {}).get("workload"))
+    levels = [kind.level_value(v) for v in kind.levels] if kind is not None else []
     cands = []
     for c in repo.candidates(st["id"]):
         trials = repo.trials(c["id"])

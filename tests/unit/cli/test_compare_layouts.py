@@ -97,8 +97,13 @@ def test_rate_study_and_missing_model_exit_2(tmp_path: Path) -> None:
     )
     study = tmp_path / "rate.toml"
     study.write_text(text)
-    code, out = invoke("--compare-layouts", "--study", str(study))
-    assert code == 2 and "request rate" in out and "--concurrency" in out
+    # a rate study is ranked at the concurrency the model reaches its main rate with (issue 30: it was
+    # refused), and says which rate that was
+    code, out = invoke("--compare-layouts", "--study", str(study), "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["concurrency_source"] == "study" and d["load"] == {"mode": "rate", "level": 2.0, "unit": "req/s"}
+    assert d["workload"]["concurrency"] >= 1
     code, out = invoke("--study", str(study), "-c", "8", "--json")
     assert code == 0 and json.loads(out)["workload"]["concurrency"] == 8
     code, out = invoke("--gpu", "h100-sxm", "-n", "1")
