@@ -43,6 +43,8 @@ LAYERS: dict[str, int] = {
     "servelab.naming": CONTRACT,
     "servelab.redact": CONTRACT,
     "servelab.results": CONTRACT,
+    "servelab.load": CONTRACT,  # load kinds: pure vocabulary every room may speak (imports nothing of ours)
+    "servelab.objectives": CONTRACT,  # objectives as types, likewise
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
     # 1. knowledge: pure models of models, engines, plans and the simulated server
