@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 from tests.support import simruns
-from tests.support.leftovers import pytest_sessionfinish  # noqa: F401  (the hook: pytest finds it here)
+from tests.support.leftovers import (  # noqa: F401  (the hooks: pytest finds them here)
+    pytest_configure,
+    pytest_configure_node,
+    pytest_sessionfinish,
+)
 from tests.support.postgres import PgCluster, pg_cluster
 from tests.support.shared import shared_dir
 

@@ -21,6 +21,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -29,9 +30,26 @@ from servelab.host import processes
 from servelab.host.processes import ProcInfo
 
 SESSION_ENV = "SERVELAB_TEST_SESSION"
-WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... in an xdist worker; None otherwise
-TOKEN = (os.environ.get(SESSION_ENV) if WORKER else None) or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+TOKEN = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 os.environ[SESSION_ENV] = TOKEN  # before any test starts anything: every child inherits it
+_WORKER_KEY = "servelab_session_token"  # what the controller hands each xdist worker (`workerinput`)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """The xdist controller hands its token to each worker it starts."""
+    node.workerinput[_WORKER_KEY] = TOKEN
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker takes the controller's token (before any test runs); a pytest a test starts
+    inside one is no worker (no `workerinput`) and keeps a token of its own."""
+    global TOKEN
+    given = getattr(config, "workerinput", {}).get(_WORKER_KEY)
+    if given:
+        TOKEN = os.environ[SESSION_ENV] = given
+
+
 GRACE_S = 10.0  # processes a teardown has just signalled get this long to finish exiting
 _PROC = Path("/proc")
 
@@ -85,7 +103,7 @@ def _describe(p: ProcInfo) -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if WORKER:
+    if hasattr(session.config, "workerinput"):
         return  # the controller checks once every worker has ended (see the module's docstring)
     left = leftovers()
     deadline = time.monotonic() + GRACE_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from servelab.bench.scrape import parse_prometheus, pick
 from servelab.cli.main import cli
 from servelab.cli.sim import build_config
 from servelab.sim.faults import parse_faults
@@ -164,6 +165,7 @@ def test_metric_names():
             "prefix_cache_queries",
             "prefix_cache_hits",
             "cache_hit_rate",
+            *(f"{h}_{part}" for h in ("ttft", "itl", "e2e") for part in ("sum", "count")),
         ],
         1,
     )
@@ -178,6 +180,9 @@ def test_metric_names():
         "vllm:request_success_total",
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_sum",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
     ):
         assert name in v
     g = render_metrics("sglang", "m", s).decode()
@@ -189,5 +194,11 @@ def test_metric_names():
         "sglang:generation_tokens_total",
         "sglang:prompt_tokens_total",
         "sglang:cache_hit_rate",
+        "sglang:time_to_first_token_seconds_count",
+        "sglang:inter_token_latency_seconds_sum",
+        "sglang:e2e_request_latency_seconds_count",
     ):
         assert name in g
+    # what bench's scraper reads of them: the step clock's sums and counts, per histogram
+    picked = pick(parse_prometheus(v))
+    assert picked["ttft_sum"] == picked["itl_count"] == picked["e2e_count"] == 1
