@@ -88,6 +88,7 @@ LAYERS: dict[str, int] = {
     **{
         f"servelab.sim.{m}": KNOWLEDGE
         for m in [
+            "app",
             "faults",
             "http",
             "personalities",
@@ -96,6 +97,7 @@ LAYERS: dict[str, int] = {
             "scheduler",
             "server",
             "startup",
+            "state",
             "telemetry",
             "text",
             "virtual",
@@ -280,15 +282,6 @@ APART_ALLOWED = {"servelab.errors", "servelab.paths", "servelab.redact"}
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("servelab.search.driver", "servelab.tune"): (
         "TYPE_CHECKING: the driver's annotations name the Tuner that imports it (search -> tune, other work)"
-    ),
-    ("servelab.sim.routes", "servelab.sim.server"): (
-        "TYPE_CHECKING: the routes annotate the server that imports them (the simulator's inside, other work)"
-    ),
-    ("servelab.sim.startup", "servelab.sim.server"): (
-        "TYPE_CHECKING: start-up faults annotate the server that imports them (the simulator's inside)"
-    ),
-    ("servelab.sim.telemetry", "servelab.sim.server"): (
-        "TYPE_CHECKING: telemetry annotates the server that imports it (the simulator's inside)"
     ),
 }
 

@@ -90,7 +90,7 @@ def sim(ctx: click.Context, /, **opts: Any) -> None:
             hint="e.g. servelab sim --model GLM-5-NVFP4 --gpu rtx-pro-6000 --num-gpus 8 --tp 8",
         )
     cfg = build_config(opts, list(ctx.args))
-    from servelab.sim.server import run
+    from servelab.sim.app import run
 
     sys.exit(run(cfg, cpu=opts["cpu"]))
 
@@ -100,7 +100,7 @@ def build_config(opts: dict[str, Any], engine_argv: list[str]) -> Any:
     from servelab.model.predict import make_setup
     from servelab.sim.faults import parse_faults
     from servelab.sim.personalities import parse_engine_args, sglang_default_argv, vllm_default_argv
-    from servelab.sim.server import SimConfig
+    from servelab.sim.state import SimConfig
 
     if opts["speed"] <= 0:
         raise ConfigError("--speed must be positive", hint="e.g. --speed 50 for tests")

@@ -10,18 +10,16 @@ routes by naming a handler of `ENGINE_HANDLERS` per path (personalities.toml [ro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from servelab.sim.http import HttpError, HttpProtocol, Request
 from servelab.sim.personalities import ROUTE_HANDLERS, render_metrics
+from servelab.sim.state import SimState
 from servelab.sim.telemetry import gpus
 
-if TYPE_CHECKING:
-    from servelab.sim.server import SimServer
-
-Handler = Callable[["SimServer", HttpProtocol, Request], None]
+Handler = Callable[[SimState, HttpProtocol, Request], None]
 GENERATE = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -33,12 +31,12 @@ def _json(proto: HttpProtocol, req: Request, body: Any) -> None:
 # -- what the server reports ---------------------------------------------------------------------
 
 
-def layout(srv: SimServer) -> dict[str, int]:
+def layout(srv: SimState) -> dict[str, int]:
     lay = srv.cfg.setup.layout
     return {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "dp": lay.dp}
 
 
-def state(srv: SimServer) -> dict[str, Any]:
+def state(srv: SimState) -> dict[str, Any]:
     """The scheduler's counters and the effective settings (GET /servelab/state)."""
     c = srv.sched.counters
     lay = layout(srv)
@@ -68,7 +66,7 @@ def state(srv: SimServer) -> dict[str, Any]:
     }
 
 
-def info(srv: SimServer) -> dict[str, Any]:
+def info(srv: SimState) -> dict[str, Any]:
     """What the simulated server is (GET /servelab/info): a benchmark records it with every run."""
     cfg, s = srv.cfg, srv.cfg.setup
     return {
@@ -91,7 +89,7 @@ def info(srv: SimServer) -> dict[str, Any]:
     }
 
 
-def server_info(srv: SimServer) -> dict[str, Any]:
+def server_info(srv: SimState) -> dict[str, Any]:
     """SGLang's /get_server_info: its server arguments, effective, plus live internal state."""
     a = srv.cfg.engine
     out = dict(a.raw)
@@ -119,7 +117,7 @@ def server_info(srv: SimServer) -> dict[str, Any]:
     return out
 
 
-def models(srv: SimServer) -> dict[str, Any]:
+def models(srv: SimState) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [
@@ -139,17 +137,17 @@ def models(srv: SimServer) -> dict[str, Any]:
 # -- handlers ----------------------------------------------------------------------------------------
 
 
-def _health(srv: SimServer, proto: HttpProtocol, req: Request) -> None:
+def _health(srv: SimState, proto: HttpProtocol, req: Request) -> None:
     ok = srv.ready and not srv.dead
     proto.send(200 if ok else 503, b"" if ok else b'{"detail":"not ready"}', keep_alive=req.keep_alive)
 
 
-def _metrics(srv: SimServer, proto: HttpProtocol, req: Request) -> None:
+def _metrics(srv: SimState, proto: HttpProtocol, req: Request) -> None:
     body = render_metrics(srv.persona, srv.served, srv.metric_values())
     proto.send(200, body, keep_alive=req.keep_alive, content_type=METRICS_TYPE)
 
 
-def _model_info(srv: SimServer, proto: HttpProtocol, req: Request) -> None:
+def _model_info(srv: SimState, proto: HttpProtocol, req: Request) -> None:
     model = srv.cfg.engine.model
     _json(proto, req, {"model_path": model, "tokenizer_path": model, "is_generation": True})
 
@@ -176,7 +174,7 @@ if set(ENGINE_HANDLERS) != set(ROUTE_HANDLERS):  # the loader validates [routes]
 class Router:
     """Dispatches one request: generation to the server, everything else to its handler."""
 
-    def __init__(self, srv: SimServer) -> None:
+    def __init__(self, srv: SimState) -> None:
         self.srv = srv
         self.table: dict[str, Handler] = dict(COMMON)
         for path, name in srv.persona.routes.items():

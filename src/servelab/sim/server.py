@@ -2,11 +2,13 @@
 
 One asyncio task runs the scheduler's step clock (`scheduler.py`); HTTP is a hand-written protocol
 (`http.py`); tokens are written straight into each stream's transport from pre-built byte templates.
-This module keeps the clock and generation; routes are in `routes.py`, telemetry in `telemetry.py`,
-the start-up log and fault lines in `startup.py`. What the engine looks like (defaults, log lines,
-routes, names) is its personality (`personalities.toml`, parsed by `personalities.py`). Start-up
-phases take their (model) time divided by --speed, and readiness follows the engine: vLLM opens its
-port only when ready; SGLang answers /health with 503 until "The server is fired up and ready to roll!".
+This module keeps the clock and generation and imports none of its other parts: routes are in
+`routes.py`, telemetry in `telemetry.py`, the start-up log and fault lines in `startup.py`; they see
+the server through `state.SimState`, and `app.py` wires them onto it (`compose`, `run`). What the
+engine looks like (defaults, log lines, routes, names) is its personality (`personalities.toml`,
+parsed by `personalities.py`). Start-up phases take their (model) time divided by --speed, and
+readiness follows the engine: vLLM opens its port only when ready; SGLang answers /health with 503
+until "The server is fired up and ready to roll!".
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import random
 import signal
 import socket
@@ -22,29 +23,27 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from servelab.model.memory import plan_memory
-from servelab.model.predict import Setup
 from servelab.sim.faults import Fault
 from servelab.sim.http import (
     SSE_HEAD,
+    Handler,
     HttpError,
     HttpProtocol,
     Request,
     chunk,
     error_body,
-    raise_fd_limit,
     response_bytes,
 )
-from servelab.sim.personalities import EngineArgs, Logger, Personality, get_personality
+from servelab.sim.personalities import Logger, Personality
 from servelab.sim.prefix import PrefixCache, block_hashes, output_tokens, prompt_tokens
-from servelab.sim.routes import Router
 from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing
-from servelab.sim.startup import engine_dead_lines, run_startup
+from servelab.sim.state import SimConfig as SimConfig  # re-exported: its home was here
 from servelab.sim.text import GARBAGE_WORD, greedy_tokens, prompt_text
 from servelab.sim.wire import DONE_EVENT, MALFORMED_EVENT, SseTemplates, completion_body
 
@@ -52,34 +51,6 @@ MIB = 1024 * 1024
 GIB = 1024**3
 EARLY = 0.0005  # event-loop timers fire up to ~1 ms late (millisecond resolution): aim half of that early
 _GARBAGE = GARBAGE_WORD.encode()
-
-
-@dataclass
-class SimConfig:
-    setup: Setup
-    engine: EngineArgs
-    engine_warnings: list[str] = field(default_factory=list)
-    model_name: str = ""  # as asked (catalog name or path), for the logs
-    speed: float = 1.0
-    seed: int = 0
-    faults: dict[str, Fault] = field(default_factory=dict)
-    fault_rate: float = 1.0
-    fast_start: bool = False
-    eos_mean: float = 256.0
-    host: str = "127.0.0.1"
-    port: int = 8000
-    box_gpus: int = 0  # GPUs in the simulated box (default: the ones the layout uses)
-    api_key: str | None = None  # /v1/* demands `Authorization: Bearer KEY` (as vLLM and SGLang do)
-    persona: Personality | None = None  # default: the packaged personality named by engine.personality
-    request_log: str | None = None  # one JSON line per generation request received (docs/sim.md)
-
-    @property
-    def personality(self) -> str:
-        return self.engine.personality
-
-    def resolved_persona(self) -> Personality:
-        """The personality this server imitates (personalities.toml, parsed once)."""
-        return self.persona if self.persona is not None else get_personality(self.engine.personality)
 
 
 def effective(cfg: SimConfig) -> dict[str, Any]:
@@ -308,7 +279,6 @@ class SimServer:
         self.sampler = LengthSampler(cfg.seed, cfg.eos_mean)
         self.fault_rng = random.Random(cfg.seed + 1)
         self.log = Logger(self.persona, s.layout.tp, log_stream)
-        self.router = Router(self)
         self.served = cfg.engine.served_model_name
         self.model_json = orjson.dumps(self.served)
         self.ready = False
@@ -331,6 +301,11 @@ class SimServer:
         self._last_log = 0.0
         self._last_gen = 0
         self.gen_throughput = 0.0
+        # The parts, wired on by app.compose (this module imports none of them): the router's handler
+        # (routes.py), the start-up (startup.py) and the engine-dead lines (startup.py).
+        self.handler: Handler | None = None
+        self.start_up: Callable[[], Awaitable[int]] | None = None
+        self.dead_lines: Callable[[], list[str]] = list
 
     # -- clocks -------------------------------------------------------------------------------------
     def model_now(self) -> float:
@@ -342,10 +317,12 @@ class SimServer:
     def kick(self) -> None:
         self.wake.set()
 
-    # -- start-up (sim/startup.py) ------------------------------------------------------------------
+    # -- start-up (sim/startup.py, wired on by sim/app.py) --------------------------------------------
     async def startup(self) -> int:
         """Print the engine's start-up, phase by phase; returns non-zero when start-up crashes."""
-        return await run_startup(self)
+        if self.start_up is None:
+            raise RuntimeError("the simulated server has no start-up: build it with sim.app.compose")
+        return await self.start_up()
 
     def reuse_port(self) -> bool:
         """vLLM sets SO_REUSEPORT on its API socket (unconditionally through 0.11, the version this
@@ -380,8 +357,11 @@ class SimServer:
         sock = self.sock
         if sock is None:  # reserve() binds it or raises
             raise OSError("the listening socket was not bound")
+        handler = self.handler
+        if handler is None:
+            raise RuntimeError("the simulated server has no router: build it with sim.app.compose")
         self.server = await self.loop.create_server(
-            lambda: HttpProtocol(self.router.handle, self.connections), sock=sock, backlog=4096
+            lambda: HttpProtocol(handler, self.connections), sock=sock, backlog=4096
         )
 
     # -- the step clock -----------------------------------------------------------------------------
@@ -511,7 +491,7 @@ class SimServer:
         if self.dead:
             return
         self.dead = True
-        self.log.raw(engine_dead_lines(self), stream=sys.stderr)
+        self.log.raw(self.dead_lines(), stream=sys.stderr)
         if not self.persona.dead_message:
             # The engine kills its own process tree (SGLang): nothing answers, every connection drops.
             self.exit_code = self.persona.engine_dead.exit_code or 1
@@ -648,25 +628,3 @@ class SimServer:
             self.sock.close()
         for conn in list(self.connections):
             conn.abort()
-
-
-def run(cfg: SimConfig, cpu: int | None = None) -> int:
-    """Blocking entry point of `servelab sim`: serve until SIGTERM/SIGINT; returns the exit code."""
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    raise_fd_limit()
-    loop: asyncio.AbstractEventLoop
-    try:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover
-        loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        srv = SimServer(cfg)
-        return loop.run_until_complete(srv.main())
-    finally:
-        with contextlib.suppress(Exception):
-            loop.run_until_complete(asyncio.sleep(0))
-        loop.close()

@@ -15,14 +15,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servelab.model.architecture import catalog_names
 from servelab.model.memory import GB
 from servelab.sim.personalities import Logger, fault_signatures, sglang_server_args, vllm_engine_config
-
-if TYPE_CHECKING:
-    from servelab.sim.server import SimServer
+from servelab.sim.state import SimState
 
 GIB = 1024**3
 MIB = 1024 * 1024
@@ -85,7 +83,7 @@ def architecture_class(config: dict[str, Any] | None, model_type: str) -> str:
     return arch_class_for_type(model_type)
 
 
-def delays(srv: SimServer) -> dict[str, float]:
+def delays(srv: SimState) -> dict[str, float]:
     """Each start-up phase's duration in model seconds (the `delay` column of the log lines)."""
     s, a, p = srv.cfg.setup, srv.cfg.engine, srv.persona
     load = 4.0 + srv.mem.weights / GB / 2.5  # per-GPU shard from local NVMe, ~2.5 GB/s
@@ -103,7 +101,7 @@ def delays(srv: SimServer) -> dict[str, float]:
     }
 
 
-def context(srv: SimServer) -> dict[str, Any]:
+def context(srv: SimState) -> dict[str, Any]:
     """The values the start-up lines' placeholders take."""
     cfg, s, a, eff, mem = srv.cfg, srv.cfg.setup, srv.cfg.engine, srv.eff, srv.mem
     weights_gb = mem.weights / GB
@@ -157,7 +155,7 @@ def fault_lines(personality: str, name: str) -> list[str]:
     return list(sig.get(f"{personality}_lines") or sig["lines"])
 
 
-def crash(srv: SimServer, name: str) -> int:
+def crash(srv: SimState, name: str) -> int:
     """Print a start-up crash's signature (faults.toml) to stderr; returns its exit code."""
     sig = fault_signatures()[name]
     gpu = srv.cfg.setup.host.gpu
@@ -178,14 +176,14 @@ def crash(srv: SimServer, name: str) -> int:
     return int(sig.get("exit", 1))
 
 
-def engine_dead_lines(srv: SimServer) -> list[str]:
+def engine_dead_lines(srv: SimState) -> list[str]:
     """What the engine core prints when it dies after start-up (fault die_after_ready)."""
     prefix = srv.persona.engine_dead.prefix.format(engine_pid=srv.log.engine_pid, pid=srv.log.pid)
     date, sdate = Logger.vdate(), Logger.sdate()
     return [prefix + ln.format(date=date, sdate=sdate) for ln in fault_lines(srv.persona.name, "engine_dead")]
 
 
-def spawn_orphan(srv: SimServer) -> None:
+def spawn_orphan(srv: SimState) -> None:
     """Fault "orphan": a child process named like the engine core, in its own session."""
     procs = srv.persona.processes
     code = "import time\nwhile True:\n    time.sleep(3600)\n"
@@ -201,7 +199,7 @@ def spawn_orphan(srv: SimServer) -> None:
     )
 
 
-def set_memory(srv: SimServer, per_gpu_bytes: float) -> None:
+def set_memory(srv: SimState, per_gpu_bytes: float) -> None:
     """Simulated memory in use on each GPU the layout uses (the others stay empty)."""
     layout = srv.cfg.setup.layout
     used = layout.tp * layout.pp * layout.dp
@@ -210,12 +208,12 @@ def set_memory(srv: SimServer, per_gpu_bytes: float) -> None:
         srv.gpu_mem_mib[i] = min(per_gpu_bytes, cap) / MIB if i < used else 0.0
 
 
-async def _sleep_model(srv: SimServer, seconds: float) -> None:
+async def _sleep_model(srv: SimState, seconds: float) -> None:
     if seconds > 0 and not srv.cfg.fast_start:
         await asyncio.sleep(seconds / srv.cfg.speed)
 
 
-async def run_startup(srv: SimServer) -> int:
+async def run_startup(srv: SimState) -> int:
     """Print the engine's start-up, phase by phase; returns non-zero when start-up crashes."""
     cfg, faults, mem, p = srv.cfg, srv.cfg.faults, srv.mem, srv.persona
     if "cuda_init" in faults:

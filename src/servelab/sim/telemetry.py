@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servelab.model.memory import GB
 from servelab.sim.personalities import power_table
-
-if TYPE_CHECKING:
-    from servelab.sim.server import SimServer
+from servelab.sim.state import SimState
 
 MIB = 1024 * 1024
 DRIVER_VERSION = "580.95.05"
@@ -38,7 +36,7 @@ def utilization(samples: deque[tuple[float, float]], now: float, busy: float) ->
     return 0.0
 
 
-def gpus(srv: SimServer) -> dict[str, Any]:
+def gpus(srv: SimState) -> dict[str, Any]:
     """nvidia-smi-like telemetry of the simulated GPUs."""
     s = srv.cfg.setup
     pw = power(s.host.gpu.name)

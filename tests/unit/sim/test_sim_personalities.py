@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from servelab.cli.sim import build_config
+from servelab.sim.app import compose
 from servelab.sim.personalities import (
     Personality,
     PersonalityError,
@@ -145,7 +146,7 @@ def serve(c: SimConfig, requests: list[tuple[str, str, bytes]]) -> tuple[list[tu
 
     async def go() -> tuple[list[tuple[int, bytes]], str, int]:
         log = io.StringIO()
-        srv = SimServer(c, log_stream=log)
+        srv = compose(c, log_stream=log)
         task = asyncio.create_task(srv.main())
         for _ in range(2000):
             if srv.ready or task.done():
