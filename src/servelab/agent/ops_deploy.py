@@ -45,7 +45,7 @@ def op_deploy_write_env_file(state: registry.AgentState, path: str, data: str) -
 
 
 def op_deploy_systemctl(state: registry.AgentState, args: list[str], timeout: float = 120) -> dict[str, Any]:
-    from servelab.deploy.unit_state import systemctl
+    from servelab.host.systemd import systemctl
 
     res = systemctl(*args, timeout=timeout)
     return {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr}

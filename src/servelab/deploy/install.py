@@ -22,17 +22,12 @@ from servelab import lifecycle
 from servelab.config import parse_study
 from servelab.deploy.records import DeploymentRepo
 from servelab.deploy.spec import DeploySpec, api_key_in
-from servelab.deploy.unit_state import (
-    SYSTEMCTL_ENV,
-    SYSTEMD_RUNTIME,
-    UNIT_DIR_ENV,
-    systemctl_override,
-    unit_status,
-)
-from servelab.deploy.unit_state import systemctl as _systemctl
+from servelab.deploy.unit_state import UNIT_DIR_ENV, unit_status
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError, HostError, ServelabError
+from servelab.host.systemd import SYSTEMCTL_ENV, SYSTEMD_RUNTIME, systemctl_override
+from servelab.host.systemd import systemctl as _systemctl
 from servelab.host.transport import Host, b64, unb64
 from servelab.store.db import Store
 from servelab.trial import Target, Trial, TrialObserver, run_context, settings_for

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from servelab.deploy.spec import MARKER_PREFIX, defaults
-from servelab.deploy.unit_state import systemctl_exe, systemd_running
 from servelab.host import processes, shm
+from servelab.host.gpus import run_nvidia_smi
 from servelab.host.ports import listeners, port_is_free
 from servelab.host.processes import ProcInfo
+from servelab.host.systemd import systemctl, systemctl_exe, systemd_running
 
 
 @dataclass(frozen=True)
@@ -39,35 +40,19 @@ GpuProcReader = Callable[[], list[GpuProcess] | None]
 
 def nvidia_smi_compute_apps() -> list[GpuProcess] | None:
     """Compute processes per GPU from nvidia-smi (None: no nvidia-smi or no GPU)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        gpus = subprocess.run(
-            [exe, "--query-gpu=index,uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-        apps = subprocess.run(
-            [exe, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if gpus.returncode != 0 or apps.returncode != 0:
+    gpus = run_nvidia_smi(["--query-gpu=index,uuid", "--format=csv,noheader"], timeout=20)
+    apps = run_nvidia_smi(
+        ["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"], timeout=20
+    )
+    if gpus is None or apps is None:
         return None
     index = {}
-    for line in gpus.stdout.splitlines():
+    for line in gpus.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 2:
             index[parts[1]] = parts[0]
     out = []
-    for line in apps.stdout.splitlines():
+    for line in apps.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and parts[0].isdigit():
             used = int(parts[2]) if parts[2].isdigit() else None
@@ -134,18 +119,10 @@ class PreflightReport:
 
 def unit_state(name: str) -> str | None:
     """systemctl is-active of NAME.service (None: no systemd here to ask)."""
-    exe = systemctl_exe()
-    if exe is None or not systemd_running():
+    if systemctl_exe() is None or not systemd_running():
         return None
     try:
-        out = subprocess.run(
-            [exe, "is-active", f"{name}.service"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
+        out = systemctl("is-active", f"{name}.service", timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None

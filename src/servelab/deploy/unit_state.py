@@ -1,49 +1,20 @@
 """What systemd says of an installed unit now: `servelab status` (through `records.installed_units`) and
-`deploy --install` both read it here, so neither imports the other."""
+`deploy --install` both read it here, so neither imports the other. Finding and running systemctl, and
+whether systemd runs here, are host.systemd's."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SYSTEMD_RUNTIME = Path("/run/systemd/system")
+from servelab.host.systemd import systemctl, systemctl_exe, systemd_running
+
 Systemctl = Callable[..., subprocess.CompletedProcess[str]]
-# For tests and containers without systemd: an executable that stands in for `systemctl` (its path, no
-# arguments), and the directory units are written to. Read on the host the unit lives on (a remote one's
-# agent reads its own environment), so they reach a stand-in where a monkeypatch cannot.
-SYSTEMCTL_ENV = "SERVELAB_SYSTEMCTL"
+# For tests and containers without systemd: the directory units are written to (the stand-in systemctl is
+# host.systemd's $SERVELAB_SYSTEMCTL). Read on the host the unit lives on.
 UNIT_DIR_ENV = "SERVELAB_UNIT_DIR"
-
-
-def systemctl_override() -> str | None:
-    """$SERVELAB_SYSTEMCTL: the stand-in systemctl (None: the real one)."""
-    return os.environ.get(SYSTEMCTL_ENV) or None
-
-
-def systemctl_exe() -> str | None:
-    """The systemctl to run: $SERVELAB_SYSTEMCTL, else systemctl on PATH (None: neither)."""
-    return systemctl_override() or shutil.which("systemctl")
-
-
-def systemd_running(runtime: Path | None = None) -> bool:
-    """Whether a systemd (or its stand-in, $SERVELAB_SYSTEMCTL) manages units here."""
-    return systemctl_override() is not None or (runtime or SYSTEMD_RUNTIME).is_dir()
-
-
-def systemctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    exe = systemctl_exe() or "systemctl"
-    return subprocess.run(
-        [exe, *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def unit_status(name: str, *, runtime: Path | None = None, run: Systemctl | None = None) -> dict[str, Any]:

@@ -10,34 +10,22 @@ tests inject one; the default reads `nvidia-smi` and reports "no GPUs" where the
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from servelab.host.gpus import run_nvidia_smi
 
 GpuReader = Callable[[], list[int] | None]
 
 
 def nvidia_smi_reader() -> list[int] | None:
     """MiB used per GPU from nvidia-smi (None: no nvidia-smi, or it found no GPU)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
+    text = run_nvidia_smi(["--query-gpu=memory.used", "--format=csv,noheader,nounits"], timeout=20)
+    if text is None:
         return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    values = [int(float(v)) for v in out.stdout.split() if v.strip()]
+    values = [int(float(v)) for v in text.split() if v.strip()]
     return values or None
 
 

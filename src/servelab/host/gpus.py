@@ -443,13 +443,14 @@ def from_sim(payload: dict[str, Any], url: str) -> GpuReport:
 
 
 # -- live sources ----------------------------------------------------------------------------------
-def run_nvidia_smi(args: list[str]) -> str | None:
-    """stdout of `nvidia-smi ARGS` (None: not installed, failed, or no device)."""
+def run_nvidia_smi(args: list[str], timeout: float = 30) -> str | None:
+    """stdout of `nvidia-smi ARGS` (None: not installed, failed, or no device). The one place that runs
+    nvidia-smi: `gpu_memory` and `deploy.preflight` ask through it too."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None

@@ -4,10 +4,14 @@ Why `systemctl show` and not `status`: `show` prints stable `Key=value` properti
 `status` is for people and changes between versions. A host without systemd (containers, CI) is reported
 as such, not as an error: `systemctl` may be installed while PID 1 is something else, which
 `/run/systemd/system` tells apart (the check sd_booted() does).
+
+This is the one place that finds and runs systemctl and asks whether systemd is running: `deploy`
+(`unit_state`, `install`, `preflight`) and the agent call these.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -28,6 +32,11 @@ PROPERTIES: tuple[str, ...] = (
 UNIT_PATTERN = "servelab*"
 
 Systemctl = Callable[[list[str]], str | None]
+SYSTEMD_RUNTIME = Path("/run/systemd/system")
+# For tests and containers without systemd: an executable that stands in for `systemctl` (its path, no
+# arguments). Read on the host the unit lives on (a remote one's agent reads its own environment), so it
+# reaches a stand-in where a monkeypatch cannot.
+SYSTEMCTL_ENV = "SERVELAB_SYSTEMCTL"
 
 
 @dataclass(frozen=True)
@@ -95,20 +104,48 @@ def parse_list_units(text: str) -> list[str]:
     return names
 
 
+def systemctl_override() -> str | None:
+    """$SERVELAB_SYSTEMCTL: the stand-in systemctl (None: the real one)."""
+    return os.environ.get(SYSTEMCTL_ENV) or None
+
+
+def systemctl_exe() -> str | None:
+    """The systemctl to run: $SERVELAB_SYSTEMCTL, else systemctl on PATH (None: neither)."""
+    return systemctl_override() or shutil.which("systemctl")
+
+
+def booted(run_dir: Path = SYSTEMD_RUNTIME) -> bool:
+    """Whether systemd is this host's init (sd_booted)."""
+    return run_dir.is_dir()
+
+
+def systemd_running(runtime: Path | None = None) -> bool:
+    """Whether a systemd (or its stand-in, $SERVELAB_SYSTEMCTL) manages units here."""
+    return systemctl_override() is not None or booted(runtime or SYSTEMD_RUNTIME)
+
+
+def systemctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `systemctl ARGS` (the stand-in where $SERVELAB_SYSTEMCTL names one); raises as subprocess does."""
+    exe = systemctl_exe() or "systemctl"
+    return subprocess.run(
+        [exe, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def run_systemctl(args: list[str]) -> str | None:
-    exe = shutil.which("systemctl")
-    if exe is None:
+    """stdout of `systemctl ARGS` (None: no systemctl, or it failed)."""
+    if systemctl_exe() is None:
         return None
     try:
-        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=15, check=False)
+        out = systemctl(*args, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode in (0, 3) else None  # 3: some unit inactive (list/show still print)
-
-
-def booted(run_dir: Path = Path("/run/systemd/system")) -> bool:
-    """Whether systemd is this host's init (sd_booted)."""
-    return run_dir.is_dir()
 
 
 def states(

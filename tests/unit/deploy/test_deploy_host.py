@@ -14,6 +14,7 @@ from tests.support import fake_systemctl
 from servelab.cli.deploy import deploy_cmd
 from servelab.deploy import install, unit_state
 from servelab.errors import ConfigError
+from servelab.host import systemd
 
 
 def test_systemctl_and_unit_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,9 +26,9 @@ def test_systemctl_and_unit_dir_from_the_environment(tmp_path: Path, monkeypatch
     exe = fake_systemctl.write_executable(tmp_path / "systemctl")
     monkeypatch.setenv("SERVELAB_SYSTEMCTL", str(exe))
     assert install.systemd_missing() is None and install.default_unit_dir() == units
-    assert unit_state.systemd_running(tmp_path / "no-such-runtime")
+    assert systemd.systemd_running(tmp_path / "no-such-runtime")
     # the stand-in answers as systemctl would for a unit it never started
-    res = unit_state.systemctl("is-active", "x.service", timeout=60)
+    res = systemd.systemctl("is-active", "x.service", timeout=60)
     assert (res.returncode, res.stdout.strip()) == (3, "inactive")
     assert unit_state.unit_status("x")["state"] == "inactive"
 
