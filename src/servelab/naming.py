@@ -12,6 +12,11 @@ from __future__ import annotations
 import hashlib
 import re
 
+# The SERVELAB_RUN markers' prefixes, spelled here only: a study's trial (`servelab-study:UID:TOKEN:REPEAT`,
+# `run_marker`) and a deployed unit (`servelab-deploy:NAME`, `deploy_marker`).
+STUDY_MARKER_PREFIX = "servelab-study"
+DEPLOY_MARKER_PREFIX = "servelab-deploy:"
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 SLUG_CHARS = 60  # the readable part; the hash keeps tokens of longer labels apart
 
@@ -27,6 +32,16 @@ def token(label: str) -> str:
 def run_marker(prefix: str, uid: str, label: str, repeat: int) -> str:
     """The SERVELAB_RUN value of one trial: `PREFIX:UID:TOKEN:REPEAT` (`PREFIX:UID:` finds a study's)."""
     return f"{prefix}:{uid}:{token(label)}:{repeat}"
+
+
+def study_markers(uid: str) -> str:
+    """The prefix every run marker of study UID starts with (`servelab-study:UID:`): a sweep finds them."""
+    return f"{STUDY_MARKER_PREFIX}:{uid}:"
+
+
+def deploy_marker(name: str) -> str:
+    """The SERVELAB_RUN value of deployed unit NAME (`servelab-deploy:NAME`)."""
+    return DEPLOY_MARKER_PREFIX + name
 
 
 def log_name(label: str, repeat: int, trial_id: int | None = None) -> str:

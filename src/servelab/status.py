@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from servelab import naming
 from servelab.bench.client import Client
 from servelab.bench.scrape import detect_engine, parse_prometheus, pick
 from servelab.errors import ConfigError, ServelabError
@@ -304,7 +305,6 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
     from servelab.store import leases
     from servelab.store.db import open_store
     from servelab.store.studies import StudyRepo
-    from servelab.tune import MARKER_PREFIX
 
     out = []
     with open_store() as store:
@@ -314,7 +314,7 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
             owner = leases.holder(store, st["id"])
             alive = owner is not None and owner.alive()
             state = "live" if alive else ("killed" if st["status"] == "running" else st["status"])
-            prefix = f"{MARKER_PREFIX}:{st['uid']}:"
+            prefix = naming.study_markers(st["uid"])
             procs = (
                 [
                     {"pid": p.pid, "marker": p.marker, "command": p.cmdline}

@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["StudyOutcome", "TuneOptions", "Tuner", "order_candidates", "settings_for", "spec_hash", "tune"]
 
 Observer = Callable[[str, dict[str, Any]], None]
-MARKER_PREFIX = "servelab-study"
 # Requested keys that describe where a server runs, not what is being tried: not part of a plan item.
 _NOT_PLANNED = ("port", "host", "model", "served_model_name")
 
@@ -173,7 +172,7 @@ def preflight(study: Study, engine: Engine) -> None:
         label = cand.label()
         try:
             launch = engine.command(settings_for(study, cand, port=engine.default_port or 8000))
-            lifecycle.check_marker(naming.run_marker(MARKER_PREFIX, "preflight", label, 0))
+            lifecycle.check_marker(naming.run_marker(naming.STUDY_MARKER_PREFIX, "preflight", label, 0))
             if launch.argv and any("\0" in a for a in launch.argv):
                 raise ConfigError("the command line holds a NUL character")
         except UserError as exc:
@@ -294,7 +293,7 @@ class Tuner:
                 )
             # Before anything is swept: the processes of a live driver are not leftovers.
             self._lease = (prev["id"], leases.acquire(self.store, prev["id"], prev["uid"]))
-            swept = self.executor.sweep(f"{MARKER_PREFIX}:{prev['uid']}:")
+            swept = self.executor.sweep(naming.study_markers(prev["uid"]))
             self.swept = [s.to_dict() for s in swept]
             bench = BenchRepo(self.store)
             for t in self.repo.open_trials(prev["id"]):
@@ -609,7 +608,7 @@ class Tuner:
         """One repeat of a candidate, placed by the executor. On a cluster a trial whose node dies is
         marked `lost` and run once more on another node; lost again, it fails with that diagnosis."""
         label = cand["label"]
-        marker = naming.run_marker(MARKER_PREFIX, uid, label, repeat)
+        marker = naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat)
         kept, carried = _kept_levels(before, repeat)
         gpus = spec.tp * spec.pp * (spec.dp or 1)
         # Repeats on nodes not used yet: a candidate's interval then holds the node-to-node noise too.
@@ -687,7 +686,7 @@ class Tuner:
         )
         return await trial.run(
             settings,
-            naming.run_marker(MARKER_PREFIX, uid, label, repeat),
+            naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat),
             log_path,
             timeout,
             baseline=self._baseline_levels(label),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tests.integration.test_tune_sim import by_label, markers_alive, servelab, write_study
 
-from servelab.tune import MARKER_PREFIX
+from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX
 
 pytestmark = pytest.mark.integration
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.deploy.spec import MARKER_PREFIX, defaults
+from servelab.deploy.spec import defaults
 from servelab.host import processes, shm
 from servelab.host.gpus import run_nvidia_smi
 from servelab.host.ports import listeners, port_is_free
 from servelab.host.processes import ProcInfo
 from servelab.host.systemd import systemctl, systemctl_exe, systemd_running
+from servelab.naming import DEPLOY_MARKER_PREFIX
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,9 @@ def classify(marker: str | None, own_marker: str, state: Callable[[str], str | N
 
     Our own unit's processes are stale while it is only starting (preflight runs as its ExecStartPre);
     another unit's are alive unless systemd says that unit is not running (no systemd: assumed alive)."""
-    if marker is None or not marker.startswith(MARKER_PREFIX):
+    if marker is None or not marker.startswith(DEPLOY_MARKER_PREFIX):
         return "stale"
-    unit = marker.removeprefix(MARKER_PREFIX)
+    unit = marker.removeprefix(DEPLOY_MARKER_PREFIX)
     s = state(unit)
     if marker == own_marker:
         return f"live unit {unit}" if s == "active" else "stale"

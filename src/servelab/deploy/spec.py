@@ -19,9 +19,9 @@ from servelab.engines import registry
 from servelab.engines.base import Readiness
 from servelab.errors import ConfigError
 from servelab.host.processes import MARKER_ENV
+from servelab.naming import deploy_marker
 from servelab.redact import env_route, knowledge
 
-MARKER_PREFIX = "servelab-deploy:"
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")  # a unit name that is also a DNS-1123 label
 
 
@@ -55,7 +55,7 @@ class DeploySpec:
 
     @property
     def marker(self) -> str:
-        return MARKER_PREFIX + self.name
+        return deploy_marker(self.name)
 
     @property
     def local_url(self) -> str:
@@ -199,7 +199,7 @@ def build(
     t = defaults()["timeouts"]
     if env_file is not None and not env_file.startswith("/"):
         raise ConfigError(f"--env-file must be an absolute path (got {env_file!r})")
-    env = {**record.env, MARKER_ENV: MARKER_PREFIX + name, "SPT_NOENV": "1"}
+    env = {**record.env, MARKER_ENV: deploy_marker(name), "SPT_NOENV": "1"}
     key_env = next((n for f in knowledge().client_key_flags if (n := env_route(record.engine, f))), None)
     return DeploySpec(
         name=name,

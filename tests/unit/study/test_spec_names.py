@@ -17,7 +17,8 @@ from servelab.cli.main import cli
 from servelab.config import parse_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
-from servelab.tune import MARKER_PREFIX, TuneOptions, preflight, tune
+from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX
+from servelab.tune import TuneOptions, preflight, tune
 
 MODEL, GPU = "Qwen3-30B-A3B", "h100-sxm"
 

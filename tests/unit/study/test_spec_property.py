@@ -27,9 +27,10 @@ from servelab.cli.sim import sim as sim_command
 from servelab.config import load_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
+from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX
 from servelab.sim.faults import FAULTS
 from servelab.trial import settings_for
-from servelab.tune import MARKER_PREFIX, preflight
+from servelab.tune import preflight
 
 ODD = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\r"),  # TOML folds \r\n
