@@ -249,6 +249,14 @@ class Tuner:
             return max(self.study.repeats, self.study.executor.baseline_nodes)
         return self.study.repeats
 
+    def set_rung(self, label: str, rung: int) -> None:
+        """The rung a candidate's next trial runs at (the search's halving; rung 0: the short benchmark)."""
+        self._rung[label] = rung
+
+    def set_repeats(self, label: str, repeats: int) -> None:
+        """How many measured trials an adaptive search's candidate needs (`repeats_of`)."""
+        self._want[label] = repeats
+
     def predicted(self, cand: CandidateSpec) -> dict[str, Any] | None:
         """The model's view of a candidate the search proposed (as `order_candidates` stores it)."""
         return predict_candidate(self.study, cand)
@@ -305,7 +313,7 @@ class Tuner:
             self.repo.set_study_status(prev["id"], "running")
             self.notify("study_resumed", {"uid": prev["uid"], "orphans": self.swept})
             cands = self.repo.candidates(prev["id"])
-            self._fill_plan(prev["uid"], cands)
+            self.fill_plan(prev["uid"], cands)
             return prev["id"], prev["uid"], cands
         with self.repo.transaction():  # a study never exists without its owner
             sid, uid = self.repo.create_study(
@@ -325,7 +333,7 @@ class Tuner:
             },
         )
         cands = self.repo.candidates(sid)
-        self._fill_plan(uid, cands)
+        self.fill_plan(uid, cands)
         return sid, uid, cands
 
     async def run(self) -> StudyOutcome:
@@ -362,7 +370,7 @@ class Tuner:
                 await self._run_parallel(uid, cands, specs)
             else:
                 for cand in cands:
-                    await self._run_candidate(uid, cand, specs[cand["label"]])
+                    await self.run_candidate(uid, cand, specs[cand["label"]])
         except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
             self._interrupted(sid, uid, cands, "interrupted by the user")
             raise Interrupted(
@@ -386,7 +394,7 @@ class Tuner:
         """Every candidate at once, in the predicted order: each trial waits for its GPUs (first come,
         first served), so the cluster runs as many as it holds. The first error stops the others (their
         servers torn down) and is raised."""
-        tasks = [asyncio.ensure_future(self._run_candidate(uid, c, specs[c["label"]])) for c in cands]
+        tasks = [asyncio.ensure_future(self.run_candidate(uid, c, specs[c["label"]])) for c in cands]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -576,7 +584,7 @@ class Tuner:
         return analyze.Cluster.of(records, objective, float(value), run.clock.speed, self.study.slo)
 
     # -- one candidate ----------------------------------------------------------------------------
-    async def _run_candidate(self, uid: str, cand: dict[str, Any], spec: CandidateSpec) -> None:
+    async def run_candidate(self, uid: str, cand: dict[str, Any], spec: CandidateSpec) -> None:
         trials = self.repo.trials(cand["id"])
         rung = self._rung.get(cand["label"], 0)
         measured = [t for t in trials if t["status"] == "measured" and (t.get("rung") or 0) == rung]
@@ -689,7 +697,7 @@ class Tuner:
             naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat),
             log_path,
             timeout,
-            baseline=self._baseline_levels(label),
+            baseline=self.baseline_levels(label),
             done=kept,
         )
 
@@ -707,7 +715,7 @@ class Tuner:
         return short_study(self.study)
 
     # -- the plan: one item per candidate, moved as trials run ------------------------------------
-    def _fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
+    def fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
         specs = {c.label(): c for c in self.study.candidates}
         rows = []
         for c in cands:
@@ -758,7 +766,7 @@ class Tuner:
         except ServelabError as exc:
             self.notify("plan_warning", {"message": exc.message})
 
-    def _baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
+    def baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
         """The baseline candidate's measured levels (None for the baseline itself or before it ran)."""
         base = self.base_label()
         if label == base:

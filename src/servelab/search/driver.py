@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servelab import analyze
 from servelab import space as sp
@@ -20,11 +20,9 @@ from servelab.config import CandidateSpec, LoadSpec, Study, WorkloadSpec
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
 from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key
+from servelab.search.runner import TrialRunner
 from servelab.search.strategies import Budget, make, promoted
 from servelab.space import label as point_label
-
-if TYPE_CHECKING:
-    from servelab.tune import Tuner
 
 # Anomalies that rule a configuration out: throughput collapsed against the baseline, or the server died.
 # A power or utilization drop alone is what a smaller batch cap does at the same load: a slower point, not
@@ -70,7 +68,7 @@ def objectives(study: Study) -> list[str]:
 
 
 class SearchDriver:
-    def __init__(self, tuner: Tuner, uid: str, sid: int) -> None:
+    def __init__(self, tuner: TrialRunner, uid: str, sid: int) -> None:
         assert tuner.study.search is not None
         self.t, self.uid, self.sid = tuner, uid, sid
         self.study = tuner.study
@@ -103,7 +101,7 @@ class SearchDriver:
         t = self.t
         cands = t.repo.candidates(self.sid)
         base = t.base_label()
-        base_levels = t._baseline_levels("") if base else None
+        base_levels = t.baseline_levels("") if base else None
         h = History()
         for c in cands:
             trials = t.repo.trials(c["id"])
@@ -221,7 +219,7 @@ class SearchDriver:
         t = self.t
         for c in t.repo.candidates(self.sid):  # listed candidates first: the user's seeds
             if (c.get("search") or {}).get("origin") == "listed":
-                await t._run_candidate(self.uid, c, CandidateSpec.model_validate(c["spec"]))
+                await t.run_candidate(self.uid, c, CandidateSpec.model_validate(c["spec"]))
         pruned = 0
         width = self.width()
         while True:
@@ -316,7 +314,7 @@ class SearchDriver:
         pred = t.predicted(cand) if status != "pruned" else None
         cid = t.repo.add_candidate(self.sid, idx, name, cand.model_dump(mode="json"), pred, search, status)
         if status != "pruned":
-            t._fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c["id"] == cid])
+            t.fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c["id"] == cid])
             t.notify("search_proposed", {"label": name, "origin": prop.origin, "predicted": prop.predicted})
 
     def _search_of(self, label: str) -> dict[str, Any]:
@@ -337,12 +335,12 @@ class SearchDriver:
         t = self.t
         c = next(c for c in t.repo.candidates(self.sid) if c["label"] == label)
         search = c.get("search") or {}
-        t._rung[label] = int(search.get("rung", 0))
-        t._want[label] = int(search.get("repeats", 1))
+        t.set_rung(label, int(search.get("rung", 0)))
+        t.set_repeats(label, int(search.get("repeats", 1)))
         if c["status"] in ("measured", "anomalous"):
             t.repo.set_candidate(c["id"], "running")
         fresh = next(x for x in t.repo.candidates(self.sid) if x["id"] == c["id"])
-        await t._run_candidate(self.uid, fresh, CandidateSpec.model_validate(c["spec"]))
+        await t.run_candidate(self.uid, fresh, CandidateSpec.model_validate(c["spec"]))
         after = next(x for x in t.repo.candidates(self.sid) if x["id"] == c["id"])
         if after["status"] == "running":  # every trial it needed had been measured before
             t.repo.set_candidate(c["id"], "measured", {})
@@ -389,7 +387,7 @@ ONCE = "ran once, not a contender: no margin of it can be judged against the noi
 SHORT = "eliminated on the short benchmark (halving's rung 0)"
 
 
-def excluded(tuner: Tuner, cands: list[dict[str, Any]]) -> dict[str, str]:
+def excluded(tuner: TrialRunner, cands: list[dict[str, Any]]) -> dict[str, str]:
     """The candidates the final ranking leaves out, each with why: with contenders (the study's repeats),
     every other one (it ran once); for halving, those that did not reach the top rung (short benchmark)."""
     spec = tuner.study.search
@@ -412,7 +410,11 @@ def excluded(tuner: Tuner, cands: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def summary(
-    tuner: Tuner, sid: int, cands: list[dict[str, Any]], out: list[dict[str, Any]], ranking: analyze.Ranking
+    tuner: TrialRunner,
+    sid: int,
+    cands: list[dict[str, Any]],
+    out: list[dict[str, Any]],
+    ranking: analyze.Ranking,
 ) -> dict[str, Any]:
     """What the search did: budget used, each candidate's origin and model error, the regions it pruned,
     the contenders, a tie when the winner's margin is within the noise, and the Pareto front."""
