@@ -506,7 +506,14 @@ class _Conn(asyncio.Protocol):
         if timeout_s:
             self._timer = loop.call_later(timeout_s, self._on_timeout)
         assert self.transport is not None
-        self.transport.write(request)
+        try:
+            if self.transport.is_closing():
+                raise ConnectionResetError("the transport was closed")
+            self.transport.write(request)
+        except (OSError, RuntimeError) as exc:
+            # The peer (or an ssh forward) went away before connection_lost reached us: uvloop raises
+            # RuntimeError ("the handler is closed") on a write to a closed handle, asyncio OSError.
+            self._finish("connection_closed", f"connection closed before the request was sent: {exc}")
         return self._fut
 
     @property

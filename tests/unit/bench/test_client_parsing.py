@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -20,6 +21,9 @@ class _Transport:
 
     def close(self) -> None:
         self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
 
 
 def _chunked(events: list[bytes]) -> bytes:
@@ -174,6 +178,43 @@ def test_connect_error_is_reported_not_raised() -> None:
 
     res = asyncio.run(go())
     assert not res.ok and res.error_kind == "connect_error"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_write_on_a_transport_closed_under_the_client_is_a_result_not_a_raise(loop: str) -> None:
+    """An ssh forward killed mid-run closes the socket before `connection_lost` reaches the pool: uvloop
+    then raises RuntimeError on write. The pooled connection is retried once; a fresh one is answered."""
+    import uvloop
+
+    body = b'{"ok": true}'
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(reply)
+        writer.close()
+
+    async def go() -> tuple[StreamResult, StreamResult]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = Client(f"http://127.0.0.1:{port}")
+        first = await c.send(c.build_request("/x", None, method="GET"), mode="raw")
+        conn = c._idle[0]
+        assert conn.transport is not None
+        conn.transport.close()  # closed under the pool: `closed` is not set yet
+        await asyncio.sleep(0)
+        conn.closed = False  # as when the close raced ahead of connection_lost
+        c._idle = [conn]
+        second = await c.send(c.build_request("/x", None, method="GET"), mode="raw", timeout_s=10)
+        c.close()
+        server.close()
+        return first, second
+
+    runner = uvloop.run if loop == "uvloop" else asyncio.run
+    first, second = runner(go())
+    assert first.ok and second.ok, (second.error_kind, second.error_message)
+    assert second.body == body
 
 
 def test_any_split_gives_the_same_result() -> None:
