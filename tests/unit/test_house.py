@@ -175,7 +175,7 @@ LAYERS: dict[str, int] = {
     "servelab.trial": WORKFLOWS,
     **_room(WORKFLOWS, "servelab.search", *["base", "driver", "prior", "prune", "runner", "strategies"]),
     **_room(WORKFLOWS, "servelab.executors", "base", "ray"),
-    "servelab.tune": WORKFLOWS,
+    **_room(WORKFLOWS, "servelab.tune", "driver", "options", "ordering", "plansync", "recorder", "spread"),
     **_room(
         WORKFLOWS,
         "servelab.deploy",

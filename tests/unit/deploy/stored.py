@@ -9,7 +9,8 @@ from servelab.config import parse_study
 from servelab.engines import registry
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
-from servelab.tune import settings_for, spec_hash
+from servelab.trial import settings_for
+from servelab.tune import spec_hash
 
 DIGEST = {
     "level": 4.0,

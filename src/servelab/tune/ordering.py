@@ -1,0 +1,111 @@
+"""Before a study runs: its identity (`spec_hash`), the model's view of each candidate and the order they run
+in (most promising first, the baseline before all), and the preflight that derives every launch first."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from servelab import lifecycle, naming
+from servelab.config import CandidateSpec, Study
+from servelab.engines.base import Engine
+from servelab.errors import ConfigError, ServelabError, UserError
+from servelab.trial import bench_config, settings_for
+
+
+def spec_hash(study: Study) -> str:
+    return hashlib.sha256(
+        # Where the trials run is not what is studied: a study resumes on another executor.
+        orjson.dumps(study.model_dump(mode="json", exclude={"executor"}), option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()[:16]
+
+
+def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | None:
+    """The model's view of a candidate at the study's main level, or None when it does not know the setup."""
+    if not study.host.gpu:
+        return None
+    kind = study.load_kind(read_trace=True)
+    load = kind.describe()
+    try:
+        from servelab.search.prior import model_concurrency, prediction
+
+        conc = model_concurrency(study, cand, kind)
+        if conc.concurrency is None:
+            return {"feasible": False, "reason": conc.reason, "known": False, "load": load}
+        p = prediction(study, cand, conc.concurrency)
+    except ServelabError as exc:
+        return {"feasible": False, "reason": exc.message, "known": False, "load": load}
+    except Exception as exc:  # the model's own gaps must not stop a study
+        return {"feasible": False, "reason": f"model error: {exc}", "known": False, "load": load}
+    d = p.to_dict()
+    return {
+        "known": True,
+        **{
+            k: d.get(k)
+            for k in (
+                "feasible",
+                "reason",
+                "tpot_ms",
+                "ttft_ms",
+                "output_throughput",
+                "allreduce_share",
+                "single_stream_ceiling_tok_s",
+            )
+        },
+        "concurrency": conc.concurrency,
+        "load": load,
+    }
+
+
+def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] | None]]:
+    """Most promising first when the model knows the setup (infeasible last); file order otherwise."""
+    pairs = [(c, predict_candidate(study, c)) for c in study.candidates]
+
+    def key(item: tuple[int, tuple[CandidateSpec, dict[str, Any] | None]]) -> tuple[int, float, int]:
+        i, (_c, p) = item
+        if not p or not p.get("known"):
+            return (1, 0.0, i)
+        if not p.get("feasible"):
+            return (2, 0.0, i)
+        return (0, -(p.get("output_throughput") or 0.0), i)
+
+    ordered = [pair for _i, pair in sorted(enumerate(pairs), key=key)]
+    # The baseline runs first: anomalies of the others are judged against it as they run.
+    base = study.baseline_label()
+    return sorted(ordered, key=lambda pair: pair[0].label() != base)
+
+
+def preflight(study: Study, engine: Engine) -> None:
+    """Everything the real run derives for a candidate before launching it, derived for every candidate
+    now: its settings, the engine's command line (which refuses impossible input), its run marker and
+    its log file name. The dry run and the real run both call this first, so a study the dry run accepts
+    never stops at a launch, and one it refuses has started nothing and stored nothing."""
+    problems: list[str] = []
+    try:  # the benchmark's configuration is built after the server is up: build it now
+        bench_config(study, "http://127.0.0.1:1", study.model.served_name or study.model.path)
+    except UserError as exc:
+        problems.append(f"  workload/load: {exc.message}")
+    checks = [(study.where(i), c) for i, c in enumerate(study.candidates)]
+    checks += [("search.space", c) for c in study.space_checks()]
+    for where, cand in checks:
+        label = cand.label()
+        try:
+            launch = engine.command(settings_for(study, cand, port=engine.default_port or 8000))
+            lifecycle.check_marker(naming.run_marker(naming.STUDY_MARKER_PREFIX, "preflight", label, 0))
+            if launch.argv and any("\0" in a for a in launch.argv):
+                raise ConfigError("the command line holds a NUL character")
+        except UserError as exc:
+            problems.append(
+                f"  {where}: {label!r}: {exc.message}"
+                + (f" ({exc.hint})" if exc.hint and exc.hint != exc.default_hint else "")
+            )
+        if len(problems) >= 20:
+            problems.append("  ... (the first 20 problems)")
+            break
+    if problems:
+        raise ConfigError(
+            "the study cannot be launched:\n" + "\n".join(problems),
+            hint="fix the fields named above; `servelab tune STUDY --dry-run` checks the same",
+        )
