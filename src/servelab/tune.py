@@ -31,7 +31,7 @@ from servelab.errors import ConfigError, HostLost, Interrupted, ServelabError, U
 from servelab.executors.base import Executor, LocalExecutor, Placement
 from servelab.host import transport
 from servelab.paths import data_home
-from servelab.plan import TUNE_WORKER
+from servelab.plan.study import TUNE_WORKER
 from servelab.results import Node
 from servelab.store import leases
 from servelab.store.bench import BenchRepo
