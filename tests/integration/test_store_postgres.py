@@ -121,7 +121,7 @@ def test_refusals_exit_2_without_traceback_or_password(pg_url: str, pg: PgCluste
 
 WRITER = """
 import sys
-from servelab import plan as P
+from servelab.plan.machine import add
 from servelab.results import RequestRecord
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
@@ -134,7 +134,7 @@ with open_store() as store:
     for i in range(n):
         bench.add_request(level, RequestRecord(idx=i, prompt_idx=i, start_s=0.0, ok=True, ttft_s=0.1, e2e_s=0.2))
         if i % 5 == 0:  # read the plan, then write the next id: only a serialized transaction keeps them apart
-            plans.apply("workspace", lambda p: P.add(p, f"{w}-{i}", now="2026-01-01T00:00:00", actor=w))
+            plans.apply("workspace", lambda p: add(p, f"{w}-{i}", now="2026-01-01T00:00:00", actor=w))
     bench.finish_run(run_id, "completed", [])
 print(uid)
 """

@@ -84,7 +84,7 @@ LAYERS: dict[str, int] = {
             "vllm",
         ],
     ),
-    "servelab.plan": KNOWLEDGE,
+    **_room(KNOWLEDGE, "servelab.plan", *["checks", "formats", "items", "machine", "study"]),
     **{
         f"servelab.sim.{m}": KNOWLEDGE
         for m in [

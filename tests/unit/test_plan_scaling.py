@@ -9,7 +9,9 @@ import gc
 import time
 from typing import Any
 
-from servelab import plan as P
+from servelab.plan.formats import import_todowrite
+from servelab.plan.items import Item, Plan
+from servelab.plan.machine import find_cycle
 
 
 def _todos(n: int, status: str = "pending") -> list[dict[str, Any]]:
@@ -37,15 +39,15 @@ def _best(f: Any, tries: int = 5) -> float:
 
 def test_import_of_four_times_the_todos_takes_about_four_times_as_long() -> None:
     small, large = _todos(2000), _todos(8000)
-    empty = P.Plan("w")
-    full = P.import_todowrite(empty, large, now="t", actor="a").plan
+    empty = Plan("w")
+    full = import_todowrite(empty, large, now="t", actor="a").plan
 
     def new(todos: list[dict[str, Any]]) -> Any:
-        return lambda: P.import_todowrite(empty, todos, now="t", actor="a")
+        return lambda: import_todowrite(empty, todos, now="t", actor="a")
 
     def again(n: int) -> Any:
-        plan = P.Plan("w", full.items[:n])
-        return lambda: P.import_todowrite(plan, _todos(n, "cancelled"), now="t", actor="a")
+        plan = Plan("w", full.items[:n])
+        return lambda: import_todowrite(plan, _todos(n, "cancelled"), now="t", actor="a")
 
     assert _best(new(large)) < 8 * _best(new(small))
     assert _best(again(8000)) < 8 * _best(again(2000))
@@ -53,20 +55,20 @@ def test_import_of_four_times_the_todos_takes_about_four_times_as_long() -> None
 
 def test_a_long_dependency_chain_is_checked_without_recursion() -> None:
     n = 100_000
-    items = [P.Item(id=str(i), content=f"step {i}", depends_on=(str(i - 1),) if i else ()) for i in range(n)]
-    assert P.find_cycle(items) is None
-    looped = [*items[1:], P.Item(id="0", content="step 0", depends_on=(str(n - 1),))]
-    cycle = P.find_cycle(looped)
+    items = [Item(id=str(i), content=f"step {i}", depends_on=(str(i - 1),) if i else ()) for i in range(n)]
+    assert find_cycle(items) is None
+    looped = [*items[1:], Item(id="0", content="step 0", depends_on=(str(n - 1),))]
+    cycle = find_cycle(looped)
     assert cycle is not None and cycle[0] == cycle[-1] and len(cycle) == n + 1
 
 
 def test_id_less_todos_match_by_content_and_new_ones_get_free_numbers() -> None:
-    first = P.import_todowrite(
-        P.Plan("w"), [{"content": "a", "status": "pending"}, {"content": "b", "status": "pending", "id": "2"}],
+    first = import_todowrite(
+        Plan("w"), [{"content": "a", "status": "pending"}, {"content": "b", "status": "pending", "id": "2"}],
         now="t", actor="x",
     ).plan  # fmt: skip
     assert [(i.id, i.content) for i in first.items] == [("1", "a"), ("2", "b")]
-    out = P.import_todowrite(
+    out = import_todowrite(
         first,
         [{"content": "a", "status": "completed"}, {"content": "c", "status": "pending"}],
         now="t",

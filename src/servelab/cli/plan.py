@@ -13,10 +13,12 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from servelab import plan as P
 from servelab.cli.output import dumps_json, emit, host_option, stdout
 from servelab.cli.remote import remote_python_option
 from servelab.errors import ConfigError, HostError, NotFoundError
+from servelab.plan import checks, formats, machine
+from servelab.plan.items import DEFAULT_WORKER, JSON_FORMAT, STATUSES, TODO_HINT, Outcome, Plan
+from servelab.plan.study import assess
 from servelab.store import Store, open_store
 from servelab.store.db import utcnow
 from servelab.store.plans import WORKSPACE, PlanRepo
@@ -67,8 +69,8 @@ def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # -- show -------------------------------------------------------------------------------------------
-def _show_data(plan: P.Plan) -> dict[str, Any]:
-    counts = {s: sum(1 for i in plan.items if i.status == s) for s in P.STATUSES}
+def _show_data(plan: Plan) -> dict[str, Any]:
+    counts = {s: sum(1 for i in plan.items if i.status == s) for s in STATUSES}
     return {"plan": plan.name, "items": [i.to_dict() for i in plan.items], "counts": counts}
 
 
@@ -128,7 +130,7 @@ def show(plan_ref: str | None, as_json: bool) -> None:
 
 
 # -- changes ----------------------------------------------------------------------------------------
-def _change(plan_ref: str | None, as_json: bool, op: Callable[[Store, P.Plan], P.Outcome]) -> None:
+def _change(plan_ref: str | None, as_json: bool, op: Callable[[Store, Plan], Outcome]) -> None:
     """Run one operation in one transaction and print what changed."""
     with open_store() as store:
         name, uid = _plan_name(store, plan_ref)
@@ -235,12 +237,12 @@ def add(
     """Add a pending item."""
     req = _kv(requested, "--requested")
 
-    def op(store: Store, p: P.Plan) -> P.Outcome:
+    def op(store: Store, p: Plan) -> Outcome:
         binding: dict[str, Any] = _bind_candidate(store, bind_candidate) if bind_candidate else {}
         if req:
             binding["requested"] = req
         binding.update({k: v for k, v in (("url", url), ("unit", unit)) if v})
-        return P.add(
+        return machine.add(
             p,
             content,
             now=utcnow(),
@@ -265,8 +267,8 @@ def add(
 @_json_option
 def start(item: str, worker: str | None, plan_ref: str | None, as_json: bool) -> None:
     """Start an item (its dependencies must be completed)."""
-    w = worker or os.environ.get("SERVELAB_WORKER") or P.DEFAULT_WORKER
-    _change(plan_ref, as_json, lambda _s, p: P.start(p, item, now=utcnow(), actor=_actor(), worker=w))
+    w = worker or os.environ.get("SERVELAB_WORKER") or DEFAULT_WORKER
+    _change(plan_ref, as_json, lambda _s, p: machine.start(p, item, now=utcnow(), actor=_actor(), worker=w))
 
 
 def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
@@ -332,12 +334,12 @@ def done(
 ) -> None:
     """Complete an item; a bound item needs --run showing its configuration took effect."""
 
-    def op(store: Store, p: P.Plan) -> P.Outcome:
+    def op(store: Store, p: Plan) -> Outcome:
         it = p.get(item)
         ev = None
         if run_ref:
-            ev = P.assess((it.binding or {}).get("requested"), _run_evidence(store, run_ref), utcnow())
-        return P.done(
+            ev = assess((it.binding or {}).get("requested"), _run_evidence(store, run_ref), utcnow())
+        return machine.done(
             p,
             item,
             now=utcnow(),
@@ -357,7 +359,9 @@ def done(
 @_json_option
 def block(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
     """Mark an item blocked, with the reason."""
-    _change(plan_ref, as_json, lambda _s, p: P.block(p, item, now=utcnow(), actor=_actor(), reason=reason))
+    _change(
+        plan_ref, as_json, lambda _s, p: machine.block(p, item, now=utcnow(), actor=_actor(), reason=reason)
+    )
 
 
 @plan.command("cancel")
@@ -367,7 +371,9 @@ def block(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
 @_json_option
 def cancel(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
     """Cancel an item, with the reason (it stays in the plan and its history)."""
-    _change(plan_ref, as_json, lambda _s, p: P.cancel(p, item, now=utcnow(), actor=_actor(), reason=reason))
+    _change(
+        plan_ref, as_json, lambda _s, p: machine.cancel(p, item, now=utcnow(), actor=_actor(), reason=reason)
+    )
 
 
 @plan.command("reopen")
@@ -380,7 +386,7 @@ def reopen(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
     _change(
         plan_ref,
         as_json,
-        lambda _s, p: P.transition(p, item, "pending", now=utcnow(), actor=_actor(), reason=reason),
+        lambda _s, p: machine.transition(p, item, "pending", now=utcnow(), actor=_actor(), reason=reason),
     )
 
 
@@ -391,7 +397,7 @@ def reopen(item: str, reason: str, plan_ref: str | None, as_json: bool) -> None:
 @_json_option
 def note(item: str, text: str, plan_ref: str | None, as_json: bool) -> None:
     """Attach a note to an item."""
-    _change(plan_ref, as_json, lambda _s, p: P.note(p, item, text, now=utcnow(), actor=_actor()))
+    _change(plan_ref, as_json, lambda _s, p: machine.note(p, item, text, now=utcnow(), actor=_actor()))
 
 
 # -- history, import, export ------------------------------------------------------------------------
@@ -435,7 +441,7 @@ def _read_json(path: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}", hint=P.TODO_HINT) from None
+        raise ConfigError(f"{path} is not valid JSON: {exc}", hint=TODO_HINT) from None
 
 
 @plan.command("import")
@@ -455,13 +461,13 @@ def import_(file: str, fmt: str, prune: bool, plan_ref: str | None, as_json: boo
     """Merge a todo list (todowrite JSON or a servelab JSON export; `-` reads stdin) into the plan."""
     data = _read_json(file)
     if fmt == "auto":
-        fmt = "json" if isinstance(data, dict) and data.get("format") == P.JSON_FORMAT else "todowrite"
+        fmt = "json" if isinstance(data, dict) and data.get("format") == JSON_FORMAT else "todowrite"
     source = "stdin" if file == "-" else Path(file).name
 
-    def op(_s: Store, p: P.Plan) -> P.Outcome:
+    def op(_s: Store, p: Plan) -> Outcome:
         if fmt == "json":
-            return P.import_json(p, data, now=utcnow(), actor=_actor(), source=source)
-        return P.import_todowrite(p, data, now=utcnow(), actor=_actor(), prune=prune, source=source)
+            return formats.import_json(p, data, now=utcnow(), actor=_actor(), source=source)
+        return formats.import_todowrite(p, data, now=utcnow(), actor=_actor(), prune=prune, source=source)
 
     with open_store() as store:
         name, uid = _plan_name(store, plan_ref)
@@ -503,9 +509,10 @@ def export(fmt: str, output: str | None, plan_ref: str | None) -> None:
         repo = PlanRepo(store)
         p = repo.load(name)
         text = (
-            P.export_markdown(p, repo.history(name))
+            formats.export_markdown(p, repo.history(name))
             if fmt == "markdown"
-            else dumps_json(P.export_todowrite(p) if fmt == "todowrite" else P.export_json(p)) + "\n"
+            else dumps_json(formats.export_todowrite(p) if fmt == "todowrite" else formats.export_json(p))
+            + "\n"
         )
     if output:
         Path(output).write_text(text)
@@ -583,9 +590,9 @@ def check(
                 f"{observation} is not an observation object", hint="use `servelab status --json`."
             )
     else:
-        named_urls, named_units = P.referenced(p.items)
+        named_urls, named_units = checks.referenced(p.items)
         obs = _observe(urls or tuple(named_urls), units or tuple(named_units), host, remote_python)
-    found = P.check(p.items, obs)
+    found = checks.check(p.items, obs)
     data: dict[str, Any] = {
         "plan": name,
         "checked": sum(1 for i in p.items if i.is_open),

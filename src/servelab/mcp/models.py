@@ -86,7 +86,7 @@ class DiagnosisView(Doc):
     )
 
 
-# -- plan (plan.py: Item, Finding) ----------------------------------------------------------------
+# -- plan (plan/items.py: Item, plan/checks.py: Finding) -------------------------------------------
 class PlanItem(Doc):
     """`plan.Item.to_dict()`: one item of a plan."""
 

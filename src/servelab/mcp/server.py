@@ -25,12 +25,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field, ValidationError
 
 from servelab import __version__
-from servelab import plan as P
 from servelab.errors import ConfigError, ServelabError
 from servelab.mcp import models as M
 from servelab.mcp.progress import progress
 from servelab.mcp.studies import Child, Studies, error_of, servelab_argv
 from servelab.paths import data_home
+from servelab.plan.formats import export_markdown, export_todowrite, import_todowrite
+from servelab.plan.items import STATUSES, Plan
 from servelab.redact import redact, redact_text
 
 T = TypeVar("T", bound=BaseModel)
@@ -172,8 +173,8 @@ def _plan_name(store: Any, ref: str | None) -> str:
     return WORKSPACE if ref in (None, "", WORKSPACE) else str(StudyRepo(store).resolve(str(ref))["uid"])
 
 
-def _plan_view(p: P.Plan) -> dict[str, Any]:
-    counts = {s: sum(1 for i in p.items if i.status == s) for s in P.STATUSES}
+def _plan_view(p: Plan) -> dict[str, Any]:
+    counts = {s: sum(1 for i in p.items if i.status == s) for s in STATUSES}
     return {"plan": p.name, "items": [i.to_dict() for i in p.items], "counts": counts}
 
 
@@ -283,12 +284,10 @@ def build(options: Options | None = None, studies: Studies | None = None) -> MCP
             uid = None if name == "workspace" else name
             out = repo.apply(
                 name,
-                lambda p: P.import_todowrite(
-                    p, data, now=utcnow(), actor=_actor(), prune=prune, source="mcp"
-                ),
+                lambda p: import_todowrite(p, data, now=utcnow(), actor=_actor(), prune=prune, source="mcp"),
                 uid,
             )
-            now = P.export_todowrite(repo.load(name))
+            now = export_todowrite(repo.load(name))
         return typed(
             M.PlanUpdateView,
             {
@@ -694,7 +693,7 @@ def _plan_markdown(ref: str | None) -> str:
     with as_tool_errors(), open_store() as store:
         name = _plan_name(store, ref)
         repo = PlanRepo(store)
-        return redact_text(P.export_markdown(repo.load(name), repo.history(name)))
+        return redact_text(export_markdown(repo.load(name), repo.history(name)))
 
 
 def _report_markdown(ref: str) -> str:

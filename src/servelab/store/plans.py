@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from servelab import plan as P
+from servelab.plan import study
+from servelab.plan.items import Event, Item, Outcome, Plan
 from servelab.redact import redact
 from servelab.store.db import Row, Store, utcnow
 
@@ -33,15 +34,15 @@ class PlanRepo:
     def _plan_row(self, name: str) -> Row | None:
         return self.db.execute("SELECT * FROM plans WHERE name = ?", (name,)).fetchone()
 
-    def load(self, name: str = WORKSPACE) -> P.Plan:
+    def load(self, name: str = WORKSPACE) -> Plan:
         """The plan as stored (an empty plan when nothing was written to it yet)."""
         row = self._plan_row(name)
         if row is None:
-            return P.Plan(name)
+            return Plan(name)
         rows = self.db.execute(
             "SELECT * FROM plan_items WHERE plan_id = ? ORDER BY position, id", (row["id"],)
         )
-        return P.Plan(name, tuple(_item(r) for r in rows.fetchall()))
+        return Plan(name, tuple(_item(r) for r in rows.fetchall()))
 
     def plans(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
@@ -51,7 +52,7 @@ class PlanRepo:
         )
         return [dict(r) | {"open": r["open"] or 0} for r in rows.fetchall()]
 
-    def history(self, name: str = WORKSPACE, key: str | None = None) -> list[P.Event]:
+    def history(self, name: str = WORKSPACE, key: str | None = None) -> list[Event]:
         """Every recorded change, oldest first (of one item when `key` is given)."""
         sql = (
             "SELECT e.*, i.key FROM plan_events e JOIN plan_items i ON i.id = e.item_id"
@@ -63,7 +64,7 @@ class PlanRepo:
             args.append(key)
         rows = self.db.execute(sql + " ORDER BY e.id", args).fetchall()
         return [
-            P.Event(
+            Event(
                 r["key"],
                 r["at"],
                 r["from_status"],
@@ -76,7 +77,7 @@ class PlanRepo:
         ]
 
     # -- writing ----------------------------------------------------------------------------------
-    def apply(self, name: str, op: Callable[[P.Plan], P.Outcome], study_uid: str | None = None) -> P.Outcome:
+    def apply(self, name: str, op: Callable[[Plan], Outcome], study_uid: str | None = None) -> Outcome:
         """Run `op` on the stored plan and write its outcome, all in one transaction."""
         with self.db.transaction("plan"):
             before = self.load(name)
@@ -85,7 +86,7 @@ class PlanRepo:
                 self._write(name, before, outcome, study_uid)
         return outcome
 
-    def _write(self, name: str, before: P.Plan, outcome: P.Outcome, study_uid: str | None) -> None:
+    def _write(self, name: str, before: Plan, outcome: Outcome, study_uid: str | None) -> None:
         row = self._plan_row(name)
         if row is None:
             kind = "workspace" if name == WORKSPACE else "study"
@@ -148,8 +149,8 @@ def _load(text: str | None, default: Any) -> Any:
     return default if text is None else orjson.loads(text)
 
 
-def _item(r: Row) -> P.Item:
-    return P.Item(
+def _item(r: Row) -> Item:
+    return Item(
         id=r["key"],
         content=r["content"],
         status=r["status"],
@@ -173,7 +174,7 @@ def fill_from_study(
     study's plan, in the order given. Idempotent: candidates that already have an item are skipped, so a
     resumed study adds nothing twice. Returns the ids of the items added."""
     out = PlanRepo(store).apply(
-        study_uid, lambda p: P.fill(p, study_uid, candidates, now=utcnow()), study_uid
+        study_uid, lambda p: study.fill(p, study_uid, candidates, now=utcnow()), study_uid
     )
     added: list[str] = out.info["added"]
     return added
@@ -186,26 +187,26 @@ def on_trial(
     status: str,
     evidence: dict[str, Any],
     *,
-    actor: str = P.TUNE_WORKER,
-) -> P.Item:
+    actor: str = study.TUNE_WORKER,
+) -> Item:
     """Move a candidate's item: status is one of running | measured | not_applied | failed | anomalous |
     interrupted | lost; evidence is {"run"?, "trial"?, "effective"?, "not_applied"?, "diagnosis"?,
-    "anomalies"?} (see `servelab.plan.on_trial` for what each status does, and `actor`). Returns the item
+    "anomalies"?} (see `servelab.plan.study.on_trial` for what each status does, and `actor`). Returns the item
     as stored."""
     out = PlanRepo(store).apply(
         study_uid,
-        lambda p: P.on_trial(p, study_uid, label, status, evidence, now=utcnow(), actor=actor),
+        lambda p: study.on_trial(p, study_uid, label, status, evidence, now=utcnow(), actor=actor),
         study_uid,
     )
-    return out.plan.get(P.item_for(out.plan, study_uid, label).id)
+    return out.plan.get(study.item_for(out.plan, study_uid, label).id)
 
 
-def close_not_applied(store: Store, study_uid: str, label: str, evidence: dict[str, Any]) -> P.Item:
-    """At the end of a study: close a not-applied candidate's item as not applied (`plan.close_not_applied`),
+def close_not_applied(store: Store, study_uid: str, label: str, evidence: dict[str, Any]) -> Item:
+    """At the end of a study: close a not-applied candidate's item as not applied (`plan.study.close_not_applied`),
     evidence {"run"?, "trial"?, "effective"?, "not_applied", "unconfirmed"?}. Returns the item as stored."""
     out = PlanRepo(store).apply(
         study_uid,
-        lambda p: P.close_not_applied(p, study_uid, label, evidence, now=utcnow()),
+        lambda p: study.close_not_applied(p, study_uid, label, evidence, now=utcnow()),
         study_uid,
     )
-    return out.plan.get(P.item_for(out.plan, study_uid, label).id)
+    return out.plan.get(study.item_for(out.plan, study_uid, label).id)

@@ -9,7 +9,7 @@ from typing import Any
 from servelab.config import CandidateSpec, Study
 from servelab.engines.base import Engine
 from servelab.errors import ServelabError
-from servelab.plan import TUNE_WORKER
+from servelab.plan.study import TUNE_WORKER
 from servelab.store import plans
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from servelab import plan as P
 from servelab.cli.main import cli
+from servelab.plan.items import Plan
 from servelab.store import open_store
 from servelab.store.plans import PlanRepo
 from servelab.store.studies import StudyRepo
@@ -37,7 +37,7 @@ def ok(*args: str) -> Any:
     return json.loads(r.stdout)
 
 
-def stored(name: str = "workspace") -> tuple[P.Plan, int]:
+def stored(name: str = "workspace") -> tuple[Plan, int]:
     with open_store() as s:
         repo = PlanRepo(s)
         return repo.load(name), len(repo.history(name))

@@ -17,7 +17,6 @@ from click.testing import CliRunner
 from mcp import Client
 from pydantic import BaseModel
 
-from servelab import plan as P
 from servelab.cli.main import cli
 from servelab.cli.output import dumps_json
 from servelab.engines.base import Diagnosis, EffectiveConfig
@@ -27,6 +26,8 @@ from servelab.mcp.server import Options, build
 from servelab.model.explain import Explanation, explain_levels
 from servelab.model.explain import LevelComparison as ExplainedLevel
 from servelab.model.predict import LayoutResult, Prediction, Workload, evaluate, make_setup
+from servelab.plan.checks import Finding
+from servelab.plan.items import Item
 from servelab.results import Clock, Level, LevelSummary, Run, RunContext, Stats
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
@@ -46,8 +47,8 @@ def _required(view: type[BaseModel]) -> set[str]:
 MIRRORS: list[tuple[type[BaseModel], type[Any], dict[str, str | None]]] = [
     (M.PredictionView, Prediction, {}),
     (M.LevelComparison, ExplainedLevel, {}),
-    (M.PlanItem, P.Item, {}),
-    (M.PlanFinding, P.Finding, {}),
+    (M.PlanItem, Item, {}),
+    (M.PlanFinding, Finding, {}),
     (M.LogsParseView, EffectiveConfig, {}),
     (M.DiagnosisView, Diagnosis, {"klass": "class"}),
     (M.LayoutRow, LayoutResult, {"study_candidates": None}),
@@ -140,9 +141,9 @@ def _documents() -> Iterator[tuple[str, dict[str, Any], str]]:
     yield "bench", _run(simulated=False).to_json(), "time_base"
     diag = Diagnosis("nccl_error", "NCCL error: unhandled system error", "check the fabric", fatal=True)
     yield "logs_diagnose", diag.to_dict(), "class"
-    item = P.Item("1", "restart the server", created_at=utcnow(), updated_at=utcnow())
+    item = Item("1", "restart the server", created_at=utcnow(), updated_at=utcnow())
     yield "plan_get", {"plan": "workspace", "items": [item.to_dict()], "counts": {"pending": 1}}, "items"
-    finding = P.Finding("1", "server_healthy", "warning", "it answers", {"server": {"up": True}})
+    finding = Finding("1", "server_healthy", "warning", "it answers", {"server": {"up": True}})
     check = {
         "plan": "workspace",
         "checked": 1,

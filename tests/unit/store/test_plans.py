@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from servelab import plan as P
 from servelab.errors import ConfigError, NotFoundError
+from servelab.plan.formats import export_json, import_json, import_todowrite
+from servelab.plan.items import Outcome, Plan
+from servelab.plan.machine import add, done, note, start
 from servelab.store import open_store
 from servelab.store.db import Store
 from servelab.store.plans import PlanRepo, fill_from_study, on_trial
@@ -34,12 +36,10 @@ def test_migration_is_applied_and_an_unwritten_plan_is_empty(store: Store) -> No
 
 def test_changes_are_stored_with_their_history(where: Path | str, store: Store) -> None:
     repo = PlanRepo(store)
-    repo.apply("workspace", lambda p: P.add(p, "check the container", priority="high", **KW))
-    repo.apply(
-        "workspace", lambda p: P.add(p, "run it", depends_on=["1"], binding={"url": "http://h:1"}, **KW)
-    )
-    repo.apply("workspace", lambda p: P.start(p, "1", worker="agent", **KW))
-    repo.apply("workspace", lambda p: P.note(p, "1", "2 GPUs visible", **KW))
+    repo.apply("workspace", lambda p: add(p, "check the container", priority="high", **KW))
+    repo.apply("workspace", lambda p: add(p, "run it", depends_on=["1"], binding={"url": "http://h:1"}, **KW))
+    repo.apply("workspace", lambda p: start(p, "1", worker="agent", **KW))
+    repo.apply("workspace", lambda p: note(p, "1", "2 GPUs visible", **KW))
     store.close()
     with open_store(where) as again:
         r = PlanRepo(again)
@@ -72,12 +72,12 @@ def test_changes_are_stored_with_their_history(where: Path | str, store: Store) 
 
 def test_an_invalid_change_writes_nothing(store: Store) -> None:
     repo = PlanRepo(store)
-    repo.apply("workspace", lambda p: P.add(p, "a", **KW))
-    repo.apply("workspace", lambda p: P.start(p, "1", **KW))
+    repo.apply("workspace", lambda p: add(p, "a", **KW))
+    repo.apply("workspace", lambda p: start(p, "1", **KW))
     before = (repo.load(), count(store, "plan_events"))
 
-    def half_then_fail(p: P.Plan) -> P.Outcome:
-        return P.import_todowrite(
+    def half_then_fail(p: Plan) -> Outcome:
+        return import_todowrite(
             p,
             [
                 {"id": "1", "content": "a", "status": "completed"},
@@ -90,9 +90,9 @@ def test_an_invalid_change_writes_nothing(store: Store) -> None:
     with pytest.raises(ConfigError, match="two items in progress"):
         repo.apply("workspace", half_then_fail)
     with pytest.raises(NotFoundError):
-        repo.apply("workspace", lambda p: P.done(p, "9", **KW))
+        repo.apply("workspace", lambda p: done(p, "9", **KW))
     with pytest.raises(ConfigError):
-        repo.apply("other", lambda p: P.add(p, "x", priority="urgent", **KW))
+        repo.apply("other", lambda p: add(p, "x", priority="urgent", **KW))
     assert (repo.load(), count(store, "plan_events")) == before
     assert count(store, "plans") == 1  # the failed first write to "other" created no plan row
     assert not store.in_transaction
@@ -100,16 +100,14 @@ def test_an_invalid_change_writes_nothing(store: Store) -> None:
 
 def test_json_round_trip_through_the_store(store: Store) -> None:
     repo = PlanRepo(store)
-    repo.apply("workspace", lambda p: P.add(p, "a", binding={"requested": {"tp_size": 2}}, **KW))
+    repo.apply("workspace", lambda p: add(p, "a", binding={"requested": {"tp_size": 2}}, **KW))
     repo.apply(
         "workspace",
-        lambda p: P.import_todowrite(
-            p, [{"content": "b", "status": "pending", "activeForm": "Doing b"}], **KW
-        ),
+        lambda p: import_todowrite(p, [{"content": "b", "status": "pending", "activeForm": "Doing b"}], **KW),
     )
-    exported = P.export_json(repo.load())
-    repo.apply("copy", lambda p: P.import_json(p, exported, **KW))
-    assert P.export_json(repo.load("copy"))["items"] == exported["items"]
+    exported = export_json(repo.load())
+    repo.apply("copy", lambda p: import_json(p, exported, **KW))
+    assert export_json(repo.load("copy"))["items"] == exported["items"]
 
 
 def test_study_loop_api(store: Store) -> None:
@@ -133,14 +131,14 @@ def test_study_loop_api(store: Store) -> None:
     )
     assert it.status == "pending" and it.evidence[-1]["mismatches"][0]["evidence"] == "backend=cutlass"
     on_trial(store, "s-abc", "trtllm", "running", {"run": "b-2"})
-    done = on_trial(
+    finished = on_trial(
         store,
         "s-abc",
         "trtllm",
         "measured",
         {"run": "b-2", "effective": {"moe_runner_backend": "flashinfer_trtllm"}},
     )
-    assert done.status == "completed"
+    assert finished.status == "completed"
     repo = PlanRepo(store)
     assert repo.plans()[0]["kind"] == "study" and repo.plans()[0]["study_uid"] == "s-abc"
     assert [e.to_status for e in repo.history("s-abc", "1")] == [
