@@ -385,12 +385,14 @@ def test_install_checks_with_the_trial_pipeline(tmp_path: Path, monkeypatch: pyt
     from click.testing import CliRunner
     from tests.unit.deploy.stored import DIGEST, store_study, study_data
 
-    from servelab import trial
     from servelab.cli.deploy import deploy_cmd
     from servelab.config import parse_study
     from servelab.deploy.records import DeploymentRepo
     from servelab.store import open_store
     from servelab.store.bench import BenchRepo
+    from servelab.trial.outcome import Target
+    from servelab.trial.pipeline import Trial
+    from servelab.trial.prepare import level_digest, sim_speed
 
     fake, _units = FakeSystemd.installed(tmp_path, monkeypatch)
     with open_store() as store:
@@ -411,13 +413,11 @@ def test_install_checks_with_the_trial_pipeline(tmp_path: Path, monkeypatch: pyt
             deployed = bench.load(str(check["bench_run_id"]))
             assert deployed.uid == d["install"]["bench_run"]
             (level,) = deployed.levels
-            assert check["measured"] == trial.level_digest(level, deployed.clock)
-            assert deployed.context.host.source == "study" and deployed.clock.speed == trial.sim_speed(study)
+            assert check["measured"] == level_digest(level, deployed.clock)
+            assert deployed.context.host.source == "study" and deployed.clock.speed == sim_speed(study)
             # the same pipeline step, run here against the unit's server: the same bench configuration
             url, model = deployed.url, deployed.model
-            ours = asyncio.run(
-                trial.Trial(study, registry.get("sim"), store).bench(trial.Target(url, model), [4.0])
-            )
+            ours = asyncio.run(Trial(study, registry.get("sim"), store).bench(Target(url, model), [4.0]))
             (lv,) = ours.levels
             again = bench.load(lv.bench_uid)
             assert again.config == deployed.config and again.config["levels"] == [4.0]

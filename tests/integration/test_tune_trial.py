@@ -23,17 +23,9 @@ from servelab.host import processes
 from servelab.host.ports import free_port
 from servelab.store import open_store
 from servelab.store.db import Store
-from servelab.trial import (
-    AppliedCheck,
-    Finding,
-    LevelResult,
-    Target,
-    Trial,
-    TrialObserver,
-    TrialOutcome,
-    level_digest,
-    settings_for,
-)
+from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, Target, TrialObserver, TrialOutcome
+from servelab.trial.pipeline import Trial
+from servelab.trial.prepare import level_digest, settings_for
 
 pytestmark = pytest.mark.integration
 

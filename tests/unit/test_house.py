@@ -172,7 +172,7 @@ LAYERS: dict[str, int] = {
     "servelab.space": STUDY,  # the study file's [search.space], checked by config (was search/space.py)
     "servelab.analyze": STUDY,
     # 5. workflows
-    "servelab.trial": WORKFLOWS,
+    **_room(WORKFLOWS, "servelab.trial", "outcome", "pipeline", "prepare", "telemetry"),
     **_room(WORKFLOWS, "servelab.search", *["base", "driver", "prior", "prune", "runner", "strategies"]),
     **_room(WORKFLOWS, "servelab.executors", "base", "ray"),
     **_room(WORKFLOWS, "servelab.tune", "driver", "options", "ordering", "plansync", "recorder", "spread"),

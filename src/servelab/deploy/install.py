@@ -30,7 +30,9 @@ from servelab.host.systemd import SYSTEMCTL_ENV, SYSTEMD_RUNTIME, systemctl_over
 from servelab.host.systemd import systemctl as _systemctl
 from servelab.host.transport import Host, b64, unb64
 from servelab.store.db import Store
-from servelab.trial import Target, Trial, TrialObserver, run_context, settings_for
+from servelab.trial.outcome import Target, TrialObserver
+from servelab.trial.pipeline import Trial
+from servelab.trial.prepare import run_context, settings_for
 
 Observer = Callable[[str, dict[str, Any]], None]
 UNIT_DIR = Path("/etc/systemd/system")
@@ -248,7 +250,7 @@ async def install(
 ) -> dict[str, Any]:
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
-    The verify and benchmark steps are the trial pipeline's (`servelab.trial.Trial`), attached to the server
+    The verify and benchmark steps are the trial pipeline's (`servelab.trial.pipeline.Trial`), attached to the server
     systemd started: the same verify-output arguments, workload, telemetry and level digest the study
     measured the tuned result with. The unit holds no secret (they are in its EnvironmentFile): mode 0644.
 

@@ -30,7 +30,9 @@ from servelab.store import leases
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
-from servelab.trial import LevelResult, Trial, TrialOutcome, settings_for
+from servelab.trial.outcome import LevelResult, TrialOutcome
+from servelab.trial.pipeline import Trial
+from servelab.trial.prepare import settings_for
 from servelab.tune import spread
 from servelab.tune.options import Observer, StudyOutcome, TuneOptions
 from servelab.tune.ordering import order_candidates, predict_candidate, preflight, spec_hash

@@ -12,7 +12,7 @@ from servelab import lifecycle, naming
 from servelab.config import CandidateSpec, Study
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, ServelabError, UserError
-from servelab.trial import bench_config, settings_for
+from servelab.trial.prepare import bench_config, settings_for
 
 
 def spec_hash(study: Study) -> str:

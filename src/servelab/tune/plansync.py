@@ -13,7 +13,7 @@ from servelab.plan.study import TUNE_WORKER
 from servelab.store import plans
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
-from servelab.trial import settings_for
+from servelab.trial.prepare import settings_for
 from servelab.tune.options import Observer
 
 # Requested keys that describe where a server runs, not what is being tried: not part of a plan item.

@@ -12,7 +12,7 @@ from servelab.errors import HostLost
 from servelab.executors.base import Placement
 from servelab.results import Node
 from servelab.store.studies import StudyRepo
-from servelab.trial import AppliedCheck, Finding, LevelResult, TrialObserver, TrialOutcome
+from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, TrialObserver, TrialOutcome
 from servelab.tune.options import Observer
 from servelab.tune.plansync import PlanSync
 

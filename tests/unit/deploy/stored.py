@@ -9,7 +9,7 @@ from servelab.config import parse_study
 from servelab.engines import registry
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
-from servelab.trial import settings_for
+from servelab.trial.prepare import settings_for
 from servelab.tune import spec_hash
 
 DIGEST = {

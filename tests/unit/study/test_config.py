@@ -126,7 +126,7 @@ def test_a_sessions_workload_is_benched_with_its_options() -> None:
     """kind = "sessions" takes bench's --workload sessions options, under the same names as BenchConfig's
     fields, and the benchmark's configuration (`trial.bench_config`, built by the dry run and the real
     run alike) carries them."""
-    from servelab.trial import bench_config
+    from servelab.trial.prepare import bench_config
 
     wl = {
         "kind": "sessions",

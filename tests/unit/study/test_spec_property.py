@@ -29,7 +29,7 @@ from servelab.engines import registry
 from servelab.errors import ConfigError
 from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX
 from servelab.sim.faults import FAULTS
-from servelab.trial import settings_for
+from servelab.trial.prepare import settings_for
 from servelab.tune import preflight
 
 ODD = st.text(

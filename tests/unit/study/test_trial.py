@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from servelab.applied import Mismatch
 from servelab.engines.base import Diagnosis, EffectiveConfig
-from servelab.trial import AppliedCheck, Finding, LevelResult, TrialOutcome
+from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, TrialOutcome
 
 
 def test_a_finding_stores_the_keys_a_diagnosis_always_had_in_their_order() -> None:

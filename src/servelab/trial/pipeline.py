@@ -22,464 +22,55 @@ numbers are `results.LevelSummary.digest()` (`Digest`, what `analyze` compares),
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import orjson
-from pydantic import ValidationError
 
 from servelab import analyze, lifecycle, redact
-from servelab.applied import Mismatch, compare
+from servelab.applied import compare
 from servelab.bench import capacity as C
-from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
 from servelab.bench.remote import bench_remote
 from servelab.bench.runner import find_capacity, run_bench
-from servelab.config import CandidateSpec, Study
+from servelab.config import Study
 from servelab.engines import signatures
-from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec, Settings
+from servelab.engines.base import Diagnosis, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
 from servelab.host.ports import free_port
 from servelab.load import TraceLoad
-from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
-from servelab.store.bench import BenchRepo
+from servelab.results import NetPath, RunContext
 from servelab.store.db import Store
+from servelab.trial.outcome import (
+    DEATH_CLASSES,
+    AppliedCheck,
+    BenchRun,
+    Digest,
+    Finding,
+    LevelResult,
+    Stage,
+    Target,
+    TrialObserver,
+    TrialOutcome,
+)
+from servelab.trial.prepare import (
+    bench_config,
+    bench_run_id,
+    fetch_info,
+    level_digest,
+    measure_path,
+    read_log,
+    run_context,
+    verify_kwargs,
+)
+from servelab.trial.telemetry import Telemetry, http_telemetry
 
 if TYPE_CHECKING:
     from servelab.verify import VerifyResult
-
-# One load level's numbers, keyed as `LevelSummary.digest` keys them (level, completed, failed,
-# output_throughput, tpot_ms_p50, ...), in real-GPU time; a study's stored levels add gpu_power_w, gpu_util,
-# bench_run and died (`LevelResult.stored`).
-Digest = dict[str, Any]
-TrialStatus = Literal["measured", "not_applied", "failed"]
-# Where a trial ended: its command could not be built, it did not start, a setting was not applied,
-# verify-output failed, the benchmark failed (or the server died in it), or every step passed.
-Stage = Literal["command", "place", "start", "applied", "verify", "bench", "done"]
-DEATH_CLASSES = ("engine_died_after_ready", "oom_runtime")
-TelemetryReader = Callable[[], Awaitable[tuple[float, float] | None]]
-TELEMETRY_KEYS = ("gpu_power_w", "gpu_util")
-
-
-# -- what a candidate runs with, and how it is measured ----------------------------------------------
-
-
-def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
-    """The candidate's settings: the engine's common args/env/options first, the candidate's on top."""
-    options = {**study.engine.options, **cand.options}
-    if study.engine.python:
-        options.setdefault("python", study.engine.python)
-    if study.host.gpu:
-        options.setdefault("gpu", study.host.gpu)
-        options.setdefault("num_gpus", study.host.num_gpus)
-    model = study.model.path
-    if Path(model).exists():  # a local checkout: engines log the absolute path, so ask for that
-        model = str(Path(model).resolve())
-    return Settings(
-        model=model,
-        served_model_name=study.model.served_name,
-        host=study.engine.host,
-        port=port or study.engine.port or 0,
-        tp=cand.tp,
-        pp=cand.pp,
-        ep=cand.ep,
-        dp=cand.dp,
-        quantization=cand.quantization,
-        kv_cache_dtype=cand.kv_cache_dtype,
-        max_concurrency=cand.max_concurrency,
-        mem_fraction=cand.mem_fraction,
-        max_model_len=cand.max_model_len,
-        extra_args=(*study.engine.args, *cand.args),
-        env={**study.engine.env, **cand.env},
-        options=options,
-    )
-
-
-async def measure_path(host: transport.Host | None, n: int = 5) -> NetPath:
-    """Over SSH, the bench path's round trip: the median of `n` no-op requests to the agent on the
-    connection that carries the forward (a TCP connect to the forward's local end measures ssh alone).
-    Direct: left to the bench, which times TCP connects to the server (`bench.runner.direct_path`)."""
-    if host is None or host.is_local:
-        return NetPath()
-    times: list[float] = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await asyncio.to_thread(host.call, "ping")
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return NetPath(via="ssh-forward", target=host.name, rtt_ms=round(statistics.median(times), 3))
-
-
-def run_context(study: Study, settings: Settings, path: NetPath | None = None) -> RunContext:
-    """What a trial's bench runs are of, as the study declares it: engine, model config, host, layout,
-    formats, and the simulator's clock speed (so its runs are shown in simulated GPU time everywhere)."""
-    simulated = study.engine.name == "sim"
-    return RunContext(
-        engine=study.engine.name,
-        personality=settings.options.get("personality"),
-        model_config=study.model.config or study.model.path,
-        host=Host(gpu=study.host.gpu, num_gpus=study.host.num_gpus, source="study"),
-        layout=Layout(tp=settings.tp, pp=settings.pp, ep=settings.ep, dp=settings.dp),
-        quant=settings.quantization,
-        kv_dtype=settings.kv_cache_dtype,
-        clock=Clock(speed=sim_speed(study), source="study") if simulated else Clock(),
-        path=path or NetPath(),
-    )
-
-
-def bench_config(
-    study: Study, url: str, model: str, api_key: str | None = None, context: RunContext | None = None
-) -> BenchConfig:
-    w, ld = study.workload, study.load
-    kind = study.load_kind()
-    # a trace study's levels are time scales; workload.num_requests slices the trace (bench --trace-limit)
-    traced = isinstance(kind, TraceLoad)
-    try:
-        return BenchConfig(
-            url=url,
-            model=model,
-            api=w.api,
-            mode=kind.mode,
-            levels=ld.levels,
-            max_concurrency=None if kind.closed_loop else ld.max_concurrency,
-            num_requests=None if traced else w.num_requests,
-            trace=ld.trace,
-            trace_format=ld.trace_format,
-            time_scale=ld.levels[0] if traced else 1.0,
-            trace_limit=w.num_requests if traced else None,
-            requests_per_stream=w.requests_per_stream,
-            duration_s=w.duration_s,
-            workload=w.kind,
-            input_len=w.input_len,
-            output_len=w.output_len,
-            range_ratio=w.range_ratio,
-            dataset=w.dataset,
-            num_prefixes=w.num_prefixes,
-            prefix_len=w.prefix_len,
-            tokenizer=w.tokenizer,
-            seed=w.seed,
-            slo=study.slo.bench_slo(),
-            warmup=w.warmup,
-            timeout_s=w.timeout_s,
-            temperature=w.temperature,
-            turns=w.turns,
-            think_time_s=w.think_time_s,
-            think_dist=w.think_dist,
-            system_prompt_len=w.system_prompt_len,
-            tool_turns=w.tool_turns,
-            tool_result_len=w.tool_result_len,
-            api_key=api_key,
-            context=context or RunContext(),
-        )
-    except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            field = str(err["loc"][0]) if err["loc"] else ""
-            table = "workload" if hasattr(w, field) else "load" if hasattr(ld, field) else ""
-            where = f"{table}.{field}" if table else (field or "study")
-            parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
-        raise ConfigError(
-            "the study's workload/load cannot be benchmarked: " + "; ".join(parts),
-            hint="fix the value in the study file; `servelab tune STUDY --dry-run` checks it again",
-        ) from None
-    except ValueError as exc:
-        raise ConfigError(f"the study's workload/load cannot be benchmarked: {exc}") from exc
-
-
-def verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
-    """verify_output's arguments: the engine's default reference, then the study's engine.options.verify."""
-    kw: dict[str, Any] = {}
-    if engine.capabilities.verify_reference:
-        kw["reference"] = engine.capabilities.verify_reference
-    opts = study.engine.options.get("verify", {})
-    if not isinstance(opts, dict):
-        raise ConfigError("engine.options.verify must be a table, e.g. { reference = 'hf:PATH' }")
-    return kw | opts
-
-
-def sim_speed(study: Study) -> float:
-    """How many times faster than a real GPU the server's clock runs (the simulator's `speed`; else 1)."""
-    return study.sim_speed()
-
-
-def level_digest(level: Level, clock: Clock) -> Digest:
-    """The one place a study's level digest is built: the bench run's summary, already in the time base it
-    is shown in (a simulator's GPU time), with the clock's speed beside it when it is simulated."""
-    d = level.summary.digest()
-    if clock.simulated:
-        d["time_scale"] = clock.speed
-    return d
-
-
-async def fetch_info(url: str, paths: tuple[str, ...], api_key: str | None = None) -> dict[str, Any] | None:
-    """The engine's info endpoints merged (SGLang /get_server_info, vLLM /version); None when none answers."""
-    if not paths:
-        return None
-    client = Client(url, api_key=api_key, timeout_s=10)
-    try:
-        merged: dict[str, Any] = {}
-        for p in paths:
-            with contextlib.suppress(Exception):
-                res = await client.get(p, timeout_s=5.0)
-                if res.ok and res.body:
-                    obj = orjson.loads(res.body)
-                    if isinstance(obj, dict):
-                        merged.update(obj)
-        return merged or None
-    finally:
-        client.close()
-
-
-def read_log(path: Path | None) -> str:
-    """A server log's text ("" when there is none to read: a server we did not start)."""
-    if path is None:
-        return ""
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def bench_run_id(store: Store, uid: str) -> int | None:
-    """The store id of the bench run `uid`."""
-    return BenchRepo(store).run_id(uid)
-
-
-class Telemetry:
-    """Samples GPU power/utilization while a level runs (the simulator's endpoint, or nvidia-smi)."""
-
-    def __init__(self, read: TelemetryReader | None) -> None:
-        self.read = read
-        self.samples: list[tuple[float, float]] = []
-        self.task: asyncio.Task[None] | None = None
-
-    async def _loop(self) -> None:
-        assert self.read is not None
-        while True:
-            with contextlib.suppress(Exception):
-                got = await self.read()
-                if got:
-                    self.samples.append(got)
-            await asyncio.sleep(0.1)
-
-    def start(self) -> None:
-        self.samples = []
-        if self.read is not None:
-            self.task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> dict[str, float]:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-            self.task = None
-        if not self.samples:
-            return {}
-        # the busiest half of the level (ramp-up and drain excluded)
-        top = sorted(self.samples, reverse=True)[: max(1, len(self.samples) // 2)]
-        return {
-            "gpu_power_w": sum(p for p, _ in top) / len(top),
-            "gpu_util": sum(u for _, u in top) / len(top),
-        }
-
-
-def http_telemetry(url: str, path: str) -> TelemetryReader:
-    """Reads GPU telemetry an engine serves over HTTP (the simulator's /servelab/gpus)."""
-    client = Client(url, timeout_s=5)
-
-    async def read() -> tuple[float, float] | None:
-        res = await client.get(path, timeout_s=2.0)
-        if not res.ok:
-            return None
-        gpus = [g for g in orjson.loads(res.body).get("gpus", []) if g.get("processes")]
-        if not gpus:
-            return None
-        return (
-            sum(g["power_w"] for g in gpus) / len(gpus),
-            sum(g["utilization_pct"] for g in gpus) / len(gpus) / 100,
-        )
-
-    return read
-
-
-# -- the typed seams ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    """The server a step talks to. `server`: ours (launched by the trial), so its exit means it died;
-    `log_path`: its log, read for the effective config and diagnoses (None: not ours to read)."""
-
-    url: str
-    served_model: str
-    api_key: str | None = None
-    server: lifecycle.AnyServer | None = None
-    log_path: Path | None = None
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Why a trial failed, as stored (`to_dict`: class, evidence, advice, then fatal, tail and message when
-    known: the keys readers of a stored diagnosis know)."""
-
-    klass: str
-    evidence: str
-    advice: str
-    fatal: bool | None = None
-    tail: tuple[str, ...] | None = None
-    message: str | None = None
-
-    @classmethod
-    def of(cls, diag: Diagnosis, message: str | None = None) -> Finding:
-        return cls(diag.klass, diag.evidence, diag.advice, diag.fatal, diag.tail or None, message)
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"class": self.klass, "evidence": self.evidence, "advice": self.advice}
-        if self.fatal is not None:
-            d["fatal"] = self.fatal
-        if self.tail is not None:
-            d["tail"] = list(self.tail)
-        if self.message is not None:
-            d["message"] = self.message
-        return d
-
-
-@dataclass(frozen=True)
-class AppliedCheck:
-    """What the candidate asked for against what the engine runs (`applied.compare`)."""
-
-    requested: dict[str, Any]
-    effective: EffectiveConfig
-    mismatches: list[Mismatch]
-    unconfirmed: list[str]  # requested keys the engine does not show
-
-    @property
-    def applied(self) -> bool:
-        return not self.mismatches
-
-
-@dataclass
-class LevelResult:
-    """One load level: its digest, the GPU telemetry sampled meanwhile, and the bench run that measured it."""
-
-    value: float
-    digest: Digest  # `level_digest`: the bench summary in real-GPU time
-    telemetry: dict[str, float]  # gpu_power_w / gpu_util over the busiest half (empty: no telemetry)
-    bench_uid: str
-    bench_run_id: int | None
-    died: bool = False  # the server died during this level
-
-    def stored(self) -> Digest:
-        """The level as a study trial stores it."""
-        d = self.digest | self.telemetry | {"bench_run": self.bench_uid}
-        if self.died:
-            d["died"] = True
-        return d
-
-    @classmethod
-    def from_stored(cls, d: Digest, bench_run_id: int | None = None) -> LevelResult:
-        """A level as `stored` wrote it (one an interrupted trial had measured, kept by a resume)."""
-        telemetry = {k: float(d[k]) for k in TELEMETRY_KEYS if d.get(k) is not None}
-        digest = {k: v for k, v in d.items() if k not in (*TELEMETRY_KEYS, "bench_run", "died")}
-        return cls(
-            float(d["level"]), digest, telemetry, str(d["bench_run"]), bench_run_id, bool(d.get("died"))
-        )
-
-
-@dataclass
-class BenchRun:
-    """The levels a benchmark measured, in order, and why it stopped before the last one (if it did)."""
-
-    levels: list[LevelResult]
-    died: bool = False
-    stopped_early: str | None = None  # why the remaining levels were skipped
-
-    def stored(self) -> list[Digest]:
-        return [lv.stored() for lv in self.levels]
-
-
-@dataclass
-class TrialOutcome:
-    """How a trial ended (`status`, at `stage`), what each step found, and what its teardown proved."""
-
-    status: TrialStatus
-    stage: Stage
-    diagnosis: Finding | None = None
-    applied: AppliedCheck | None = None
-    verify: VerifyResult | None = None
-    levels: list[LevelResult] = field(default_factory=list)
-    died: bool = False  # the server died during the benchmark
-    ready_s: float | None = None
-    teardown: lifecycle.TeardownReport | None = None  # None: nothing of ours ran
-
-    def record(self) -> dict[str, Any]:
-        """The outcome as a study stores it for the candidate (and reports it in `trial_finished`)."""
-        if self.status == "measured":
-            return {}
-        if self.status == "not_applied":
-            assert self.applied is not None
-            return {
-                "not_applied": [m.to_dict() for m in self.applied.mismatches],
-                "unconfirmed": self.applied.unconfirmed,
-            }
-        assert self.diagnosis is not None
-        if self.stage == "command":  # no command line: stored as the diagnosis itself, as it always was
-            return self.diagnosis.to_dict()
-        out: dict[str, Any] = {"diagnosis": self.diagnosis.to_dict()}
-        if self.died:
-            out["died_during_benchmark"] = True
-        return out
-
-
-class TrialObserver:
-    """What a trial reports as it goes, each before its next step starts. Every method does nothing here:
-    a caller overrides those it records (a study stores each in the trial's row)."""
-
-    def launching(self, launch: LaunchSpec, log_path: Path) -> None:
-        """The command line is built (before anything starts)."""
-
-    def launched(self, server: lifecycle.AnyServer) -> None:
-        """The server process started (not ready yet)."""
-
-    def ready(self, url: str, ready_s: float) -> None:
-        """The server is ready (an attached one: at once)."""
-
-    def applied(self, check: AppliedCheck) -> None:
-        """Requested vs effective configuration."""
-
-    def verified(self, result: VerifyResult) -> None:
-        """verify-output's result."""
-
-    def benchmarking(self) -> None:
-        """The first load level starts."""
-
-    def bench_event(self, event: str, data: dict[str, Any]) -> None:
-        """`run_bench`'s own progress events."""
-
-    def level_done(self, level: LevelResult, levels: list[LevelResult]) -> None:
-        """A load level is measured (`levels`: every level so far, this one last)."""
-
-    def stopped_early(self, reason: str) -> None:
-        """The remaining levels are skipped (throughput collapsed against the baseline)."""
-
-    def server_died(self, levels: list[LevelResult], diagnosis: Finding) -> None:
-        """The server died during the benchmark."""
-
-    def finished(self, outcome: TrialOutcome) -> None:
-        """The trial's outcome, before the teardown."""
-
-    def torn_down(self, report: lifecycle.TeardownReport) -> None:
-        """The server is stopped, and what the teardown proved."""
-
-
-# -- the pipeline ------------------------------------------------------------------------------------
 
 
 class Trial:
