@@ -42,7 +42,8 @@ from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
 from servelab.bench.remote import bench_remote
 from servelab.bench.runner import find_capacity, run_bench
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from servelab import analyze, crashpoint, lifecycle, naming
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.engines import registry
 from servelab.engines.base import Engine, LaunchSpec
 from servelab.errors import ConfigError, HostLost, Interrupted, ServelabError, UserError

@@ -387,7 +387,7 @@ def test_install_checks_with_the_trial_pipeline(tmp_path: Path, monkeypatch: pyt
 
     from servelab import trial
     from servelab.cli.deploy import deploy_cmd
-    from servelab.config import parse_study
+    from servelab.config.loading import parse_study
     from servelab.deploy.records import DeploymentRepo
     from servelab.store import open_store
     from servelab.store.bench import BenchRepo

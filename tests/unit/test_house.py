@@ -168,7 +168,7 @@ LAYERS: dict[str, int] = {
         ],
     ),
     # 4. the study: the study file's model, and the statistics over a study's levels
-    "servelab.config": STUDY,
+    **_room(STUDY, "servelab.config", "loading", "matrix", "problems", "sections", "study"),
     "servelab.space": STUDY,  # the study file's [search.space], checked by config (was search/space.py)
     "servelab.analyze": STUDY,
     # 5. workflows
