@@ -370,7 +370,7 @@ def test_install_checks_the_deployment_against_the_tuned_result(
         (unit,) = installed_units(store)
     assert unit["name"] == "llm" and unit["check"]["ok"] is ok and unit["unit"]["unit"] == "llm.service"
     # `servelab status` shows the unit and its check from then on (no systemd here: the record still shows).
-    from servelab.status import deployments
+    from servelab.status.stored import deployments
 
     (shown,) = deployments()
     assert shown["name"] == "llm" and shown["check"]["ok"] is ok

@@ -192,7 +192,7 @@ LAYERS: dict[str, int] = {
             "unit_state",
         ],
     ),
-    "servelab.status": WORKFLOWS,
+    **_room(WORKFLOWS, "servelab.status", "judge", "probes", "service", "stored"),
     **_room(
         WORKFLOWS,
         "servelab.report",
