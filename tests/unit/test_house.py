@@ -238,7 +238,23 @@ LAYERS: dict[str, int] = {
             "verify",
         ],
     ),
-    **_room(FRONTS, "servelab.mcp", "models", "progress", "server", "studies"),
+    **_room(
+        FRONTS,
+        "servelab.mcp",
+        *[
+            "base",
+            "models",
+            "progress",
+            "server",
+            "studies",
+            "tools_deploy",
+            "tools_measure",
+            "tools_observe",
+            "tools_plan",
+            "tools_predict",
+            "tools_study",
+        ],
+    ),
     **_room(FRONTS, "servelab.ui", "pages", "server"),
 }
 
