@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.config import OBJECTIVES, AnomalySpec, SLOSpec
+from servelab.config.sections import OBJECTIVES, AnomalySpec, SLOSpec
 from servelab.objectives import objective as objective_of
 from servelab.results import RequestRecord
 

@@ -131,5 +131,5 @@ def names(searchable_only: bool = False) -> list[str]:
 
 
 def directions() -> dict[str, Direction]:
-    """Every objective's direction, by name (config.OBJECTIVES)."""
+    """Every objective's direction, by name (config.sections.OBJECTIVES)."""
     return {n: c.direction for n, c in Objective._registry.items()}

@@ -20,7 +20,7 @@ from servelab.redact import is_secret_name
 
 
 class ConstraintLike(Protocol):
-    """A `[[search.constraints]]` table (config.ConstraintSpec): this module sits below config."""
+    """A `[[search.constraints]]` table (config.sections.ConstraintSpec): this module sits below config."""
 
     when: dict[str, Any]
     allow: dict[str, Any]
@@ -28,7 +28,7 @@ class ConstraintLike(Protocol):
 
 
 class SearchLike(Protocol):
-    """The `[search]` table's space and constraints (config.SearchSpec)."""
+    """The `[search]` table's space and constraints (config.sections.SearchSpec)."""
 
     @property
     def space(self) -> dict[str, Any]: ...
@@ -279,7 +279,7 @@ def flag(key: str) -> str:
 
 
 def candidate_fields(point: Point, space: Space | None = None, name: str | None = None) -> dict[str, Any]:
-    """The candidate table a point is (config.CandidateSpec's fields): fields, layout, env, options, and
+    """The candidate table a point is (config.sections.CandidateSpec's fields): fields, layout, env, options, and
     engine flags in the space's order."""
     fields: dict[str, Any] = {}
     args: list[str] = []

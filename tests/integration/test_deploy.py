@@ -370,7 +370,7 @@ def test_install_checks_the_deployment_against_the_tuned_result(
         (unit,) = installed_units(store)
     assert unit["name"] == "llm" and unit["check"]["ok"] is ok and unit["unit"]["unit"] == "llm.service"
     # `servelab status` shows the unit and its check from then on (no systemd here: the record still shows).
-    from servelab.status import deployments
+    from servelab.status.stored import deployments
 
     (shown,) = deployments()
     assert shown["name"] == "llm" and shown["check"]["ok"] is ok
@@ -386,7 +386,7 @@ def test_install_checks_with_the_trial_pipeline(tmp_path: Path, monkeypatch: pyt
     from tests.unit.deploy.stored import DIGEST, store_study, study_data
 
     from servelab.cli.deploy import deploy_cmd
-    from servelab.config import parse_study
+    from servelab.config.loading import parse_study
     from servelab.deploy.records import DeploymentRepo
     from servelab.store import open_store
     from servelab.store.bench import BenchRepo

@@ -228,7 +228,7 @@ def test_a_second_driver_is_refused_and_the_first_finishes_undisturbed(
 # The CLI as an older servelab ran it: the same code, but unnamed candidates labelled the way it did
 # (only tp and max_concurrency's value as a bare suffix, which the matrix-label change replaced).
 _OLDER_SERVELAB = (
-    "import sys, servelab.config as c\n"
+    "import sys, servelab.config.sections as c\n"
     "c.CandidateSpec.label = lambda self: self.name or f'tp{self.tp}-{self.max_concurrency}'\n"
     "from servelab.cli.main import main\n"
     "sys.argv[0] = 'servelab'\n"

@@ -529,7 +529,7 @@ def test_a_finished_study_leaves_no_plan_item_pending(glm5_names: dict[str, Any]
 
 def test_the_noise_verdict_is_a_seeded_cluster_bootstrap_and_says_so(glm5_names: dict[str, Any]) -> None:
     from servelab import analyze
-    from servelab.config import load_study
+    from servelab.config.loading import load_study
     from servelab.store import open_store
     from servelab.store.studies import StudyRepo
     from servelab.tune import TuneOptions, Tuner

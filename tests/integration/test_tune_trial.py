@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from servelab import lifecycle
-from servelab.config import Study, parse_study
+from servelab.config.loading import parse_study
+from servelab.config.study import Study
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.host import processes

@@ -168,7 +168,7 @@ LAYERS: dict[str, int] = {
         ],
     ),
     # 4. the study: the study file's model, and the statistics over a study's levels
-    "servelab.config": STUDY,
+    **_room(STUDY, "servelab.config", "loading", "matrix", "problems", "sections", "study"),
     "servelab.space": STUDY,  # the study file's [search.space], checked by config (was search/space.py)
     "servelab.analyze": STUDY,
     # 5. workflows
@@ -192,7 +192,7 @@ LAYERS: dict[str, int] = {
             "unit_state",
         ],
     ),
-    "servelab.status": WORKFLOWS,
+    **_room(WORKFLOWS, "servelab.status", "judge", "probes", "service", "stored"),
     **_room(
         WORKFLOWS,
         "servelab.report",
@@ -238,7 +238,23 @@ LAYERS: dict[str, int] = {
             "verify",
         ],
     ),
-    **_room(FRONTS, "servelab.mcp", "models", "progress", "server", "studies"),
+    **_room(
+        FRONTS,
+        "servelab.mcp",
+        *[
+            "base",
+            "models",
+            "progress",
+            "server",
+            "studies",
+            "tools_deploy",
+            "tools_measure",
+            "tools_observe",
+            "tools_plan",
+            "tools_predict",
+            "tools_study",
+        ],
+    ),
     **_room(FRONTS, "servelab.ui", "pages", "server"),
 }
 

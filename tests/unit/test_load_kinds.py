@@ -9,7 +9,8 @@ import pytest
 from tests.support import trace_samples
 
 from servelab import load as L
-from servelab.config import LoadSpec, Study
+from servelab.config.sections import LoadSpec
+from servelab.config.study import Study
 
 BASE = {
     "study": {"name": "k"},

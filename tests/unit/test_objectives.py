@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servelab import objectives as O
-from servelab.config import OBJECTIVES, SearchSpec
+from servelab.config.sections import OBJECTIVES, SearchSpec
 
 
 def test_the_registry_is_the_study_objectives_in_their_order() -> None:

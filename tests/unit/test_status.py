@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab import status
 from servelab.agent.serve import local_host
+from servelab.host.observe import compile_caches
 from servelab.host.ports import free_port
+from servelab.status import judge
+from servelab.status import service as status
 from servelab.store.db import open_store
 from servelab.store.studies import StudyRepo
 
@@ -158,10 +160,10 @@ def test_last_run_from_the_store_names_what_never_started(
 
 def test_marker_ownership() -> None:
     markers = {"m-live": "benchmarking", "m-done": "measured"}
-    assert status._owner_state(None, markers) == "not servelab's"
-    assert status._owner_state("m-live", markers) == "live servelab run"
-    assert status._owner_state("m-done", markers) == "stale servelab run"
-    assert status._owner_state("m-elsewhere", markers) == "other servelab run"
+    assert judge._owner_state(None, markers) == "not servelab's"
+    assert judge._owner_state("m-live", markers) == "live servelab run"
+    assert judge._owner_state("m-done", markers) == "stale servelab run"
+    assert judge._owner_state("m-elsewhere", markers) == "other servelab run"
 
 
 def test_stale_compile_cache(tmp_path: Path) -> None:
@@ -171,7 +173,7 @@ def test_stale_compile_cache(tmp_path: Path) -> None:
     old = 1_000_000_000.0
     os.utime(cache / "a.bin", (old, old))
     os.utime(cache, (old, old))
-    (c,) = status.compile_caches(now=old + 30 * 86400, dirs=(str(cache),))
+    (c,) = compile_caches(now=old + 30 * 86400, dirs=(str(cache),))
     assert c["bytes"] == 100 and c["stale"] and c["age_days"] == 30.0
 
 
@@ -259,7 +261,7 @@ def _down_obs(diagnosis: dict[str, object]) -> dict[str, object]:
 
 def test_down_server_finding_always_says_what_to_do_next() -> None:
     """A diagnosed class without advice falls back to reading the log (it used to give next=None)."""
-    (down,) = status.findings(_down_obs({"class": "oom"}), None)
+    (down,) = judge.findings(_down_obs({"class": "oom"}), None)
     assert down["next"] == "start it again, or read its log: servelab logs diagnose /tmp/server.log"
-    (down,) = status.findings(_down_obs({"class": "oom", "advice": "lower --gpu-memory-utilization"}), None)
+    (down,) = judge.findings(_down_obs({"class": "oom", "advice": "lower --gpu-memory-utilization"}), None)
     assert down["next"] == "lower --gpu-memory-utilization"

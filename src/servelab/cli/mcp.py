@@ -73,7 +73,8 @@ def mcp_cmd(
     Over stdio by default (the client starts `servelab mcp`). Studies it starts stop when it ends."""
     where = parse_http(http, allow_remote) if http else None
     try:
-        from servelab.mcp.server import Options, build
+        from servelab.mcp.base import Options
+        from servelab.mcp.server import build
         from servelab.mcp.studies import Studies
     except ImportError as exc:
         raise ConfigError(f"servelab mcp needs the MCP SDK ({exc})", hint=INSTALL_HINT) from None

@@ -529,7 +529,7 @@ def _observe(
     from servelab.cli.remote import open_cli_host
 
     try:
-        from servelab.status import observe
+        from servelab.status.service import observe
     except ImportError:
         raise HostError(
             "servelab status is not available here, so there is no observed state to check against",

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from servelab.cli.output import emit, stdout
-from servelab.config import Study
+from servelab.config.study import Study
 from servelab.errors import ConfigError
 from servelab.load import in_flight_text
 from servelab.model.factors import Factors, default_factors
@@ -342,7 +342,7 @@ def _apply_study(kw: dict[str, Any]) -> Study | None:
     concurrency of the study's main level (the level `tune` predicts and deployment checks use)."""
     if not kw.get("study_path"):
         return None
-    from servelab.config import load_study
+    from servelab.config.loading import load_study
 
     study = load_study(kw["study_path"])
     fills = {

@@ -230,7 +230,7 @@ def status_cmd(
 
     With --host, all of it about that machine: --url and --log are as seen from there."""
     with opened_host(host, remote_python) as h:
-        from servelab.status import observe  # imported while a remote agent starts
+        from servelab.status.service import observe  # imported while a remote agent starts
 
         obs = observe(list(urls) or None, list(units) or None, log, gpu_source, host=h)
     emit(obs, as_json, _render_status)
@@ -270,7 +270,7 @@ def doctor_cmd(gpu_source: str | None, host: str | None, remote_python: str | No
 
     With --host, the facts are read on that machine and checked here. Exits 1 when a check fails."""
     with opened_host(host, remote_python) as h:
-        from servelab.status import diagnose_host
+        from servelab.status.service import diagnose_host
 
         result = diagnose_host(h, gpu_source)
     emit(result, as_json, _render_doctor)

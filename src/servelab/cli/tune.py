@@ -18,7 +18,7 @@ from rich.text import Text
 
 from servelab.cli import aio
 from servelab.cli.output import emit, fit_labels, host_option, printable, progress_enabled, stderr, stdout
-from servelab.config import load_study
+from servelab.config.loading import load_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
 from servelab.host import transport

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab import lifecycle
-from servelab.config import parse_study
+from servelab.config.loading import parse_study
 from servelab.deploy.records import DeploymentRepo
 from servelab.deploy.spec import DeploySpec, api_key_in
 from servelab.deploy.unit_state import UNIT_DIR_ENV, unit_status

@@ -110,7 +110,7 @@ class Studies:
             raise ConfigError(
                 f"study_file: no file {study_file}", hint="pass the path of a study TOML (examples/ has some)"
             )
-        from servelab.config import load_study
+        from servelab.config.loading import load_study
 
         name = load_study(str(path)).study.name  # a bad file fails here with the field's path
         child = self._await_uid(self._spawn([str(path)], str(path)))

@@ -129,7 +129,7 @@ def _baseline_label(spec: dict[str, Any]) -> str | None:
 
 
 def _slo(spec: dict[str, Any]) -> Any:
-    from servelab.config import SLOSpec
+    from servelab.config.sections import SLOSpec
 
     try:
         return SLOSpec.model_validate(spec.get("slo") or {})

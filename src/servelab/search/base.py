@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from servelab.config import CandidateSpec
+from servelab.config.sections import CandidateSpec
 from servelab.space import Point, Space, Value, candidate_fields
 
 Origin = Literal["listed", "prior", "model", "sampler", "grid", "rung", "pruned"]

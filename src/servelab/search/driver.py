@@ -16,7 +16,8 @@ from typing import Any
 
 from servelab import analyze
 from servelab import space as sp
-from servelab.config import CandidateSpec, LoadSpec, Study, WorkloadSpec
+from servelab.config.sections import CandidateSpec, LoadSpec, WorkloadSpec
+from servelab.config.study import Study
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
 from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.errors import ServelabError
 from servelab.load import LoadKind, ModelConcurrency
 from servelab.model.factors import Factors, default_factors

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 

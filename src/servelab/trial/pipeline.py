@@ -36,7 +36,7 @@ from servelab.bench import capacity as C
 from servelab.bench.config import BenchConfig
 from servelab.bench.remote import bench_remote
 from servelab.bench.runner import find_capacity, run_bench
-from servelab.config import Study
+from servelab.config.study import Study
 from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.engines.base import Engine, Settings
 from servelab.errors import ConfigError
 from servelab.host import transport

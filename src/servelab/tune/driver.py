@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from servelab import analyze, naming
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.engines import registry
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, HostLost, Interrupted

@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 
 from servelab import lifecycle, naming
-from servelab.config import CandidateSpec, Study
+from servelab.config.sections import CandidateSpec
+from servelab.config.study import Study
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, ServelabError, UserError
 from servelab.trial.prepare import bench_config, settings_for

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from servelab import analyze
-from servelab.config import Study
+from servelab.config.study import Study
 from servelab.errors import ServelabError
 from servelab.results import Node
 from servelab.store.bench import BenchRepo

@@ -305,7 +305,9 @@ def test_check_against_an_observation(tmp_path: Path) -> None:
 
 def test_check_says_plainly_when_status_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     ok("plan", "add", "a")
-    monkeypatch.setitem(sys.modules, "servelab.status", None)  # import fails as if it were not installed
+    monkeypatch.setitem(
+        sys.modules, "servelab.status.service", None
+    )  # import fails as if it were not installed
     r = run("plan", "check")
     assert r.exit_code == 1 and "servelab status is not available" in r.stderr and "--observation" in r.stderr
 
@@ -317,7 +319,7 @@ def test_check_observes_the_servers_the_items_name(monkeypatch: pytest.MonkeyPat
     s.close()  # nothing listens there: a real probe finds it down
     ok("plan", "add", f"benchmark {url} at concurrency 8")
     ok("plan", "start", "1")
-    import servelab.status as status
+    import servelab.status.service as status
 
     seen: dict[str, Any] = {}
     real = status.observe

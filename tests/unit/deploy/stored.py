@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from servelab.config import parse_study
+from servelab.config.loading import parse_study
 from servelab.engines import registry
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo

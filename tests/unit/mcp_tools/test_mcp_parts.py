@@ -11,8 +11,8 @@ import pytest
 
 from servelab.cli.mcp import parse_http
 from servelab.errors import ConfigError, NotFoundError, ServelabError
+from servelab.mcp.base import flags, tool_error
 from servelab.mcp.progress import progress
-from servelab.mcp.server import flags, tool_error
 from servelab.mcp.studies import Studies, error_of
 from servelab.store import open_store
 from servelab.store.studies import StudyRepo

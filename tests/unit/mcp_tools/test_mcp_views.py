@@ -22,7 +22,8 @@ from servelab.cli.output import dumps_json
 from servelab.engines.base import Diagnosis, EffectiveConfig
 from servelab.host.ports import free_port
 from servelab.mcp import models as M
-from servelab.mcp.server import Options, build
+from servelab.mcp.base import Options
+from servelab.mcp.server import build
 from servelab.model.explain import Explanation, explain_levels
 from servelab.model.explain import LevelComparison as ExplainedLevel
 from servelab.model.predict import LayoutResult, Prediction, Workload, evaluate, make_setup
@@ -281,11 +282,11 @@ def test_secrets_are_masked_in_results_read_from_the_store(planted: dict[str, st
 def test_a_document_its_tool_does_not_declare_is_a_tool_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A command whose `--json` lost (or renamed) a declared key fails the call, naming the key, instead of
     handing the agent a result its schema does not describe."""
-    from servelab.mcp import server
+    from servelab.mcp import base
 
     doc = evaluate(make_setup("GLM-5-NVFP4", "rtx-pro-6000", 8, tp=8), Workload(1024, 128, 4)).to_dict()
     doc["tpot"] = doc.pop("tpot_ms")
-    monkeypatch.setattr(server, "run_cli", lambda args, timeout: json.loads(dumps_json(doc)))
+    monkeypatch.setattr(base, "run_cli", lambda args, timeout: json.loads(dumps_json(doc)))
     is_error, text, _ = _call(Options(), "predict", {"model": "GLM-5-NVFP4"})
     assert is_error and "servelab predict --json gave a document that does not match" in text
     assert "PredictionView" in text and "tpot_ms: Field required" in text and "hint:" in text
@@ -306,7 +307,7 @@ def test_a_document_its_tool_does_not_declare_is_a_tool_error(monkeypatch: pytes
 def test_the_arguments_are_the_commands_options(
     monkeypatch: pytest.MonkeyPatch, tool: str, args: dict[str, Any], command: list[str]
 ) -> None:
-    from servelab.mcp import server
+    from servelab.mcp import base
 
     seen: list[list[str]] = []
 
@@ -314,6 +315,6 @@ def test_the_arguments_are_the_commands_options(
         seen.append(argv)
         return {}
 
-    monkeypatch.setattr(server, "run_cli", run_cli)
+    monkeypatch.setattr(base, "run_cli", run_cli)
     is_error, text, _ = _call(Options(), tool, args)
     assert seen == [command] and is_error and "does not match" in text  # {} is no document of it

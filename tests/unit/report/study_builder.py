@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servelab.config import load_study
+from servelab.config.loading import load_study
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 from servelab.tune import TuneOptions, Tuner, spec_hash

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from servelab import space as sp
-from servelab.config import parse_study
+from servelab.config.loading import parse_study
 from servelab.search import prune
 from servelab.search.base import History, Tried, point_key
 from servelab.search.strategies import Budget, Halving, OptunaSearch, pool, promoted

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servelab import analyze
-from servelab.config import AnomalySpec, SLOSpec
+from servelab.config.sections import AnomalySpec, SLOSpec
 
 
 def _lv(

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.config import expand_matrix, load_study, parse_study
+from servelab.config.loading import load_study, parse_study
+from servelab.config.matrix import expand_matrix
 from servelab.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

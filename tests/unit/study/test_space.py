@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from servelab import space as sp
-from servelab.config import load_study, parse_study
+from servelab.config.loading import load_study, parse_study
 from servelab.errors import ConfigError
 from servelab.search.base import candidate
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from servelab import lifecycle, naming
 from servelab.cli.main import cli
-from servelab.config import parse_study
+from servelab.config.loading import parse_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
 from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from servelab import lifecycle, naming
 from servelab.cli.sim import build_config
 from servelab.cli.sim import sim as sim_command
-from servelab.config import load_study
+from servelab.config.loading import load_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
 from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX

@@ -1,0 +1,117 @@
+"""The service: `observe`, everything `servelab status` reports about one Host, and `diagnose_host`,
+`servelab doctor` about one; each composes the probes, the store's reads and the judgement."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from servelab.host import gpus as gpumod
+from servelab.host.observe import leftovers as host_leftovers
+from servelab.host.transport import Host
+from servelab.status.judge import findings, own_gpus, own_leftovers, verdict
+from servelab.status.probes import finish_servers, probe_servers, sim_gpus
+from servelab.status.stored import deployments, last_run, run_summary, studies
+
+
+def observe(
+    urls: list[str] | None = None,
+    units: list[str] | None = None,
+    log: str | None = None,
+    gpu_source: str | None = None,
+    *,
+    host: Host,
+) -> dict[str, Any]:
+    """Everything `servelab status` reports (keys documented in docs/cli/status.md), about `host` (this
+    machine: the front's `servelab.agent.serve.local_host()`). What lives on the machine comes from one `observe_host` call there; what lives in this
+    store (the last run, studies, deployments) is read here, and the servers are probed from here (through
+    port forwards when the host is remote)."""
+    run = last_run()
+    markers: dict[str, str] = (run or {}).get("markers", {})
+    urls = (
+        [u.rstrip("/") for u in urls]
+        if urls
+        else ([run["url"].rstrip("/")] if run and run.get("url") else [])
+    )
+    log_path = log or ((run or {}).get("log_path"))
+    probed = probe_servers(urls, host)
+    sim = sim_gpus(gpu_source, probed, host)
+    deployed = deployments()
+    if not units and deployed:  # the units `servelab deploy --install` made, whatever their names
+        units = sorted({str(d["unit"].get("unit")) for d in deployed if d.get("unit")})
+    part: dict[str, Any] = host.call(
+        "observe_host",
+        urls=urls,
+        units=units,
+        log=log_path,
+        gpu_source=gpu_source,
+        telemetry_url=sim[0] if sim else None,
+        telemetry=sim[1] if sim else None,
+        want_log_text=bool(log_path),
+    )
+    log_text = str(part.get("log_text") or "")
+    # The log belongs to a server when it is the run's own, or when one server and one log were given.
+    log_for: dict[str, str] = {}
+    if log_text:
+        owner = (run or {}).get("url") if not log else (urls[0] if len(urls) == 1 else None)
+        if owner:
+            log_for[owner.rstrip("/")] = log_text
+    finish_servers(probed, log_for)
+    for s in probed:
+        s.pop("_telemetry", None)
+    lo = own_leftovers(part["leftovers"], markers)
+    obs: dict[str, Any] = {
+        "time": time.time(),
+        "host": {
+            "target": host.name,
+            "hostname": part["hostname"],
+            "via": "local" if host.is_local else "ssh",
+        },
+        "servers": probed,
+        "services": part["services"],
+        "services_note": part["services_note"],
+        "gpus": own_gpus(part["gpus"], markers),
+        "topology": part["topology"],
+        "leftovers": lo,
+        "log": part["log"],
+        "last_run": run_summary(run),
+        "deployments": deployed,
+        "studies": studies(marked=lo["marked_processes"]),
+    }
+    obs["findings"] = findings(obs, run)
+    obs["verdict"] = verdict(obs, run)
+    return obs
+
+
+def diagnose_host(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
+    """`servelab doctor` about `host`: the facts gathered there (agent op `doctor_facts`), checked here
+    (servelab.host.doctor). A simulator's GPUs (`sim:URL`, the URL as the host sees it) are read through
+    a forward."""
+    from servelab.host import doctor
+    from servelab.host.observe import sim_report
+
+    sim = sim_gpus(gpu_source, [], host)
+    gpus = sim_report(*sim).to_dict() if sim is not None else None
+    got = host.call("doctor_facts", gpu_source=gpu_source, gpus=gpus)
+    out = doctor.report(doctor.Facts.from_dict(got["facts"]))
+    return {
+        "host": {
+            "target": host.name,
+            "hostname": got["hostname"],
+            "via": "local" if host.is_local else "ssh",
+        },
+        **out,
+    }
+
+
+# -- this machine's sections, read here (observe reads them on the host, through its agent) ---------
+def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> dict[str, Any]:
+    gpumod.enrich(rep, local=True)  # the simulator runs here too: its pid is local
+    return own_gpus(rep.to_dict(), markers)
+
+
+def leftovers(urls: list[str], markers: dict[str, str] | None = None) -> dict[str, Any]:
+    """This host's leftovers (servelab.host.observe.leftovers), whose each marked process is when
+    `markers` is given."""
+    lo = host_leftovers(urls)
+    return own_leftovers(lo, markers) if markers is not None else lo
