@@ -23,18 +23,16 @@ import numpy as np
 
 from servelab.model import silicon
 from servelab.model.calibrate import (
-    Observation,
     Prepared,
     apply_engine,
     evaluate_split,
     fit_observations,
-    holdout_mask,
-    observations_from_csv,
     predicted_ms,
     prepare,
 )
 from servelab.model.calibrate import _engine_table as engine_table
 from servelab.model.factors import Factors
+from servelab.model.observations import Observation, holdout_mask, observations_from_csv
 from servelab.model.predict import Workload, compare_layouts, make_setup, predict
 
 ROOT = Path(__file__).resolve().parents[1]

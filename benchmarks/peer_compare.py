@@ -40,13 +40,8 @@ from typing import Any
 import numpy as np
 from benchmarks.model_accuracy import DEFAULT_CSV, START, _row_predictions
 
-from servelab.model.calibrate import (
-    Observation,
-    fit_observations,
-    holdout_mask,
-    observations_from_csv,
-    prepare,
-)
+from servelab.model.calibrate import fit_observations, prepare
+from servelab.model.observations import Observation, holdout_mask, observations_from_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "peer_compare.json"

@@ -25,8 +25,8 @@ HANGUP_POLL_S = 0.5
 
 def op_bench(state: registry.AgentState, config: dict[str, Any]) -> dict[str, Any]:
     from servelab.bench.config import BenchConfig
+    from servelab.bench.probe import direct_path
     from servelab.bench.remote import RemoteBench
-    from servelab.bench.runner import direct_path
     from servelab.store.bench import BenchRepo
     from servelab.store.db import open_store
 

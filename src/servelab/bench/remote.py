@@ -9,7 +9,7 @@ throwaway SQLite store in the agent's workdir. It answers with the run read back
 imported twice is found, not doubled), and hands the trial the `BenchResult` read back from there.
 
 The path the run records: `via = "remote"`, `target` (the host), and `rtt_ms`, measured over there as the
-benchmark client's own TCP connects to the server (`bench.runner.direct_path`): the client and the server
+benchmark client's own TCP connects to the server (`bench.probe.direct_path`): the client and the server
 share the remote's loopback. Progress does not stream: the level's events come when it has finished.
 """
 
@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from servelab.bench.config import BenchConfig
-from servelab.bench.runner import BenchResult, Observer
+from servelab.bench.level import Observer
+from servelab.bench.runner import BenchResult
 from servelab.errors import NotFoundError
 from servelab.host.transport import Host
 from servelab.host.wire import rebuild_error

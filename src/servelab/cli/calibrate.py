@@ -17,15 +17,9 @@ from rich.table import Table
 
 from servelab.cli.output import emit, stderr, stdout
 from servelab.errors import ConfigError, HostError
-from servelab.model.calibrate import (
-    MEASURED,
-    evaluate_split,
-    factors_from_probe,
-    fit_observations,
-    observations_from_csv,
-    observations_from_runs,
-)
+from servelab.model.calibrate import MEASURED, evaluate_split, factors_from_probe, fit_observations
 from servelab.model.factors import default_factors
+from servelab.model.observations import observations_from_csv, observations_from_runs
 from servelab.store import calibrations as repo
 from servelab.store import open_store
 

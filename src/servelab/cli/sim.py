@@ -98,8 +98,9 @@ def sim(ctx: click.Context, /, **opts: Any) -> None:
 def build_config(opts: dict[str, Any], engine_argv: list[str]) -> Any:
     from servelab.model.hardware import make_host
     from servelab.model.predict import make_setup
+    from servelab.sim.engine_args import sglang_default_argv, vllm_default_argv
     from servelab.sim.faults import parse_faults
-    from servelab.sim.personalities import parse_engine_args, sglang_default_argv, vllm_default_argv
+    from servelab.sim.personalities import parse_engine_args
     from servelab.sim.state import SimConfig
 
     if opts["speed"] <= 0:

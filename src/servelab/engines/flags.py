@@ -1,6 +1,8 @@
 """Reading engine flags the way the engine's argparse would, to know what a candidate asks for.
 
-Each adapter declares a table: flag spelling -> (normalized key, kind). `scan` walks `extra_args` (both
+Each adapter spells its engine's flags once (`Spellings`, by argparse dest: what it writes into a launch,
+and what the simulator's personality of that engine parses), and declares a table over those spellings:
+flag spelling -> (normalized key, kind). `scan` walks `extra_args` (both
 `--flag value` and `--flag=value`), converts values, and lets the last occurrence win, as argparse does.
 Unknown flags are skipped (the engine will judge them; `requested` only reports what servelab understands).
 """
@@ -27,6 +29,36 @@ class Flag:
     @property
     def takes_value(self) -> bool:
         return self.kind in ("str", "int", "float", "json")
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """One engine flag as the engine's argparse declares it: every name, in its order, and which of them
+    servelab writes into a launch (SGLang declares `--tensor-parallel-size` first; we write `--tp-size`)."""
+
+    names: tuple[str, ...]
+    write: int = 0
+
+    @property
+    def written(self) -> str:
+        return self.names[self.write]
+
+    @property
+    def off(self) -> str:
+        """The switch's off form, as argparse's BooleanOptionalAction spells it (`--x` → `--no-x`)."""
+        return "--no-" + self.names[0].removeprefix("--")
+
+
+def spelled(*names: str, write: int = 0) -> Spelling:
+    return Spelling(names, write)
+
+
+class Spellings(dict[str, Spelling]):
+    """An engine's flags spelled once, keyed by its argparse dest: its adapter writes and reads them, the
+    simulator's personality of that engine parses them (issue 30)."""
+
+    def written(self, dest: str) -> str:
+        return self[dest].written
 
 
 def table(rows: Iterable[tuple[tuple[str, ...], Flag]]) -> dict[str, Flag]:

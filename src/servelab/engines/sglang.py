@@ -17,32 +17,75 @@ from pydantic import Field
 
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import Flag, opt, python_for, scan, table, typed_requested
+from servelab.engines.flags import Flag, Spellings, opt, python_for, scan, spelled, table, typed_requested
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
+# SGLang's flags, spelled once: this adapter writes and reads them, the simulator's SGLang personality
+# parses them (sim/engine_args.py). In SGLang's argparse order (which declares the long parallel sizes
+# first; we write the short ones); `--dtype` is read here only (the simulator does not take it).
+SPELLING = Spellings(
+    {
+        "model_path": spelled("--model-path", "--model"),
+        "served_model_name": spelled("--served-model-name"),
+        "tokenizer_path": spelled("--tokenizer-path"),
+        "tp_size": spelled("--tensor-parallel-size", "--tp-size", "--tp", write=1),
+        "pp_size": spelled("--pipeline-parallel-size", "--pp-size", write=1),
+        "dp_size": spelled("--data-parallel-size", "--dp-size", "--dp", write=1),
+        "ep_size": spelled("--expert-parallel-size", "--ep-size", "--ep", write=1),
+        "enable_dp_attention": spelled("--enable-dp-attention"),
+        "quantization": spelled("--quantization"),
+        "kv_cache_dtype": spelled("--kv-cache-dtype"),
+        "mem_fraction_static": spelled("--mem-fraction-static"),
+        "max_running_requests": spelled("--max-running-requests"),
+        "chunked_prefill_size": spelled("--chunked-prefill-size"),
+        "max_prefill_tokens": spelled("--max-prefill-tokens"),
+        "context_length": spelled("--context-length"),
+        "moe_runner_backend": spelled("--moe-runner-backend"),
+        "attention_backend": spelled("--attention-backend"),
+        "disable_radix_cache": spelled("--disable-radix-cache"),
+        "enable_flashinfer_allreduce_fusion": spelled("--enable-flashinfer-allreduce-fusion"),
+        "disable_cuda_graph": spelled("--disable-cuda-graph"),
+        "cuda_graph_max_bs": spelled("--cuda-graph-max-bs"),
+        "trust_remote_code": spelled("--trust-remote-code"),
+        "host": spelled("--host"),
+        "port": spelled("--port"),
+        "random_seed": spelled("--random-seed"),
+        "log_level": spelled("--log-level"),
+        "enable_metrics": spelled("--enable-metrics"),
+        "tool_call_parser": spelled("--tool-call-parser"),
+        "reasoning_parser": spelled("--reasoning-parser"),
+        "speculative_algorithm": spelled("--speculative-algorithm"),
+        "speculative_num_steps": spelled("--speculative-num-steps"),
+        "speculative_eagle_topk": spelled("--speculative-eagle-topk"),
+        "speculative_num_draft_tokens": spelled("--speculative-num-draft-tokens"),
+        "api_key": spelled("--api-key"),
+        "dtype": spelled("--dtype"),
+    }
+)
+_S = SPELLING
 FLAGS = table(
     [
-        (("--model-path", "--model"), Flag("model")),
-        (("--served-model-name",), Flag("served_model_name")),
-        (("--port",), Flag("port", "int")),
-        (("--tp-size", "--tp", "--tensor-parallel-size"), Flag("tp_size", "int")),
-        (("--pp-size", "--pipeline-parallel-size"), Flag("pp_size", "int")),
-        (("--dp-size", "--dp", "--data-parallel-size"), Flag("dp_size", "int")),
-        (("--ep-size", "--ep", "--expert-parallel-size"), Flag("ep_size", "int")),
-        (("--enable-dp-attention",), Flag("enable_dp_attention", "true")),
-        (("--moe-runner-backend",), Flag("moe_runner_backend")),
-        (("--attention-backend",), Flag("attention_backend")),
-        (("--quantization",), Flag("quantization")),
-        (("--kv-cache-dtype",), Flag("kv_cache_dtype")),
-        (("--max-running-requests",), Flag("max_running_requests", "int")),
-        (("--chunked-prefill-size",), Flag("max_num_batched_tokens", "int")),
-        (("--context-length",), Flag("max_model_len", "int")),
-        (("--mem-fraction-static",), Flag("mem_fraction", "float")),
-        (("--disable-radix-cache",), Flag("disable_radix_cache", "true")),
-        (("--disable-cuda-graph",), Flag("cuda_graph", "true", False)),
-        (("--enable-flashinfer-allreduce-fusion",), Flag("enable_allreduce_fusion", "true")),
-        (("--dtype",), Flag("dtype")),
+        (_S["model_path"].names, Flag("model")),
+        (_S["served_model_name"].names, Flag("served_model_name")),
+        (_S["port"].names, Flag("port", "int")),
+        (_S["tp_size"].names, Flag("tp_size", "int")),
+        (_S["pp_size"].names, Flag("pp_size", "int")),
+        (_S["dp_size"].names, Flag("dp_size", "int")),
+        (_S["ep_size"].names, Flag("ep_size", "int")),
+        (_S["enable_dp_attention"].names, Flag("enable_dp_attention", "true")),
+        (_S["moe_runner_backend"].names, Flag("moe_runner_backend")),
+        (_S["attention_backend"].names, Flag("attention_backend")),
+        (_S["quantization"].names, Flag("quantization")),
+        (_S["kv_cache_dtype"].names, Flag("kv_cache_dtype")),
+        (_S["max_running_requests"].names, Flag("max_running_requests", "int")),
+        (_S["chunked_prefill_size"].names, Flag("max_num_batched_tokens", "int")),
+        (_S["context_length"].names, Flag("max_model_len", "int")),
+        (_S["mem_fraction_static"].names, Flag("mem_fraction", "float")),
+        (_S["disable_radix_cache"].names, Flag("disable_radix_cache", "true")),
+        (_S["disable_cuda_graph"].names, Flag("cuda_graph", "true", False)),
+        (_S["enable_flashinfer_allreduce_fusion"].names, Flag("enable_allreduce_fusion", "true")),
+        (_S["dtype"].names, Flag("dtype")),
     ]
 )
 
@@ -102,28 +145,20 @@ class SGLang:
             raise ConfigError(f"tp and pp must be >= 1 (got tp={s.tp}, pp={s.pp})")
         port = s.port or self.default_port
         argv = [python_for(s.options), "-m", "sglang.launch_server"]
-        argv += [
-            "--model-path",
-            s.model,
-            "--served-model-name",
-            s.served_name,
-            "--host",
-            s.host,
-            "--port",
-            str(port),
-        ]
-        argv += ["--tp-size", str(s.tp)]
+        w = SPELLING.written
+        argv += [w("model_path"), s.model, w("served_model_name"), s.served_name, w("host"), s.host]
+        argv += [w("port"), str(port), w("tp_size"), str(s.tp)]
         if s.pp != 1:
-            argv += ["--pp-size", str(s.pp)]
-        argv += opt("--dp-size", s.dp)
-        argv += opt("--ep-size", s.ep)
-        argv += opt("--quantization", s.quantization)
-        argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
-        argv += opt("--max-running-requests", s.max_concurrency)
-        argv += opt("--mem-fraction-static", s.mem_fraction)
-        argv += opt("--context-length", s.max_model_len)
-        if s.options.get("metrics", True) and "--enable-metrics" not in s.extra_args:
-            argv.append("--enable-metrics")  # /metrics is off by default in SGLang
+            argv += [w("pp_size"), str(s.pp)]
+        argv += opt(w("dp_size"), s.dp)
+        argv += opt(w("ep_size"), s.ep)
+        argv += opt(w("quantization"), s.quantization)
+        argv += opt(w("kv_cache_dtype"), s.kv_cache_dtype)
+        argv += opt(w("max_running_requests"), s.max_concurrency)
+        argv += opt(w("mem_fraction_static"), s.mem_fraction)
+        argv += opt(w("context_length"), s.max_model_len)
+        if s.options.get("metrics", True) and w("enable_metrics") not in s.extra_args:
+            argv.append(w("enable_metrics"))  # /metrics is off by default in SGLang
         argv += list(s.extra_args)
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 

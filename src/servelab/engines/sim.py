@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field, field_validator
 
 from servelab.engines import sglang, vllm
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import opt
+from servelab.engines.flags import Spellings, opt
 from servelab.engines.options import EngineOptions
 from servelab.engines.signatures import guess_engine
 from servelab.errors import ConfigError, ServelabError
@@ -66,6 +66,26 @@ class Options(EngineOptions):
     def _one_crash(cls, v: list[str]) -> list[str]:
         _parse_faults(v)
         return v
+
+
+# The settings handed to a personality as its engine's flags (served name, requests in flight, memory
+# fraction, context, KV dtype), by that engine's argparse dest.
+_SETTING_FLAGS: dict[str, tuple[Spellings, tuple[str, ...]]] = {
+    "vllm": (
+        vllm.SPELLING,
+        ("served_model_name", "max_num_seqs", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype"),
+    ),
+    "sglang": (
+        sglang.SPELLING,
+        (
+            "served_model_name",
+            "max_running_requests",
+            "mem_fraction_static",
+            "context_length",
+            "kv_cache_dtype",
+        ),
+    ),
+}
 
 
 def _adapter(name: str) -> vllm.VLLM | sglang.SGLang:
@@ -130,18 +150,12 @@ class Sim:
             argv += ["--fault", str(fault)]
         if s.options.get("fast_start"):
             argv.append("--fast-start")
-        # What follows is engine flags, parsed by the personality's own parser.
-        if p == "vllm":
-            argv += opt("--served-model-name", s.served_model_name)
-            argv += opt("--max-num-seqs", s.max_concurrency)
-            argv += opt("--gpu-memory-utilization", s.mem_fraction)
-            argv += opt("--max-model-len", s.max_model_len)
-        else:
-            argv += opt("--served-model-name", s.served_model_name)
-            argv += opt("--max-running-requests", s.max_concurrency)
-            argv += opt("--mem-fraction-static", s.mem_fraction)
-            argv += opt("--context-length", s.max_model_len)
-        argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
+        # What follows is engine flags, spelled by the personality's engine (its adapter's SPELLING) and
+        # parsed by the personality's own parser.
+        spelling, dests = _SETTING_FLAGS[p]
+        values = (s.served_model_name, s.max_concurrency, s.mem_fraction, s.max_model_len, s.kv_cache_dtype)
+        for dest, value in zip(dests, values, strict=True):
+            argv += opt(spelling.written(dest), value)
         argv += list(s.extra_args)
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 

@@ -16,34 +16,76 @@ from pydantic import Field
 
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import Flag, opt, python_for, scan, table, typed_requested
+from servelab.engines.flags import Flag, Spellings, opt, python_for, scan, spelled, table, typed_requested
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
+# vLLM's flags, spelled once: this adapter writes and reads them, the simulator's vLLM personality parses
+# them (sim/engine_args.py). In vLLM's argparse order; `--attention-backend` and `--moe-backend` are read
+# here only (the simulator does not take them).
+SPELLING = Spellings(
+    {
+        "model": spelled("--model"),
+        "served_model_name": spelled("--served-model-name"),
+        "tensor_parallel_size": spelled("--tensor-parallel-size", "-tp"),
+        "pipeline_parallel_size": spelled("--pipeline-parallel-size", "-pp"),
+        "data_parallel_size": spelled("--data-parallel-size", "-dp"),
+        "enable_expert_parallel": spelled("--enable-expert-parallel", "-ep"),
+        "quantization": spelled("--quantization", "-q"),
+        "kv_cache_dtype": spelled("--kv-cache-dtype"),
+        "gpu_memory_utilization": spelled("--gpu-memory-utilization"),
+        "max_num_seqs": spelled("--max-num-seqs"),
+        "max_num_batched_tokens": spelled("--max-num-batched-tokens"),
+        "max_model_len": spelled("--max-model-len"),
+        "enable_prefix_caching": spelled("--enable-prefix-caching"),
+        "enable_chunked_prefill": spelled("--enable-chunked-prefill"),
+        "enforce_eager": spelled("--enforce-eager"),
+        "compilation_config": spelled("--compilation-config", "-O"),
+        "trust_remote_code": spelled("--trust-remote-code"),
+        "dtype": spelled("--dtype"),
+        "host": spelled("--host"),
+        "port": spelled("--port"),
+        "seed": spelled("--seed"),
+        "tokenizer": spelled("--tokenizer"),
+        "block_size": spelled("--block-size"),
+        "swap_space": spelled("--swap-space"),
+        "disable_log_requests": spelled("--disable-log-requests"),
+        "disable_log_stats": spelled("--disable-log-stats"),
+        "enable_log_requests": spelled("--enable-log-requests"),
+        "speculative_config": spelled("--speculative-config"),
+        "load_format": spelled("--load-format"),
+        "distributed_executor_backend": spelled("--distributed-executor-backend"),
+        "api_key": spelled("--api-key"),
+        "uvicorn_log_level": spelled("--uvicorn-log-level"),
+        "attention_backend": spelled("--attention-backend"),
+        "moe_backend": spelled("--moe-backend"),
+    }
+)
+_S = SPELLING
 FLAGS = table(
     [
-        (("--model",), Flag("model")),
-        (("--served-model-name",), Flag("served_model_name")),
-        (("--port",), Flag("port", "int")),
-        (("--tensor-parallel-size", "-tp"), Flag("tp_size", "int")),
-        (("--pipeline-parallel-size", "-pp"), Flag("pp_size", "int")),
-        (("--data-parallel-size", "-dp"), Flag("dp_size", "int")),
-        (("--enable-expert-parallel", "-ep"), Flag("_expert_parallel", "true")),
-        (("--no-enable-expert-parallel",), Flag("_expert_parallel", "false")),
-        (("--quantization", "-q"), Flag("quantization")),
-        (("--kv-cache-dtype",), Flag("kv_cache_dtype")),
-        (("--max-num-seqs",), Flag("max_running_requests", "int")),
-        (("--max-num-batched-tokens",), Flag("max_num_batched_tokens", "int")),
-        (("--max-model-len",), Flag("max_model_len", "int")),
-        (("--gpu-memory-utilization",), Flag("mem_fraction", "float")),
-        (("--enable-prefix-caching",), Flag("disable_radix_cache", "true", False)),
-        (("--no-enable-prefix-caching",), Flag("disable_radix_cache", "true", True)),
-        (("--enforce-eager",), Flag("cuda_graph", "true", False)),
-        (("--no-enforce-eager",), Flag("cuda_graph", "true", True)),
-        (("--attention-backend",), Flag("attention_backend")),
-        (("--moe-backend",), Flag("moe_runner_backend")),
-        (("--dtype",), Flag("dtype")),
-        (("--compilation-config", "-O"), Flag("_compilation_config", "json")),
+        (_S["model"].names, Flag("model")),
+        (_S["served_model_name"].names, Flag("served_model_name")),
+        (_S["port"].names, Flag("port", "int")),
+        (_S["tensor_parallel_size"].names, Flag("tp_size", "int")),
+        (_S["pipeline_parallel_size"].names, Flag("pp_size", "int")),
+        (_S["data_parallel_size"].names, Flag("dp_size", "int")),
+        (_S["enable_expert_parallel"].names, Flag("_expert_parallel", "true")),
+        ((_S["enable_expert_parallel"].off,), Flag("_expert_parallel", "false")),
+        (_S["quantization"].names, Flag("quantization")),
+        (_S["kv_cache_dtype"].names, Flag("kv_cache_dtype")),
+        (_S["max_num_seqs"].names, Flag("max_running_requests", "int")),
+        (_S["max_num_batched_tokens"].names, Flag("max_num_batched_tokens", "int")),
+        (_S["max_model_len"].names, Flag("max_model_len", "int")),
+        (_S["gpu_memory_utilization"].names, Flag("mem_fraction", "float")),
+        (_S["enable_prefix_caching"].names, Flag("disable_radix_cache", "true", False)),
+        ((_S["enable_prefix_caching"].off,), Flag("disable_radix_cache", "true", True)),
+        (_S["enforce_eager"].names, Flag("cuda_graph", "true", False)),
+        ((_S["enforce_eager"].off,), Flag("cuda_graph", "true", True)),
+        (_S["attention_backend"].names, Flag("attention_backend")),
+        (_S["moe_backend"].names, Flag("moe_runner_backend")),
+        (_S["dtype"].names, Flag("dtype")),
+        (_S["compilation_config"].names, Flag("_compilation_config", "json")),
     ]
 )
 
@@ -117,27 +159,28 @@ class VLLM:
             raise ConfigError(f"tp and pp must be >= 1 (got tp={s.tp}, pp={s.pp})")
         port = s.port or self.default_port
         argv = [python_for(s.options), "-m", "vllm.entrypoints.openai.api_server"]
+        w = SPELLING.written
         argv += [
-            "--model",
+            w("model"),
             s.model,
-            "--served-model-name",
+            w("served_model_name"),
             s.served_name,
-            "--host",
+            w("host"),
             s.host,
-            "--port",
+            w("port"),
             str(port),
         ]
-        argv += ["--tensor-parallel-size", str(s.tp)]
+        argv += [w("tensor_parallel_size"), str(s.tp)]
         if s.pp != 1:
-            argv += ["--pipeline-parallel-size", str(s.pp)]
-        argv += opt("--data-parallel-size", s.dp)
+            argv += [w("pipeline_parallel_size"), str(s.pp)]
+        argv += opt(w("data_parallel_size"), s.dp)
         if _expert_parallel(s.tp, s.dp, s.ep):
-            argv.append("--enable-expert-parallel")
-        argv += opt("--quantization", s.quantization)
-        argv += opt("--kv-cache-dtype", s.kv_cache_dtype)
-        argv += opt("--max-num-seqs", s.max_concurrency)
-        argv += opt("--gpu-memory-utilization", s.mem_fraction)
-        argv += opt("--max-model-len", s.max_model_len)
+            argv.append(w("enable_expert_parallel"))
+        argv += opt(w("quantization"), s.quantization)
+        argv += opt(w("kv_cache_dtype"), s.kv_cache_dtype)
+        argv += opt(w("max_num_seqs"), s.max_concurrency)
+        argv += opt(w("gpu_memory_utilization"), s.mem_fraction)
+        argv += opt(w("max_model_len"), s.max_model_len)
         argv += list(s.extra_args)
         env = dict(s.env)
         if s.options.get("cpu"):

@@ -137,7 +137,8 @@ def refit(study: Study, runs: list[tuple[Run, CandidateSpec]]) -> tuple[Factors 
     """Factors fitted from the study's measured bench runs (None before any has a usable level), and the
     names of the factors the fit moved. A level above a candidate's running-batch cap is left out: the
     engine ran the cap, not the level, and the fit's rows know only the level."""
-    from servelab.model.calibrate import fit_observations, observations_from_runs
+    from servelab.model.calibrate import fit_observations
+    from servelab.model.observations import observations_from_runs
 
     obs = []
     for run, cand in runs:

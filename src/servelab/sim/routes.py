@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from servelab.sim.http import HttpError, HttpProtocol, Request
-from servelab.sim.personalities import ROUTE_HANDLERS, render_metrics
+from servelab.sim.personalities import ROUTE_HANDLERS
+from servelab.sim.render import render_metrics
 from servelab.sim.state import SimState
 from servelab.sim.telemetry import gpus
 

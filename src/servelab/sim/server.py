@@ -40,8 +40,9 @@ from servelab.sim.http import (
     error_body,
     response_bytes,
 )
-from servelab.sim.personalities import Logger, Personality
+from servelab.sim.personalities import Personality
 from servelab.sim.prefix import PrefixCache, block_hashes, output_tokens, prompt_tokens
+from servelab.sim.render import Logger
 from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing
 from servelab.sim.state import SimConfig as SimConfig  # re-exported: its home was here
 from servelab.sim.text import GARBAGE_WORD, greedy_tokens, prompt_text

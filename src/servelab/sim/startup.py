@@ -19,7 +19,9 @@ from typing import Any
 
 from servelab.model.architecture import catalog_names
 from servelab.model.memory import GB
-from servelab.sim.personalities import Logger, fault_signatures, sglang_server_args, vllm_engine_config
+from servelab.sim.engine_args import sglang_server_args, vllm_engine_config
+from servelab.sim.personalities import fault_signatures
+from servelab.sim.render import Logger
 from servelab.sim.state import SimState
 
 GIB = 1024**3

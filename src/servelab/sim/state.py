@@ -13,9 +13,11 @@ from typing import Any, Protocol
 
 from servelab.model.memory import MemoryPlan
 from servelab.model.predict import Setup
+from servelab.sim.engine_args import EngineArgs
 from servelab.sim.faults import Fault
 from servelab.sim.http import HttpProtocol, Request
-from servelab.sim.personalities import EngineArgs, Logger, Personality, get_personality
+from servelab.sim.personalities import Personality, get_personality
+from servelab.sim.render import Logger
 from servelab.sim.scheduler import Scheduler
 
 

@@ -68,7 +68,7 @@ def settings_for(study: Study, cand: CandidateSpec, port: int = 0) -> Settings:
 async def measure_path(host: transport.Host | None, n: int = 5) -> NetPath:
     """Over SSH, the bench path's round trip: the median of `n` no-op requests to the agent on the
     connection that carries the forward (a TCP connect to the forward's local end measures ssh alone).
-    Direct: left to the bench, which times TCP connects to the server (`bench.runner.direct_path`)."""
+    Direct: left to the bench, which times TCP connects to the server (`bench.probe.direct_path`)."""
     if host is None or host.is_local:
         return NetPath()
     times: list[float] = []

@@ -6,20 +6,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab.model.calibrate import (
+from servelab.model.calibrate import error_table, factors_from_probe, fit, predicted_ms, prepare
+from servelab.model.factors import Factors, default_factors
+from servelab.model.observations import (
     Observation,
     _concurrency,
     _layout,
-    error_table,
-    factors_from_probe,
-    fit,
     holdout_mask,
     is_holdout,
     observations_from_csv,
-    predicted_ms,
-    prepare,
 )
-from servelab.model.factors import Factors, default_factors
 
 # The published measurements ship as package data (src/servelab/data/serving_measurements.md says whence).
 CSV = Path(str(importlib.resources.files("servelab") / "data" / "serving_measurements.csv"))

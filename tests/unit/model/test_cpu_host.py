@@ -13,16 +13,10 @@ import pytest
 from tests.conftest import SimBenchRuns
 from tests.support import engines
 
-from servelab.model.calibrate import (
-    FEW_ROWS,
-    fit_few,
-    fit_observations,
-    observations_from_runs,
-    predicted_ms,
-    prepare,
-)
+from servelab.model.calibrate import FEW_ROWS, fit_few, fit_observations, predicted_ms, prepare
 from servelab.model.factors import FIT_BOUNDS, Factors, default_factors
 from servelab.model.hardware import get_gpu, get_interconnect, make_host
+from servelab.model.observations import observations_from_runs
 from servelab.model.predict import Workload, predict
 from servelab.results import Run
 from servelab.store.bench import BenchRepo

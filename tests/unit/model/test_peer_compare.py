@@ -11,8 +11,9 @@ import pytest
 from benchmarks import peer_compare
 
 import servelab
-from servelab.model.calibrate import Observation, holdout_mask, observations_from_csv, prepare
+from servelab.model.calibrate import prepare
 from servelab.model.factors import Factors
+from servelab.model.observations import Observation, holdout_mask, observations_from_csv
 
 CSV = Path(servelab.__file__).parent / "data" / "serving_measurements.csv"
 

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from servelab.model.calibrate import ENGINE_BEHAVIOUR, Observation, prepare
+from servelab.model.calibrate import ENGINE_BEHAVIOUR, prepare
 from servelab.model.factors import FIT_BOUNDS, default_factors
 from servelab.model.memory import plan_memory
+from servelab.model.observations import Observation
 from servelab.model.predict import Workload, evaluate, kv_context, make_setup, make_terms
 from servelab.model.step import build_perf
 

@@ -10,15 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from servelab.model.calibrate import (
-    Observation,
-    _layout,
-    bench_protocols,
-    length_mean,
-    predicted_ms,
-    prepare,
-)
+from servelab.model.calibrate import predicted_ms, prepare
 from servelab.model.factors import default_factors
+from servelab.model.observations import Observation, _layout, bench_protocols, length_mean
 
 INFERENCEX_DB = "db-dump/2026-04-27; config_id=733; silicon_concurrency=128; workflow_run_id=758"
 INFERENCEX_EXPORT = "source_file=2026-04-06.csv; model=DeepSeek-R1; silicon_concurrency=4; wip=False"

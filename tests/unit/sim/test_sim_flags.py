@@ -8,8 +8,12 @@ from click.testing import CliRunner
 from servelab.bench.scrape import parse_prometheus, pick
 from servelab.cli.main import cli
 from servelab.cli.sim import build_config
+from servelab.engines import sglang as G
+from servelab.engines import vllm as V
+from servelab.sim.engine_args import sglang_parser, sglang_server_args, vllm_parser
 from servelab.sim.faults import parse_faults
-from servelab.sim.personalities import parse_engine_args, render_metrics, sglang_server_args, vllm_parser
+from servelab.sim.personalities import parse_engine_args
+from servelab.sim.render import render_metrics
 from servelab.sim.server import effective
 
 BASE = {
@@ -202,3 +206,13 @@ def test_metric_names():
     # what bench's scraper reads of them: the step clock's sums and counts, per histogram
     picked = pick(parse_prometheus(v))
     assert picked["ttft_sum"] == picked["itl_count"] == picked["e2e_count"] == 1
+
+
+@pytest.mark.parametrize(("parser", "spelling"), [(vllm_parser, V.SPELLING), (sglang_parser, G.SPELLING)])
+def test_the_personality_parses_the_flags_its_adapter_spells(parser, spelling):
+    """An engine's flags are spelled once (engines/vllm.py, engines/sglang.py): every flag the simulator's
+    parser takes is a spelling of the adapter's table (or argparse's own --help, --no-X)."""
+    names = {n for s in spelling.values() for n in (*s.names, s.off)}
+    taken = {o for a in parser()._actions for o in a.option_strings} - {"-h", "--help"}
+    assert taken <= names
+    assert all(a.dest in spelling for a in parser()._actions if a.option_strings and a.dest != "help")

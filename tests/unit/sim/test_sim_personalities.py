@@ -23,8 +23,8 @@ from servelab.sim.personalities import (
     load_personalities,
     parse_engine_args,
     parse_personalities,
-    render_metrics,
 )
+from servelab.sim.render import render_metrics
 from servelab.sim.server import SimConfig, SimServer, effective
 from servelab.sim.startup import architecture_class, context, hf_config
 
