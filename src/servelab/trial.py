@@ -11,7 +11,7 @@ The one place this pipeline lives; `servelab tune` runs it for every candidate a
 
 Each step tells the `TrialObserver` what it found before the next step starts (a study stores each, so a
 `kill -9` at any point leaves a store that `tune --resume` can continue from). The server is launched and
-torn down by `lifecycle.serving()`: the teardown always runs (in a thread, off the event loop), also on
+torn down by `lifecycle.serving.serving()`: the teardown always runs (in a thread, off the event loop), also on
 Ctrl-C, and its report is on the outcome.
 
 Typed at the seams: `Target` (the server a step talks to), `AppliedCheck` (requested vs effective),
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 from pydantic import ValidationError
 
-from servelab import analyze, lifecycle, redact
+from servelab import analyze, redact
 from servelab.applied import Mismatch, compare
 from servelab.bench import capacity as C
 from servelab.bench.client import Client
@@ -48,6 +48,8 @@ from servelab.engines.base import Diagnosis, EffectiveConfig, Engine, LaunchSpec
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
 from servelab.host.ports import free_port
+from servelab.lifecycle.handle import ServerHandle, TeardownReport
+from servelab.lifecycle.serving import serving
 from servelab.load import TraceLoad
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.bench import BenchRepo
@@ -320,7 +322,7 @@ class Target:
     url: str
     served_model: str
     api_key: str | None = None
-    server: lifecycle.AnyServer | None = None
+    server: ServerHandle | None = None
     log_path: Path | None = None
 
 
@@ -417,7 +419,7 @@ class TrialOutcome:
     levels: list[LevelResult] = field(default_factory=list)
     died: bool = False  # the server died during the benchmark
     ready_s: float | None = None
-    teardown: lifecycle.TeardownReport | None = None  # None: nothing of ours ran
+    teardown: TeardownReport | None = None  # None: nothing of ours ran
 
     def record(self) -> dict[str, Any]:
         """The outcome as a study stores it for the candidate (and reports it in `trial_finished`)."""
@@ -445,7 +447,7 @@ class TrialObserver:
     def launching(self, launch: LaunchSpec, log_path: Path) -> None:
         """The command line is built (before anything starts)."""
 
-    def launched(self, server: lifecycle.AnyServer) -> None:
+    def launched(self, server: ServerHandle) -> None:
         """The server process started (not ready yet)."""
 
     def ready(self, url: str, ready_s: float) -> None:
@@ -475,7 +477,7 @@ class TrialObserver:
     def finished(self, outcome: TrialOutcome) -> None:
         """The trial's outcome, before the teardown."""
 
-    def torn_down(self, report: lifecycle.TeardownReport) -> None:
+    def torn_down(self, report: TeardownReport) -> None:
         """The server is stopped, and what the teardown proved."""
 
 
@@ -574,19 +576,19 @@ class Trial:
     ) -> TrialOutcome:
         """`api_key`: the key the server demands (moved from its argv), sent by every request of ours."""
         cpus = settings.options.get("cpus")
-        started: list[lifecycle.AnyServer] = []
+        started: list[ServerHandle] = []
         outcome: TrialOutcome | None = None
 
-        def on_launch(server: lifecycle.AnyServer) -> None:
+        def on_launch(server: ServerHandle) -> None:
             started.append(server)
             self.observer.launched(server)
 
-        def on_not_ready(_server: lifecycle.AnyServer, exc: EngineError) -> None:
+        def on_not_ready(_server: ServerHandle, exc: EngineError) -> None:
             nonlocal outcome
             outcome = self._finish(self._not_started(exc, log_path))
 
         try:
-            async with lifecycle.serving(
+            async with serving(
                 launch,
                 log_path,
                 marker,
@@ -788,8 +790,7 @@ class Trial:
         benchmark then runs (None: the benchmark runs here, through the forward in `target.url`)."""
         if self.bench_from != "remote" or self.host is None or self.host.is_local:
             return None
-        server = target.server
-        return server.spec.url if isinstance(server, lifecycle.RemoteServer) else None
+        return target.server.remote_url if target.server is not None else None
 
     def _remote_path(self) -> NetPath:
         """How a benchmark run on the remote reaches the server; its rtt is measured over there."""

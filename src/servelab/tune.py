@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from servelab import analyze, crashpoint, lifecycle, naming
+from servelab import analyze, crashpoint, naming
 from servelab.config import CandidateSpec, Study
 from servelab.engines import registry
 from servelab.engines.base import Engine, LaunchSpec
 from servelab.errors import ConfigError, HostLost, Interrupted, ServelabError, UserError
 from servelab.executors.base import Executor, LocalExecutor, Placement
 from servelab.host import transport
+from servelab.lifecycle.handle import ServerHandle, TeardownReport, check_marker
 from servelab.paths import data_home
 from servelab.plan import TUNE_WORKER
 from servelab.results import Node
@@ -172,7 +173,7 @@ def preflight(study: Study, engine: Engine) -> None:
         label = cand.label()
         try:
             launch = engine.command(settings_for(study, cand, port=engine.default_port or 8000))
-            lifecycle.check_marker(naming.run_marker(naming.STUDY_MARKER_PREFIX, "preflight", label, 0))
+            check_marker(naming.run_marker(naming.STUDY_MARKER_PREFIX, "preflight", label, 0))
             if launch.argv and any("\0" in a for a in launch.argv):
                 raise ConfigError("the command line holds a NUL character")
         except UserError as exc:
@@ -799,7 +800,7 @@ class _TrialRecorder(TrialObserver):
         )
         crashpoint.reached("launching")
 
-    def launched(self, server: lifecycle.AnyServer) -> None:
+    def launched(self, server: ServerHandle) -> None:
         self.repo.update_trial(self.tid, pid=server.pid)
         crashpoint.reached("launched")
 
@@ -919,7 +920,7 @@ class _TrialRecorder(TrialObserver):
         self.finished(outcome)
         return outcome
 
-    def torn_down(self, report: lifecycle.TeardownReport) -> None:
+    def torn_down(self, report: TeardownReport) -> None:
         self.repo.update_trial(self.tid, teardown=report.to_dict())
         self.notify(
             "trial_teardown",
