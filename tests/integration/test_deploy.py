@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from servelab import lifecycle
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import LaunchFailed, NotReady
 from servelab.host import processes
 from servelab.host.ports import free_port
+from servelab.lifecycle.ready import Endpoint, ReadyReport, wait_url_ready
+from servelab.lifecycle.serving import sweep_orphans
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ def sims() -> Iterator[list[subprocess.Popen[bytes]]]:
             os.killpg(p.pid, 9)
         p.wait(10)
     # What left their process groups: the `orphan` fault's child runs in a session of its own.
-    lifecycle.sweep_orphans(procs.marker, grace_s=2.0)
+    sweep_orphans(procs.marker, grace_s=2.0)
     assert processes.with_marker(prefix=procs.marker) == []
 
 
@@ -85,10 +86,10 @@ def start_sim(
     return p
 
 
-def wait(port: int, timeout_s: float, pid: int | None = None) -> lifecycle.ReadyReport:
-    ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=pid)
+def wait(port: int, timeout_s: float, pid: int | None = None) -> ReadyReport:
+    ep = Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=pid)
     return asyncio.run(
-        lifecycle.wait_url_ready(ep, registry.get("sim").readiness, timeout_s, "sim", request_timeout_s=2.0)
+        wait_url_ready(ep, registry.get("sim").readiness, timeout_s, "sim", request_timeout_s=2.0)
     )
 
 
@@ -131,7 +132,7 @@ def test_slow_start_needs_its_time(sims: list[subprocess.Popen[bytes]]) -> None:
 def test_sglang_slow_start_reports_loading(sims: list[subprocess.Popen[bytes]]) -> None:
     port = free_port()
     p = start_sim(sims, port, "--fault", "slow_start:250", fast=False, personality="sglang")
-    ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=p.pid)
+    ep = Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=p.pid)
     rule = registry.get("sglang").readiness  # SGLang's /health answers 503 while it loads
     # Once it listens (on a loaded machine that can take longer than the short wait below), it loads.
     end = time.monotonic() + 60
@@ -146,8 +147,8 @@ def test_sglang_slow_start_reports_loading(sims: list[subprocess.Popen[bytes]]) 
         else:
             raise AssertionError("a 250 s slow start answered /health with 200")
     with pytest.raises(NotReady, match=r"loading \(/health answers HTTP 503\)"):
-        asyncio.run(lifecycle.wait_url_ready(ep, rule, 2.5, "sglang"))
-    assert asyncio.run(lifecycle.wait_url_ready(ep, rule, 90, "sglang")).models == [MODEL]
+        asyncio.run(wait_url_ready(ep, rule, 2.5, "sglang"))
+    assert asyncio.run(wait_url_ready(ep, rule, 90, "sglang")).models == [MODEL]
 
 
 def test_hang_is_not_ready(sims: list[subprocess.Popen[bytes]]) -> None:

@@ -22,10 +22,10 @@ from click.testing import CliRunner
 from tests.support.sshd import SshdHandle
 from tests.unit.deploy.stored import DIGEST, store_study
 
-from servelab import lifecycle
 from servelab.cli.deploy import deploy_cmd, preflight_cmd
 from servelab.host import processes
 from servelab.host.ports import free_port
+from servelab.lifecycle.serving import sweep_orphans
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_install_on_a_remote_host(remote: SshdHandle, tmp_path: Path) -> None:
         assert shown["host"] == remote.alias and shown["unit"]["state"] == f"unknown (on {remote.alias})"
     finally:
         stop = _ssh(remote, f'"$SERVELAB_SYSTEMCTL" stop {shlex.quote(name)}.service')
-        lifecycle.sweep_orphans(marker, grace_s=2.0)
+        sweep_orphans(marker, grace_s=2.0)
         (units / f"{name}.service").unlink(missing_ok=True)
     assert stop.returncode == 0, stop.stderr
     assert processes.with_marker(value=marker) == []
@@ -152,7 +152,7 @@ def test_preflight_on_a_remote_host_ends_a_marked_leftover(remote: SshdHandle) -
         assert seg.name in d["shm_removed"] and not seg.exists()
         assert processes.with_marker(value=marker) == []
     finally:
-        lifecycle.sweep_orphans(marker, grace_s=2.0)
+        sweep_orphans(marker, grace_s=2.0)
         seg.unlink(missing_ok=True)
         if os.path.exists(seg):
             raise AssertionError(f"{seg} left behind")

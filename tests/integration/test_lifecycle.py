@@ -20,12 +20,15 @@ import psutil
 import pytest
 from tests.support import engines
 
-from servelab import lifecycle
 from servelab.engines.base import LaunchSpec, Readiness
 from servelab.errors import ConfigError, LaunchFailed, NotReady
 from servelab.host import processes
 from servelab.host.ports import free_port, port_is_free
 from servelab.host.shm import SHM_DIR, segments
+from servelab.lifecycle.handle import ServerHandle
+from servelab.lifecycle.local import Server, check_port_owner, launch
+from servelab.lifecycle.ready import ReadyReport, wait_ready
+from servelab.lifecycle.serving import serving, sweep_orphans, teardown
 
 pytestmark = pytest.mark.integration
 
@@ -72,28 +75,24 @@ def sim_spec(
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[list[lifecycle.Server]]:
+def run(tmp_path: Path) -> Iterator[list[Server]]:
     """Servers launched by a test; whatever happens, torn down and proven gone afterwards."""
-    servers: list[lifecycle.Server] = []
+    servers: list[Server] = []
     yield servers
     for s in servers:
-        report = lifecycle.teardown(s, grace_s=10)
+        report = teardown(s, grace_s=10)
         assert report.survivors == [], report.to_dict()
         assert processes.with_marker(s.run_marker) == []
 
 
-def start(
-    servers: list[lifecycle.Server], spec: LaunchSpec, tmp_path: Path, **kw: object
-) -> lifecycle.Server:
-    server = lifecycle.launch(spec, tmp_path / f"server-{len(servers)}.log", _marker(), **kw)  # type: ignore[arg-type]
+def start(servers: list[Server], spec: LaunchSpec, tmp_path: Path, **kw: object) -> Server:
+    server = launch(spec, tmp_path / f"server-{len(servers)}.log", _marker(), **kw)  # type: ignore[arg-type]
     servers.append(server)
     return server
 
 
-def ready(
-    server: lifecycle.Server, personality: str, timeout_s: float = SIM_TIMEOUT_S, **kw: object
-) -> lifecycle.ReadyReport:
-    return asyncio.run(lifecycle.wait_ready(server, READINESS[personality], timeout_s, personality, **kw))  # type: ignore[arg-type]
+def ready(server: Server, personality: str, timeout_s: float = SIM_TIMEOUT_S, **kw: object) -> ReadyReport:
+    return asyncio.run(wait_ready(server, READINESS[personality], timeout_s, personality, **kw))  # type: ignore[arg-type]
 
 
 def _reuseport(port: int, *args: str) -> subprocess.Popen[str]:
@@ -108,7 +107,7 @@ def _reuseport(port: int, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize("personality", ["vllm", "sglang"])
-def test_ready_then_clean_teardown(personality: str, tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_ready_then_clean_teardown(personality: str, tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec(personality), tmp_path)
     report = ready(server, personality)
     assert report.models == [MODEL]
@@ -116,7 +115,7 @@ def test_ready_then_clean_teardown(personality: str, tmp_path: Path, run: list[l
     assert [x.pid for x in report.listeners] == [server.pid]
     assert processes.with_marker(server.run_marker)[0].pid == server.pid  # the marker reached the child
 
-    down = lifecycle.teardown(server)
+    down = teardown(server)
     assert down.clean, down.to_dict()
     assert down.stopped_by == "SIGTERM" and down.exit_code == 0
     assert down.orphans == [] and down.survivors == []
@@ -125,11 +124,11 @@ def test_ready_then_clean_teardown(personality: str, tmp_path: Path, run: list[l
     assert port_is_free("127.0.0.1", server.spec.port)
     d = down.to_dict()
     assert d["clean"] is True and d["stopped_by"] == "SIGTERM"
-    again = lifecycle.teardown(server)  # idempotent
+    again = teardown(server)  # idempotent
     assert again.stopped_by == "already exited" and again.clean
 
 
-def test_the_log_gets_the_servers_output(tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_the_log_gets_the_servers_output(tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec("vllm"), tmp_path)
     ready(server, "vllm")
     assert "vLLM API server version" in server.log_text()
@@ -151,7 +150,7 @@ def test_the_log_gets_the_servers_output(tmp_path: Path, run: list[lifecycle.Ser
 )
 @pytest.mark.parametrize("personality", ["vllm", "sglang"])
 def test_startup_crash_stops_early_with_its_diagnosis(
-    personality: str, fault: str, classes: set[str], tmp_path: Path, run: list[lifecycle.Server]
+    personality: str, fault: str, classes: set[str], tmp_path: Path, run: list[Server]
 ) -> None:
     server = start(run, sim_spec(personality, "--fault", fault), tmp_path)
     t0 = time.monotonic()
@@ -165,7 +164,7 @@ def test_startup_crash_stops_early_with_its_diagnosis(
     assert info.value.to_dict()["diagnosis"]["class"] == diag.klass
 
 
-def test_hang_is_not_ready_at_the_timeout(tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_hang_is_not_ready_at_the_timeout(tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec("sglang", "--fault", "hang"), tmp_path)
     with pytest.raises(NotReady) as info:
         ready(server, "sglang", timeout_s=4, request_timeout_s=1.0)
@@ -179,7 +178,7 @@ def test_hang_is_not_ready_at_the_timeout(tmp_path: Path, run: list[lifecycle.Se
 
 @pytest.mark.parametrize("personality", ["vllm", "sglang"])
 def test_slow_start_times_out_then_becomes_ready_with_enough_time(
-    personality: str, tmp_path: Path, run: list[lifecycle.Server]
+    personality: str, tmp_path: Path, run: list[Server]
 ) -> None:
     slow = ("--fault", "slow_start:250")  # 5+ s of start-up at --speed 50
     server = start(run, sim_spec(personality, *slow, fast=False), tmp_path)
@@ -195,7 +194,7 @@ def test_slow_start_times_out_then_becomes_ready_with_enough_time(
     assert report.models == [MODEL] and report.polls > 1
 
 
-def test_wrong_model_fails_at_once(tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_wrong_model_fails_at_once(tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec("sglang", served_model="not-this-one"), tmp_path)
     with pytest.raises(LaunchFailed) as info:
         ready(server, "sglang")
@@ -203,9 +202,7 @@ def test_wrong_model_fails_at_once(tmp_path: Path, run: list[lifecycle.Server]) 
     assert MODEL in info.value.message
 
 
-def test_a_fatal_line_stops_the_wait_while_the_process_still_runs(
-    tmp_path: Path, run: list[lifecycle.Server]
-) -> None:
+def test_a_fatal_line_stops_the_wait_while_the_process_still_runs(tmp_path: Path, run: list[Server]) -> None:
     """vLLM's API server can sit for minutes after its engine core died: the log decides, not the exit."""
     code = (
         "import time; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
@@ -221,14 +218,14 @@ def test_a_fatal_line_stops_the_wait_while_the_process_still_runs(
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_warmup_request_is_part_of_readiness(api: str, tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_warmup_request_is_part_of_readiness(api: str, tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec("sglang"), tmp_path)
     rule = Readiness(loading_status=(503,), warmup_request=True, warmup_api=api)  # type: ignore[arg-type]
-    report = asyncio.run(lifecycle.wait_ready(server, rule, SIM_TIMEOUT_S, "sglang"))
+    report = asyncio.run(wait_ready(server, rule, SIM_TIMEOUT_S, "sglang"))
     assert list(report.phases) == ["port", "health", "warmup", "models"]
 
 
-def test_api_key(tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_api_key(tmp_path: Path, run: list[Server]) -> None:
     port = free_port()
     argv = [
         sys.executable,
@@ -242,9 +239,9 @@ def test_api_key(tmp_path: Path, run: list[lifecycle.Server]) -> None:
     ]
     server = start(run, LaunchSpec(argv, {}, "127.0.0.1", port, "m"), tmp_path)
     with pytest.raises(LaunchFailed) as info:
-        asyncio.run(lifecycle.wait_ready(server, Readiness(), 30))
+        asyncio.run(wait_ready(server, Readiness(), 30))
     assert info.value.diagnosis.klass == "auth_required"
-    report = asyncio.run(lifecycle.wait_ready(server, Readiness(), 30, api_key="sk-test-123456"))
+    report = asyncio.run(wait_ready(server, Readiness(), 30, api_key="sk-test-123456"))
     assert report.models == ["m"]
 
 
@@ -252,11 +249,11 @@ def test_launch_rejects_what_cannot_start(tmp_path: Path) -> None:
     spec = sim_spec("vllm")
     for marker in ("", "a=b", "x\ny"):
         with pytest.raises(ConfigError):
-            lifecycle.launch(spec, tmp_path / "x.log", marker)
+            launch(spec, tmp_path / "x.log", marker)
     with pytest.raises(LaunchFailed, match="no port chosen"):
-        lifecycle.launch(LaunchSpec(spec.argv, {}, "127.0.0.1", 0, MODEL), tmp_path / "x.log", _marker())
+        launch(LaunchSpec(spec.argv, {}, "127.0.0.1", 0, MODEL), tmp_path / "x.log", _marker())
     with pytest.raises(LaunchFailed, match="cannot start") as info:
-        lifecycle.launch(
+        launch(
             LaunchSpec(["/nonexistent/engine"], {}, "127.0.0.1", free_port(), MODEL),
             tmp_path / "x.log",
             _marker(),
@@ -265,8 +262,8 @@ def test_launch_rejects_what_cannot_start(tmp_path: Path) -> None:
 
 
 def test_serving_context_manager_always_tears_down(tmp_path: Path) -> None:
-    async def go() -> lifecycle.Server:
-        async with lifecycle.serving(
+    async def go() -> ServerHandle:
+        async with serving(
             sim_spec("vllm"), tmp_path / "s.log", _marker(), READINESS["vllm"], SIM_TIMEOUT_S, engine="vllm"
         ) as (server, report):
             assert report.models == [MODEL]
@@ -288,7 +285,7 @@ def test_launch_refuses_a_busy_port_and_names_the_holder(tmp_path: Path) -> None
         spec = sim_spec("vllm", port=port)
         marker = _marker()
         with pytest.raises(LaunchFailed) as info:
-            lifecycle.launch(spec, tmp_path / "refused.log", marker)
+            launch(spec, tmp_path / "refused.log", marker)
         assert f"pid {holder.pid}" in info.value.message
         assert info.value.diagnosis.klass == "port_in_use"
         assert "free one" in info.value.hint
@@ -298,9 +295,7 @@ def test_launch_refuses_a_busy_port_and_names_the_holder(tmp_path: Path) -> None
         holder.wait()
 
 
-def test_guard_catches_a_reuseport_listener_that_was_there_first(
-    tmp_path: Path, run: list[lifecycle.Server]
-) -> None:
+def test_guard_catches_a_reuseport_listener_that_was_there_first(tmp_path: Path, run: list[Server]) -> None:
     """A silent SO_REUSEPORT listener holds the port; our (vLLM-like, SO_REUSEPORT) server binds it too
     without error. Readiness passes through our server, then the guard must refuse the shared port."""
     port = free_port()
@@ -313,21 +308,19 @@ def test_guard_catches_a_reuseport_listener_that_was_there_first(
         assert diag.klass == "port_shared", info.value.message
         assert f"pid {foreign.pid}" in diag.evidence
         assert "reuseport_server.py" in diag.evidence  # its command line
-        lifecycle.teardown(server)
+        teardown(server)
         assert foreign.poll() is None  # a foreign process is named, never killed
     finally:
         foreign.terminate()
         foreign.wait()
 
 
-def test_port_owner_sees_a_second_server_started_after_ready(
-    tmp_path: Path, run: list[lifecycle.Server]
-) -> None:
+def test_port_owner_sees_a_second_server_started_after_ready(tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec("vllm"), tmp_path)
     ready(server, "vllm")
     intruder = _reuseport(server.spec.port, "--model", MODEL)  # binds fine: the sim set SO_REUSEPORT
     try:
-        ours, foreign = lifecycle.check_port_owner(server)
+        ours, foreign = check_port_owner(server)
         assert {x.pid for x in ours} == {server.pid}
         assert {x.pid for x in foreign} == {intruder.pid}
     finally:
@@ -338,35 +331,33 @@ def test_port_owner_sees_a_second_server_started_after_ready(
 # -- orphans ---------------------------------------------------------------------------------------
 
 
-def _orphan_pid(server: lifecycle.Server) -> int:
+def _orphan_pid(server: Server) -> int:
     m = re.search(r"Started engine core process \S+ pid=(\d+)", server.log_text())
     assert m, server.log_text()[-2000:]
     return int(m.group(1))
 
 
 @pytest.mark.parametrize("personality", ["vllm", "sglang"])
-def test_teardown_finds_and_kills_the_orphan(
-    personality: str, tmp_path: Path, run: list[lifecycle.Server]
-) -> None:
+def test_teardown_finds_and_kills_the_orphan(personality: str, tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec(personality, "--fault", "orphan"), tmp_path)
     ready(server, personality)
     orphan = _orphan_pid(server)
     assert os.getpgid(orphan) != server.pgid  # it left the process group: killpg cannot reach it
-    down = lifecycle.teardown(server)
+    down = teardown(server)
     assert [o.pid for o in down.orphans] == [orphan]
     assert down.orphans[0].marker == server.run_marker and down.orphans[0].stopped
     assert down.survivors == [] and down.clean
     assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
 
 
-def test_teardown_after_the_engine_parent_was_killed(tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_teardown_after_the_engine_parent_was_killed(tmp_path: Path, run: list[Server]) -> None:
     server = start(run, sim_spec("vllm", "--fault", "orphan"), tmp_path)
     ready(server, "vllm")
     orphan = _orphan_pid(server)
     os.kill(server.pid, signal.SIGKILL)  # the parent engine dies; its worker is reparented to init
     server.proc.wait()
     assert psutil.Process(orphan).ppid() != server.pid
-    down = lifecycle.teardown(server)
+    down = teardown(server)
     assert down.stopped_by == "already exited" and down.exit_code == -signal.SIGKILL
     assert [o.pid for o in down.orphans] == [orphan]
     assert down.clean
@@ -375,11 +366,12 @@ def test_teardown_after_the_engine_parent_was_killed(tmp_path: Path, run: list[l
 SUPERVISOR = """
 import asyncio, sys, time
 from pathlib import Path
-from servelab import lifecycle
 from servelab.engines.base import LaunchSpec, Readiness
+from servelab.lifecycle.local import launch
+from servelab.lifecycle.ready import wait_ready
 argv, port, marker, log = sys.argv[1].split("\\x1f"), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
-server = lifecycle.launch(LaunchSpec(argv, {}, "127.0.0.1", port, "Qwen3-30B-A3B"), log, marker)
-asyncio.run(lifecycle.wait_ready(server, Readiness(port_opens_when_ready=True), 90, "vllm"))
+server = launch(LaunchSpec(argv, {}, "127.0.0.1", port, "Qwen3-30B-A3B"), log, marker)
+asyncio.run(wait_ready(server, Readiness(port_opens_when_ready=True), 90, "vllm"))
 print("READY", server.pid, flush=True)
 time.sleep(300)
 """
@@ -414,13 +406,13 @@ def test_sweep_orphans_cleans_up_after_a_killed_servelab(tmp_path: Path) -> None
     left = {p.pid for p in processes.with_marker(prefix=prefix)}
     assert server_pid in left and len(left) == 2  # the server and its orphaned engine core
 
-    killed = lifecycle.sweep_orphans(prefix)
+    killed = sweep_orphans(prefix)
     assert {k.pid for k in killed} == left
     assert all(k.stopped for k in killed)
     assert processes.with_marker(prefix=prefix) == []
     assert port_is_free("127.0.0.1", spec.port)
     with pytest.raises(Exception, match="empty marker prefix"):
-        lifecycle.sweep_orphans("")
+        sweep_orphans("")
 
 
 # -- /dev/shm --------------------------------------------------------------------------------------
@@ -436,7 +428,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_teardown_removes_the_segments_its_run_left(tmp_path: Path, run: list[lifecycle.Server]) -> None:
+def test_teardown_removes_the_segments_its_run_left(tmp_path: Path, run: list[Server]) -> None:
     """An engine killed without cleanup leaves its segment; one left earlier by somebody else stays."""
     tag = uuid.uuid4().hex[:10]
     older = SHM_DIR / f"psm_servelabtest_old_{tag}"
@@ -452,10 +444,10 @@ def test_teardown_removes_the_segments_its_run_left(tmp_path: Path, run: list[li
             "shm-model",
         )
         server = start(run, spec, tmp_path)
-        asyncio.run(lifecycle.wait_ready(server, Readiness(), 30))
+        asyncio.run(wait_ready(server, Readiness(), 30))
         seg = next(s for s in segments() if s.name == ours)
         assert seg.owners == (server.pid,)
-        down = lifecycle.teardown(server)
+        down = teardown(server)
         assert down.shm.removed == [ours]
         assert not (SHM_DIR / ours).exists()
         assert older.exists()  # not created by this run: not ours to judge
@@ -504,12 +496,10 @@ def test_vllm_cpu_launch_ready_teardown_leaves_nothing(how: str) -> None:
         served_model="tiny-qwen3-moe",
     )
     log = engines.log_dir() / f"lifecycle-vllm-{how}-{port}.log"  # kept for CI artifacts, unlike tmp_path
-    server = lifecycle.launch(spec, log, _marker(), cpus=cpus)
+    server = launch(spec, log, _marker(), cpus=cpus)
     try:
         report = asyncio.run(
-            lifecycle.wait_ready(
-                server, Readiness(port_opens_when_ready=True), engines.VLLM_STARTUP_TIMEOUT_S, "vllm"
-            )
+            wait_ready(server, Readiness(port_opens_when_ready=True), engines.VLLM_STARTUP_TIMEOUT_S, "vllm")
         )
         assert report.models == ["tiny-qwen3-moe"]
         tree = processes.process_tree(server.pid)
@@ -525,7 +515,7 @@ def test_vllm_cpu_launch_ready_teardown_leaves_nothing(how: str) -> None:
             os.kill(server.pid, signal.SIGKILL)
             server.proc.wait()
     finally:
-        down = lifecycle.teardown(server, grace_s=30)
+        down = teardown(server, grace_s=30)
     print("teardown:", down.to_dict())
     assert down.survivors == [] and down.clean, down.to_dict()
     if how == "api_server_killed":

@@ -21,12 +21,14 @@ from typing import Any
 import pytest
 from tests.support import engines
 
-from servelab import lifecycle
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec, Settings
 from servelab.host import processes
 from servelab.host.ports import free_port
 from servelab.host.shm import SHM_DIR, segments
+from servelab.lifecycle.local import launch, record_shm, run_processes
+from servelab.lifecycle.ready import wait_ready
+from servelab.lifecycle.serving import teardown
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -57,7 +59,7 @@ def _other_job(tmp: Path, i: int) -> set[str]:
     own = {f"sem.mp-slt-{tag}", f"psm_slt_{tag}"}
     port = free_port()
     spec = LaunchSpec([sys.executable, "-c", OTHER_JOB, tag], {}, "127.0.0.1", port, "none")
-    server = lifecycle.launch(spec, tmp / f"job-{tag}.log", f"test-shm-other-{tag}", cpus=JOB_CPUS)
+    server = launch(spec, tmp / f"job-{tag}.log", f"test-shm-other-{tag}", cpus=JOB_CPUS)
     try:
         deadline = time.monotonic() + 60
         while "up" not in server.log_text() and time.monotonic() < deadline:
@@ -65,7 +67,7 @@ def _other_job(tmp: Path, i: int) -> set[str]:
             time.sleep(0.02)
         assert "up" in server.log_text(), "the other job never came up"
     finally:
-        down = lifecycle.teardown(server, grace_s=5, gpu_timeout_s=1)
+        down = teardown(server, grace_s=5, gpu_timeout_s=1)
     removed = set(down.shm.removed)
     assert removed <= own, f"job {tag} removed {sorted(removed - own)}, which it did not create"
     assert not any((SHM_DIR / n).exists() for n in own)
@@ -91,13 +93,13 @@ def test_vllm_starts_while_other_jobs_clean_up_in_a_loop(tmp_path: Path) -> None
     env = {k: v for k, v in engines._engines_env(spec.env).items() if os.environ.get(k) != v}
     spec = LaunchSpec(spec.argv, env, spec.host, spec.port, spec.served_model)
     log = engines.log_dir() / f"shm-cleanup-vllm-{port}.log"
-    server = lifecycle.launch(spec, log, f"test-shm-vllm-{uuid.uuid4().hex[:10]}", cpus=VLLM_CPUS)
+    server = launch(spec, log, f"test-shm-vllm-{uuid.uuid4().hex[:10]}", cpus=VLLM_CPUS)
     outcome: dict[str, Any] = {}
 
     def wait() -> None:
         try:
             outcome["ready"] = asyncio.run(
-                lifecycle.wait_ready(server, adapter.readiness, engines.VLLM_STARTUP_TIMEOUT_S, "vllm")
+                wait_ready(server, adapter.readiness, engines.VLLM_STARTUP_TIMEOUT_S, "vllm")
             )
         except BaseException as exc:  # reported below, with the log
             outcome["error"] = exc
@@ -118,13 +120,13 @@ def test_vllm_starts_while_other_jobs_clean_up_in_a_loop(tmp_path: Path) -> None
         body = {"model": MODEL_NAME, "prompt": "bada kilo rumi", "max_tokens": 4}
         status, raw = engines._http("127.0.0.1", port, "POST", "/v1/completions", body, timeout=60)
         assert status == 200, raw[:500]
-        ours = {p.pid for p in lifecycle.run_processes(server)}
+        ours = {p.pid for p in run_processes(server)}
         held = {s.name for s in segments() if s.key not in server.shm_before and set(s.owners) & ours}
-        lifecycle.record_shm(server)
+        record_shm(server)
         recorded = {name for name, _ in server.shm.seen}
         assert held <= recorded, (held, recorded)
     finally:
-        down = lifecycle.teardown(server, grace_s=30)
+        down = teardown(server, grace_s=30)
         waiter.join(60)
     assert down.clean, down.to_dict()
     assert set(down.shm.removed) <= recorded

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from servelab import lifecycle
 from servelab.config.loading import parse_study
 from servelab.config.study import Study
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.host import processes
 from servelab.host.ports import free_port
+from servelab.lifecycle.handle import ServerHandle, TeardownReport
+from servelab.lifecycle.ready import Endpoint, wait_url_ready
 from servelab.store import open_store
 from servelab.store.db import Store
 from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, Target, TrialObserver, TrialOutcome
@@ -65,12 +66,12 @@ class Steps(TrialObserver):
         self.outcome: TrialOutcome | None = None
         self.levels: list[list[float]] = []
         self.marker_alive_at_finish: bool | None = None
-        self.server: lifecycle.Server | None = None
+        self.server: ServerHandle | None = None
 
     def launching(self, launch: LaunchSpec, log_path: Path) -> None:
         self.steps.append("launching")
 
-    def launched(self, server: lifecycle.Server) -> None:
+    def launched(self, server: ServerHandle) -> None:
         self.server = server
         self.steps.append("launched")
 
@@ -99,7 +100,7 @@ class Steps(TrialObserver):
         if self.server is not None:  # reported before the teardown: the server still runs
             self.marker_alive_at_finish = bool(processes.with_marker(self.server.run_marker))
 
-    def torn_down(self, report: lifecycle.TeardownReport) -> None:
+    def torn_down(self, report: TeardownReport) -> None:
         self.steps.append("torn_down")
 
 
@@ -225,8 +226,8 @@ def test_attach_measures_a_server_someone_else_runs_and_leaves_it_running(tmp_pa
     )
     try:
         engine = registry.get("sim")
-        ep = lifecycle.Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=sim.pid)
-        asyncio.run(lifecycle.wait_url_ready(ep, engine.readiness, 60, "sim"))
+        ep = Endpoint(LaunchSpec([], {}, "127.0.0.1", port, MODEL), time.monotonic(), pid=sim.pid)
+        asyncio.run(wait_url_ready(ep, engine.readiness, 60, "sim"))
         obs = Steps()
         with open_store() as store:
             trial = Trial(s, engine, store, obs)

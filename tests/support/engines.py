@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab import lifecycle
+from servelab.lifecycle import local
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODELS_SCRIPT = Path(__file__).resolve().with_name("tiny_models.py")
@@ -180,7 +180,7 @@ def _log_tail(path: Path, n: int = 6000) -> str:
 
 def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM the whole group, SIGKILL what is left after `timeout`, reap the leader (servelab's own)."""
-    lifecycle.stop_process_group(proc, timeout)
+    local.stop_process_group(proc, timeout)
 
 
 def _to_flags(opts: Mapping[str, Any]) -> list[str]:

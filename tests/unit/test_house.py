@@ -128,7 +128,7 @@ LAYERS: dict[str, int] = {
         ],
     ),
     # 3. mechanisms: a server's life, a benchmark, the store, output verification
-    "servelab.lifecycle": MECHANISMS,
+    **_room(MECHANISMS, "servelab.lifecycle", "handle", "local", "probe", "ready", "remote", "serving"),
     **_room(
         MECHANISMS,
         "servelab.bench",

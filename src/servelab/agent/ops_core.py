@@ -64,8 +64,8 @@ def op_launch(
     cpus: list[int] | None = None,
     check_port: bool = True,
 ) -> dict[str, Any]:
-    from servelab import lifecycle
     from servelab.engines.base import LaunchSpec
+    from servelab.lifecycle import local
 
     if marker in state.servers:
         raise ConfigError(f"a server marked {marker!r} already runs", hint="tear it down first")
@@ -73,7 +73,7 @@ def op_launch(
     if not name or name in (".", ".."):
         raise ConfigError(f"invalid log name {log_name!r}", hint="a file name, no directory")
     log_path = registry.workdir(state) / "logs" / name
-    server = lifecycle.launch(
+    server = local.launch(
         LaunchSpec(**spec), log_path, marker, cpus=set(cpus) if cpus else None, check_port=check_port
     )
     state.servers[marker] = server
@@ -96,15 +96,15 @@ def op_poll(state: AgentState, marker: str, offset: int = 0) -> dict[str, Any]:
 
 
 def op_record_shm(state: AgentState, marker: str) -> None:
-    from servelab import lifecycle
+    from servelab.lifecycle import local
 
-    lifecycle.record_shm(_server(state, marker))
+    local.record_shm(_server(state, marker))
 
 
 def op_port_owners(state: AgentState, marker: str) -> dict[str, Any]:
-    from servelab import lifecycle
+    from servelab.lifecycle import local
 
-    ours, foreign = lifecycle.check_port_owner(_server(state, marker))
+    ours, foreign = local.check_port_owner(_server(state, marker))
     return {
         "ours": [dataclasses.asdict(x) for x in ours],
         "foreign": [dataclasses.asdict(x) for x in foreign],
@@ -119,23 +119,23 @@ def op_append_log(state: AgentState, marker: str, text: str) -> None:
 
 
 def op_teardown(state: AgentState, marker: str, grace_s: float = 15.0, offset: int = 0) -> dict[str, Any]:
-    from servelab import lifecycle
     from servelab.host.wire import b64
+    from servelab.lifecycle.serving import teardown
 
     server = _server(state, marker)
-    report = lifecycle.teardown(server, grace_s)
+    report = teardown(server, grace_s)
     state.servers.pop(marker, None)
     data, end = _read(server.log_path, offset, READ_MAX)
     return {"report": dataclasses.asdict(report), "log": b64(data), "offset": end}
 
 
 def op_sweep(state: AgentState, prefix: str, grace_s: float = 5.0) -> list[dict[str, Any]]:
-    from servelab import lifecycle
+    from servelab.lifecycle.serving import sweep_orphans
 
     live = {m for m in state.servers}
     return [
         dataclasses.asdict(k)
-        for k in lifecycle.sweep_orphans(prefix, grace_s)
+        for k in sweep_orphans(prefix, grace_s)
         if k.marker is None or k.marker not in live
     ]
 

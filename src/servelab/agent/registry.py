@@ -19,7 +19,7 @@ Op = Callable[..., Any]  # fn(state, **args) -> a JSON-able answer
 class AgentState:
     """The servers this agent launched (by run marker) and where their logs go."""
 
-    servers: dict[str, Any] = field(default_factory=dict)  # marker -> lifecycle.Server
+    servers: dict[str, Any] = field(default_factory=dict)  # marker -> lifecycle.local.Server
     workdir: Path | None = None
     # The request pipe (serve's stdin): a long operation watches it, to stop when the driver is gone.
     stdin_fd: int | None = None

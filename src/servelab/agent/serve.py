@@ -55,12 +55,12 @@ def dispatch(state: AgentState, op: str, args: dict[str, Any]) -> Any:
 
 def shutdown(state: AgentState) -> None:
     """Tear down every server still running: the driver that owned them is gone."""
-    from servelab import lifecycle
+    from servelab.lifecycle.serving import teardown
 
     for marker in list(state.servers):
         server = state.servers.pop(marker)
         try:
-            lifecycle.teardown(server, 10.0, gpu_timeout_s=10.0)
+            teardown(server, 10.0, gpu_timeout_s=10.0)
         except Exception as exc:
             print(f"servelab agent: teardown of {marker} failed: {exc}", file=sys.stderr)
 

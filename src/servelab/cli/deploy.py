@@ -495,10 +495,10 @@ def wait_ready_cmd(
     import time
     from urllib.parse import urlsplit
 
-    from servelab import lifecycle
     from servelab.engines import registry
     from servelab.engines.base import LaunchSpec, Readiness
     from servelab.host import transport
+    from servelab.lifecycle.ready import Endpoint, wait_url_ready
 
     parts = urlsplit(url)
     try:
@@ -526,15 +526,13 @@ def wait_ready_cmd(
     h = transport.open_host(target, DISPATCHER)
     try:
         with h.forward(parts.hostname, port) as (reach_host, reach_port):
-            ep = lifecycle.Endpoint(
+            ep = Endpoint(
                 LaunchSpec([], {}, reach_host, reach_port, model, scheme=parts.scheme),
                 time.monotonic(),
                 pid=pid or None,
             )
             report = asyncio.run(
-                lifecycle.wait_url_ready(
-                    ep, readiness, timeout_s, engine, api_key, completion=not no_completion
-                )
+                wait_url_ready(ep, readiness, timeout_s, engine, api_key, completion=not no_completion)
             )
     finally:
         h.close()

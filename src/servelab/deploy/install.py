@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab import lifecycle
 from servelab.config.loading import parse_study
 from servelab.deploy.records import DeploymentRepo
 from servelab.deploy.spec import DeploySpec, api_key_in
@@ -29,6 +28,7 @@ from servelab.errors import ConfigError, HostError, ServelabError
 from servelab.host.systemd import SYSTEMCTL_ENV, SYSTEMD_RUNTIME, systemctl_override
 from servelab.host.systemd import systemctl as _systemctl
 from servelab.host.transport import Host, b64, unb64
+from servelab.lifecycle.ready import Endpoint, wait_url_ready
 from servelab.store.db import Store
 from servelab.trial.outcome import Target, TrialObserver
 from servelab.trial.pipeline import Trial
@@ -294,14 +294,12 @@ async def install(
             f"the stored study of {spec.record.ref} no longer validates: {exc.message}"
         ) from exc
     with box.reach(spec.host, spec.port) as (h, p):
-        endpoint = lifecycle.Endpoint(
+        endpoint = Endpoint(
             LaunchSpec([], {}, h, p, spec.served_model),
             time.monotonic(),
             log_path=f"`journalctl -u {spec.name}`" + (f" on {box.where}" if box.where else ""),
         )
-        ready = await lifecycle.wait_url_ready(
-            endpoint, engine.readiness, spec.wait_timeout_s, engine.name, api_key
-        )
+        ready = await wait_url_ready(endpoint, engine.readiness, spec.wait_timeout_s, engine.name, api_key)
         steps.append({"step": "wait-ready", **ready.to_dict()})
         target = Target(f"http://{h}:{p}", spec.served_model, api_key=api_key)
         trial = Trial(study, engine, store, _Forward(notify))

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from servelab import lifecycle
 from servelab.errors import HostLost
 from servelab.host import transport
 from servelab.host.processes import KilledProcess
+from servelab.lifecycle.serving import sweep_orphans
 from servelab.results import Node
 
 __all__ = ["Capacity", "Executor", "LocalExecutor", "Placement"]
@@ -74,7 +74,7 @@ class LocalExecutor:
         yield Placement(self.host)
 
     def sweep(self, marker_prefix: str) -> list[KilledProcess]:
-        swept = lifecycle.sweep_orphans(marker_prefix, host=self.host)
+        swept = sweep_orphans(marker_prefix, host=self.host)
         if swept:  # what the killed servers left in /dev/shm, once nothing holds it
             if self.host is None:
                 from servelab.host import shm

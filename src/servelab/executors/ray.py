@@ -29,12 +29,13 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from servelab import __version__, lifecycle
+from servelab import __version__
 from servelab.errors import ConfigError, HostError, HostLost, HostUnusable
 from servelab.executors.base import Capacity, Placement
 from servelab.host import transport, wire
 from servelab.host.processes import KilledProcess
 from servelab.host.wire import rebuild_error
+from servelab.lifecycle.serving import sweep_orphans
 from servelab.results import Node
 
 __all__ = ["NodeAgent", "RayExecutor", "RayHost"]
@@ -367,7 +368,7 @@ class RayExecutor:
             )
             try:
                 host = RayHost(actor, ray.get(actor.facts.remote(), timeout=120))
-                swept = lifecycle.sweep_orphans(marker_prefix, host=host)
+                swept = sweep_orphans(marker_prefix, host=host)
                 if swept:
                     host.call("shm_remove_orphaned", min_age_s=5)
                 out += swept

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from servelab import lifecycle
 from servelab.applied import Mismatch
 from servelab.engines.base import Diagnosis, EffectiveConfig, LaunchSpec
+from servelab.lifecycle.handle import ServerHandle, TeardownReport
 
 if TYPE_CHECKING:
     from servelab.verify import VerifyResult
@@ -40,7 +40,7 @@ class Target:
     url: str
     served_model: str
     api_key: str | None = None
-    server: lifecycle.AnyServer | None = None
+    server: ServerHandle | None = None
     log_path: Path | None = None
 
 
@@ -137,7 +137,7 @@ class TrialOutcome:
     levels: list[LevelResult] = field(default_factory=list)
     died: bool = False  # the server died during the benchmark
     ready_s: float | None = None
-    teardown: lifecycle.TeardownReport | None = None  # None: nothing of ours ran
+    teardown: TeardownReport | None = None  # None: nothing of ours ran
 
     def record(self) -> dict[str, Any]:
         """The outcome as a study stores it for the candidate (and reports it in `trial_finished`)."""
@@ -165,7 +165,7 @@ class TrialObserver:
     def launching(self, launch: LaunchSpec, log_path: Path) -> None:
         """The command line is built (before anything starts)."""
 
-    def launched(self, server: lifecycle.AnyServer) -> None:
+    def launched(self, server: ServerHandle) -> None:
         """The server process started (not ready yet)."""
 
     def ready(self, url: str, ready_s: float) -> None:
@@ -195,7 +195,7 @@ class TrialObserver:
     def finished(self, outcome: TrialOutcome) -> None:
         """The trial's outcome, before the teardown."""
 
-    def torn_down(self, report: lifecycle.TeardownReport) -> None:
+    def torn_down(self, report: TeardownReport) -> None:
         """The server is stopped, and what the teardown proved."""
 
 

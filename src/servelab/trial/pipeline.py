@@ -11,7 +11,7 @@ The one place this pipeline lives; `servelab tune` runs it for every candidate a
 
 Each step tells the `TrialObserver` what it found before the next step starts (a study stores each, so a
 `kill -9` at any point leaves a store that `tune --resume` can continue from). The server is launched and
-torn down by `lifecycle.serving()`: the teardown always runs (in a thread, off the event loop), also on
+torn down by `lifecycle.serving.serving()`: the teardown always runs (in a thread, off the event loop), also on
 Ctrl-C, and its report is on the outcome.
 
 Typed at the seams: `Target` (the server a step talks to), `AppliedCheck` (requested vs effective),
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 import orjson
 
-from servelab import analyze, lifecycle, redact
+from servelab import analyze, redact
 from servelab.applied import compare
 from servelab.bench import capacity as C
 from servelab.bench.config import BenchConfig
@@ -42,6 +42,8 @@ from servelab.engines.base import Diagnosis, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
 from servelab.host.ports import free_port
+from servelab.lifecycle.handle import ServerHandle
+from servelab.lifecycle.serving import serving
 from servelab.load import TraceLoad
 from servelab.results import NetPath, RunContext
 from servelab.store.db import Store
@@ -165,19 +167,19 @@ class Trial:
     ) -> TrialOutcome:
         """`api_key`: the key the server demands (moved from its argv), sent by every request of ours."""
         cpus = settings.options.get("cpus")
-        started: list[lifecycle.AnyServer] = []
+        started: list[ServerHandle] = []
         outcome: TrialOutcome | None = None
 
-        def on_launch(server: lifecycle.AnyServer) -> None:
+        def on_launch(server: ServerHandle) -> None:
             started.append(server)
             self.observer.launched(server)
 
-        def on_not_ready(_server: lifecycle.AnyServer, exc: EngineError) -> None:
+        def on_not_ready(_server: ServerHandle, exc: EngineError) -> None:
             nonlocal outcome
             outcome = self._finish(self._not_started(exc, log_path))
 
         try:
-            async with lifecycle.serving(
+            async with serving(
                 launch,
                 log_path,
                 marker,
@@ -379,8 +381,7 @@ class Trial:
         benchmark then runs (None: the benchmark runs here, through the forward in `target.url`)."""
         if self.bench_from != "remote" or self.host is None or self.host.is_local:
             return None
-        server = target.server
-        return server.spec.url if isinstance(server, lifecycle.RemoteServer) else None
+        return target.server.remote_url if target.server is not None else None
 
     def _remote_path(self) -> NetPath:
         """How a benchmark run on the remote reaches the server; its rtt is measured over there."""

@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 
-from servelab import lifecycle, naming
+from servelab import naming
 from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, ServelabError, UserError
+from servelab.lifecycle.handle import check_marker
 from servelab.trial.prepare import bench_config, settings_for
 
 
@@ -94,7 +95,7 @@ def preflight(study: Study, engine: Engine) -> None:
         label = cand.label()
         try:
             launch = engine.command(settings_for(study, cand, port=engine.default_port or 8000))
-            lifecycle.check_marker(naming.run_marker(naming.STUDY_MARKER_PREFIX, "preflight", label, 0))
+            check_marker(naming.run_marker(naming.STUDY_MARKER_PREFIX, "preflight", label, 0))
             if launch.argv and any("\0" in a for a in launch.argv):
                 raise ConfigError("the command line holds a NUL character")
         except UserError as exc:

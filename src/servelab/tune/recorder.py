@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servelab import crashpoint, lifecycle
+from servelab import crashpoint
 from servelab.engines.base import LaunchSpec
 from servelab.errors import HostLost
 from servelab.executors.base import Placement
+from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.results import Node
 from servelab.store.studies import StudyRepo
 from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, TrialObserver, TrialOutcome
@@ -45,7 +46,7 @@ class TrialRecorder(TrialObserver):
         )
         crashpoint.reached("launching")
 
-    def launched(self, server: lifecycle.AnyServer) -> None:
+    def launched(self, server: ServerHandle) -> None:
         self.repo.update_trial(self.tid, pid=server.pid)
         crashpoint.reached("launched")
 
@@ -165,7 +166,7 @@ class TrialRecorder(TrialObserver):
         self.finished(outcome)
         return outcome
 
-    def torn_down(self, report: lifecycle.TeardownReport) -> None:
+    def torn_down(self, report: TeardownReport) -> None:
         self.repo.update_trial(self.tid, teardown=report.to_dict())
         self.notify(
             "trial_teardown",

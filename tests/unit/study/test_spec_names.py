@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from servelab import lifecycle, naming
+from servelab import naming
 from servelab.cli.main import cli
 from servelab.config.loading import parse_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
+from servelab.lifecycle.handle import check_marker
 from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX
 from servelab.tune import TuneOptions, preflight, tune
 
@@ -51,7 +52,7 @@ def test_an_unnamed_candidate_with_env_gets_a_marker_the_launcher_accepts() -> N
     label = s.candidates[0].label()
     assert label == "tp8-NCCL_P2P_DISABLE=1"  # the label stays human
     marker = naming.run_marker(MARKER_PREFIX, "st-1", label, 0)
-    lifecycle.check_marker(marker)  # main raised "invalid run marker" here, at launch
+    check_marker(marker)  # main raised "invalid run marker" here, at launch
     assert marker.startswith(f"{MARKER_PREFIX}:st-1:") and "=" not in marker
     preflight(s, registry.get("sim"))
 
@@ -60,7 +61,7 @@ def test_an_unnamed_candidate_with_env_gets_a_marker_the_launcher_accepts() -> N
 def test_any_accepted_name_derives_a_safe_marker_and_file_name(name: str) -> None:
     s = parse_study(study(candidates=[{"name": name}]))
     preflight(s, registry.get("sim"))
-    lifecycle.check_marker(naming.run_marker(MARKER_PREFIX, "u", name, 0))
+    check_marker(naming.run_marker(MARKER_PREFIX, "u", name, 0))
     file = naming.log_name(name, 0, 7)
     assert "/" not in file and not file.startswith((".", "-")) and len(file) < 100 and file.isascii()
 

@@ -21,12 +21,13 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from servelab import lifecycle, naming
+from servelab import naming
 from servelab.cli.sim import build_config
 from servelab.cli.sim import sim as sim_command
 from servelab.config.loading import load_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
+from servelab.lifecycle.handle import check_marker
 from servelab.naming import STUDY_MARKER_PREFIX as MARKER_PREFIX
 from servelab.sim.faults import FAULTS
 from servelab.trial.prepare import settings_for
@@ -164,7 +165,7 @@ def test_the_dry_run_accepts_exactly_what_the_real_run_can_launch(
             label = cand.label()
             s = settings_for(study, cand, port=40000)
             launch = engine.command(s)
-            lifecycle.check_marker(naming.run_marker(MARKER_PREFIX, "st-x", label, 0))
+            check_marker(naming.run_marker(MARKER_PREFIX, "st-x", label, 0))
             log = Path(tmp) / "logs" / naming.log_name(label, 0, 1)
             assert log.parent == Path(tmp) / "logs"
             log.parent.mkdir(exist_ok=True)
