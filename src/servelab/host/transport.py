@@ -20,7 +20,7 @@ never on a command line. When the connection ends (a dropped link, a killed cont
 the agent's stdin closes and it tears down every server it launched.
 
 The agent (servelab.agent) stands above every room whose operations it runs, so this module never imports
-it: a `LocalHost` is handed its `Dispatcher` by whoever builds it (the fronts: `servelab.agent.local_host()`),
+it: a `LocalHost` is handed its `Dispatcher` by whoever builds it (the fronts: `servelab.agent.serve.local_host()`),
 as httpx's WSGITransport is handed its app; an `SshHost` starts it by its module name over there.
 """
 
