@@ -112,12 +112,14 @@ LAYERS: dict[str, int] = {
         MACHINE,
         "servelab.host",
         *[
+            "agent_op",
             "commprobe",
             "doctor",
             "gpu_memory",
             "gpus",
             "logs",
             "observe",
+            "ops",
             "ports",
             "processes",
             "shm",
@@ -128,7 +130,9 @@ LAYERS: dict[str, int] = {
         ],
     ),
     # 3. mechanisms: a server's life, a benchmark, the store, output verification
-    **_room(MECHANISMS, "servelab.lifecycle", "handle", "local", "probe", "ready", "remote", "serving"),
+    **_room(
+        MECHANISMS, "servelab.lifecycle", "handle", "local", "ops", "probe", "ready", "remote", "serving"
+    ),
     **_room(
         MECHANISMS,
         "servelab.bench",
@@ -190,6 +194,7 @@ LAYERS: dict[str, int] = {
             "containers",
             "install",
             "kubernetes",
+            "ops",
             "preflight",
             "records",
             "source",

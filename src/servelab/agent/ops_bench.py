@@ -17,20 +17,27 @@ from servelab.host.wire import error_payload
 
 if TYPE_CHECKING:
     from servelab.bench.config import BenchConfig
+    from servelab.bench.remote import BenchRequest, RemoteBench
     from servelab.results import Run
     from servelab.store.db import Store
 
 HANGUP_POLL_S = 0.5
 
 
-def op_bench(state: registry.AgentState, config: dict[str, Any]) -> dict[str, Any]:
-    from servelab.bench.config import BenchConfig
+def op_bench(state: registry.AgentState, **args: Any) -> Any:
+    """The contract (servelab.bench.remote.BENCH) imported with the benchmark, at the first call."""
+    from servelab.bench.remote import BENCH
+
+    return BENCH.serve(bench)(state, **args)
+
+
+def bench(state: registry.AgentState, req: BenchRequest) -> RemoteBench:
     from servelab.bench.probe import direct_path
     from servelab.bench.remote import RemoteBench
     from servelab.store.bench import BenchRepo
     from servelab.store.db import open_store
 
-    cfg = BenchConfig.model_validate(config)
+    cfg = req.config
     rtt = asyncio.run(direct_path(cfg.url)).rtt_ms
     path = cfg.context.path.model_copy(update={"via": cfg.context.path.via or "remote", "rtt_ms": rtt})
     cfg = cfg.model_copy(update={"context": cfg.context.model_copy(update={"path": path})})
@@ -53,8 +60,7 @@ def op_bench(state: registry.AgentState, config: dict[str, Any]) -> dict[str, An
         if run is not None:
             ids = repo.level_ids(run.id)
             requests = [repo.requests(ids[lv.index]) for lv in run.levels]
-        answer = RemoteBench(run=run, requests=requests, error=error)
-        return answer.model_dump(mode="json", by_alias=True)
+        return RemoteBench(run=run, requests=requests, error=error)
     finally:
         store.close()
         for suffix in ("", "-wal", "-shm", "-journal"):

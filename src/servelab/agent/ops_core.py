@@ -4,7 +4,6 @@ the /dev/shm ledger, ports, GPU memory, reading a file). Each is the function se
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import sys
@@ -15,7 +14,12 @@ from servelab import __version__
 from servelab.agent import registry
 from servelab.agent.registry import READ_MAX, AgentState, Op
 from servelab.errors import ConfigError, NotFoundError
-from servelab.host.wire import PROTOCOL
+from servelab.host import ops as h
+from servelab.host.agent_op import NoArgs
+from servelab.host.processes import KilledProcess
+from servelab.host.shm import ShmCleanup
+from servelab.host.wire import PROTOCOL, b64
+from servelab.lifecycle import ops as lc
 
 
 def _server(state: AgentState, marker: str) -> Any:
@@ -38,169 +42,155 @@ def _read(path: Path, offset: int, max_bytes: int) -> tuple[bytes, int]:
     return data, offset + len(data)
 
 
-def op_hello(state: AgentState, workdir: str | None = None) -> dict[str, Any]:
-    if workdir:
-        state.workdir = Path(workdir).expanduser()
-    return {
-        "version": __version__,
-        "protocol": PROTOCOL,
-        "hostname": socket.gethostname(),
-        "python": sys.executable,
-        "pid": os.getpid(),
-        "uid": os.getuid(),
-        "workdir": str(registry.workdir(state)),
-    }
+def op_hello(state: AgentState, req: h.HelloRequest) -> h.Hello:
+    if req.workdir:
+        state.workdir = Path(req.workdir).expanduser()
+    return h.Hello(
+        version=__version__,
+        protocol=PROTOCOL,
+        hostname=socket.gethostname(),
+        python=sys.executable,
+        pid=os.getpid(),
+        uid=os.getuid(),
+        workdir=str(registry.workdir(state)),
+    )
 
 
-def op_ping(state: AgentState) -> None:
+def op_ping(state: AgentState, req: NoArgs) -> None:
     """Nothing: its round trip is the SSH path's (the bench records it with every run)."""
 
 
-def op_launch(
-    state: AgentState,
-    spec: dict[str, Any],
-    log_name: str,
-    marker: str,
-    cpus: list[int] | None = None,
-    check_port: bool = True,
-) -> dict[str, Any]:
-    from servelab.engines.base import LaunchSpec
+def op_launch(state: AgentState, req: lc.LaunchRequest) -> lc.Launched:
     from servelab.lifecycle import local
 
-    if marker in state.servers:
-        raise ConfigError(f"a server marked {marker!r} already runs", hint="tear it down first")
-    name = Path(log_name).name
+    if req.marker in state.servers:
+        raise ConfigError(f"a server marked {req.marker!r} already runs", hint="tear it down first")
+    name = Path(req.log_name).name
     if not name or name in (".", ".."):
-        raise ConfigError(f"invalid log name {log_name!r}", hint="a file name, no directory")
+        raise ConfigError(f"invalid log name {req.log_name!r}", hint="a file name, no directory")
     log_path = registry.workdir(state) / "logs" / name
     server = local.launch(
-        LaunchSpec(**spec), log_path, marker, cpus=set(cpus) if cpus else None, check_port=check_port
+        req.spec,
+        log_path,
+        req.marker,
+        cpus=set(req.cpus) if req.cpus else None,
+        check_port=req.check_port,
     )
-    state.servers[marker] = server
-    return {
-        "pid": server.pid,
-        "started_at": server.started_at,
-        "log_path": str(log_path),
-        "gpu_baseline_mib": server.gpu_baseline_mib,
-    }
+    state.servers[req.marker] = server
+    return lc.Launched(
+        pid=server.pid,
+        started_at=server.started_at,
+        log_path=str(log_path),
+        gpu_baseline_mib=server.gpu_baseline_mib,
+    )
 
 
-def op_poll(state: AgentState, marker: str, offset: int = 0) -> dict[str, Any]:
+def op_poll(state: AgentState, req: lc.PollRequest) -> lc.Polled:
     """The leader's exit code and the log written since `offset`."""
-    from servelab.host.wire import b64
-
-    server = _server(state, marker)
+    server = _server(state, req.marker)
     rc = server.exit_code()
-    data, end = _read(server.log_path, offset, READ_MAX)
-    return {"rc": rc, "log": b64(data), "offset": end}
+    data, end = _read(server.log_path, req.offset, READ_MAX)
+    return lc.Polled(rc=rc, log=b64(data), offset=end)
 
 
-def op_record_shm(state: AgentState, marker: str) -> None:
+def op_record_shm(state: AgentState, req: lc.MarkerRequest) -> None:
     from servelab.lifecycle import local
 
-    local.record_shm(_server(state, marker))
+    local.record_shm(_server(state, req.marker))
 
 
-def op_port_owners(state: AgentState, marker: str) -> dict[str, Any]:
+def op_port_owners(state: AgentState, req: lc.MarkerRequest) -> lc.PortOwners:
     from servelab.lifecycle import local
 
-    ours, foreign = local.check_port_owner(_server(state, marker))
-    return {
-        "ours": [dataclasses.asdict(x) for x in ours],
-        "foreign": [dataclasses.asdict(x) for x in foreign],
-    }
+    ours, foreign = local.check_port_owner(_server(state, req.marker))
+    return lc.PortOwners(ours=ours, foreign=foreign)
 
 
-def op_append_log(state: AgentState, marker: str, text: str) -> None:
+def op_append_log(state: AgentState, req: lc.AppendLogRequest) -> None:
     """A line of servelab's own in the server's log (the start-up timeout marker)."""
-    server = _server(state, marker)
+    server = _server(state, req.marker)
     with open(server.log_path, "a", encoding="utf-8") as f:
-        f.write(text)
+        f.write(req.text)
 
 
-def op_teardown(state: AgentState, marker: str, grace_s: float = 15.0, offset: int = 0) -> dict[str, Any]:
-    from servelab.host.wire import b64
+def op_teardown(state: AgentState, req: lc.TeardownRequest) -> lc.TornDown:
     from servelab.lifecycle.serving import teardown
 
-    server = _server(state, marker)
-    report = teardown(server, grace_s)
-    state.servers.pop(marker, None)
-    data, end = _read(server.log_path, offset, READ_MAX)
-    return {"report": dataclasses.asdict(report), "log": b64(data), "offset": end}
+    server = _server(state, req.marker)
+    report = teardown(server, req.grace_s)
+    state.servers.pop(req.marker, None)
+    data, end = _read(server.log_path, req.offset, READ_MAX)
+    return lc.TornDown(report=report, log=b64(data), offset=end)
 
 
-def op_sweep(state: AgentState, prefix: str, grace_s: float = 5.0) -> list[dict[str, Any]]:
+def op_sweep(state: AgentState, req: lc.SweepRequest) -> list[KilledProcess]:
     from servelab.lifecycle.serving import sweep_orphans
 
-    live = {m for m in state.servers}
-    return [
-        dataclasses.asdict(k)
-        for k in sweep_orphans(prefix, grace_s)
-        if k.marker is None or k.marker not in live
-    ]
+    live = set(state.servers)
+    return [k for k in sweep_orphans(req.prefix, req.grace_s) if k.marker is None or k.marker not in live]
 
 
-def op_shm_remove_orphaned(state: AgentState, min_age_s: float = 5.0) -> dict[str, Any]:
+def op_shm_remove_orphaned(state: AgentState, req: h.ShmRequest) -> ShmCleanup:
     from servelab.host import shm
 
-    return dataclasses.asdict(shm.remove_orphaned(min_age_s=min_age_s))
+    return shm.remove_orphaned(min_age_s=req.min_age_s)
 
 
-def op_free_port(state: AgentState, host: str = "127.0.0.1") -> int:
+def op_free_port(state: AgentState, req: h.FreePortRequest) -> int:
     from servelab.host.ports import free_port
 
-    return free_port(host)
+    return free_port(req.host)
 
 
-def op_port_is_free(state: AgentState, host: str, port: int) -> bool:
+def op_port_is_free(state: AgentState, req: h.PortRequest) -> bool:
     from servelab.host.ports import port_is_free
 
-    return port_is_free(host, port)
+    return port_is_free(req.host, req.port)
 
 
-def op_port_open(state: AgentState, host: str, port: int, timeout_s: float = 2.0) -> bool:
+def op_port_open(state: AgentState, req: h.PortOpenRequest) -> bool:
     """Whether `host:port` accepts a TCP connection here."""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        with socket.create_connection((req.host, req.port), timeout=req.timeout_s):
             return True
     except OSError:
         return False
 
 
-def op_gpu_memory(state: AgentState) -> list[int] | None:
+def op_gpu_memory(state: AgentState, req: NoArgs) -> list[int] | None:
     from servelab.host.gpu_memory import nvidia_smi_reader
 
     return nvidia_smi_reader()
 
 
-def op_read(state: AgentState, path: str, offset: int = 0, max_bytes: int = READ_MAX) -> dict[str, Any]:
+def op_read(state: AgentState, req: h.ReadRequest) -> h.ReadAnswer:
     """Bytes of a file on this host; a negative offset counts from the end."""
-    from servelab.host.wire import b64
-
-    p = Path(path).expanduser()
+    p = Path(req.path).expanduser()
     try:
         size = p.stat().st_size
     except OSError as exc:
-        return {"exists": False, "error": exc.strerror or str(exc), "data": "", "size": 0, "offset": 0}
-    start = max(0, size + offset) if offset < 0 else offset
-    data, end = _read(p, start, min(max_bytes, READ_MAX))
-    return {"exists": True, "data": b64(data), "size": size, "offset": end}
+        return h.ReadAnswer(exists=False, error=exc.strerror or str(exc), data="", size=0, offset=0)
+    start = max(0, size + req.offset) if req.offset < 0 else req.offset
+    data, end = _read(p, start, min(req.max_bytes, READ_MAX))
+    return h.ReadAnswer(exists=True, data=b64(data), size=size, offset=end)
 
 
-OPS: dict[str, Op] = {
-    "hello": op_hello,
-    "ping": op_ping,
-    "launch": op_launch,
-    "poll": op_poll,
-    "record_shm": op_record_shm,
-    "port_owners": op_port_owners,
-    "append_log": op_append_log,
-    "teardown": op_teardown,
-    "sweep": op_sweep,
-    "shm_remove_orphaned": op_shm_remove_orphaned,
-    "free_port": op_free_port,
-    "port_is_free": op_port_is_free,
-    "port_open": op_port_open,
-    "gpu_memory": op_gpu_memory,
-    "read": op_read,
-}
+OPS: dict[str, Op] = dict(
+    [
+        h.HELLO.entry(op_hello),
+        h.PING.entry(op_ping),
+        lc.LAUNCH.entry(op_launch),
+        lc.POLL.entry(op_poll),
+        lc.RECORD_SHM.entry(op_record_shm),
+        lc.PORT_OWNERS.entry(op_port_owners),
+        lc.APPEND_LOG.entry(op_append_log),
+        lc.TEARDOWN.entry(op_teardown),
+        lc.SWEEP.entry(op_sweep),
+        h.SHM_REMOVE_ORPHANED.entry(op_shm_remove_orphaned),
+        h.FREE_PORT.entry(op_free_port),
+        h.PORT_IS_FREE.entry(op_port_is_free),
+        h.PORT_OPEN.entry(op_port_open),
+        h.GPU_MEMORY.entry(op_gpu_memory),
+        h.READ.entry(op_read),
+    ]
+)

@@ -99,7 +99,7 @@ def serve(stdin: Any, out: Any) -> None:
 
 def main() -> None:
     if "--check" in sys.argv[1:]:
-        print(orjson.dumps(ops_core.op_hello(AgentState())).decode())
+        print(orjson.dumps(dispatch(AgentState(), "hello", {})).decode())
         return
     if "--detach" in sys.argv[1:]:
         # Out of the starter's process tree (a Ray worker: Ray SIGKILLs a dying worker's children, which

@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from servelab.bench.config import BenchConfig
 from servelab.bench.level import Observer
 from servelab.bench.runner import BenchResult
 from servelab.errors import NotFoundError
+from servelab.host.agent_op import AgentOp, Request
 from servelab.host.transport import Host
 from servelab.host.wire import rebuild_error
 from servelab.results import NetPath, RequestRecord, Run
@@ -44,6 +45,13 @@ class RemoteBench(BaseModel):
     run: Run | None = None
     requests: list[list[RequestRecord]] = []
     error: dict[str, Any] | None = None
+
+
+class BenchRequest(Request):
+    config: BenchConfig  # as JSON on the agent's stdin (the API key with it), its URL as seen over there
+
+
+BENCH = AgentOp("bench", BenchRequest, TypeAdapter(RemoteBench))  # served by servelab.agent.ops_bench
 
 
 def import_run(store: Store, run: Run, requests: list[list[RequestRecord]]) -> int:
@@ -91,10 +99,7 @@ async def bench_remote(
                 "context": cfg.context.model_copy(update={"path": NetPath(via="remote", target=host.name)})
             }
         )
-    answer = await asyncio.to_thread(
-        host.call, "bench", config=cfg.model_dump(mode="json", by_alias=True), _timeout=BENCH_CALL_TIMEOUT_S
-    )
-    got = RemoteBench.model_validate(answer)
+    got = await asyncio.to_thread(BENCH.call, host, BenchRequest(config=cfg), timeout=BENCH_CALL_TIMEOUT_S)
     if got.run is not None:
         import_run(store, got.run, got.requests)
     if got.error is not None:

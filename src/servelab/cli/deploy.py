@@ -146,8 +146,12 @@ def deploy_cmd(
                     python=opts["remote_python"] or study_host.get("python"),
                     workdir=study_host.get("workdir"),
                 )
-                inst.require_systemd(reason=host.call("deploy_systemd_missing"), where=host.name)
-                servelab_cmd = [str(host.call("hello")["python"]), "-m", "servelab"]
+                from servelab.deploy.ops import DEPLOY_SYSTEMD_MISSING
+                from servelab.host.agent_op import NoArgs
+                from servelab.host.ops import HELLO, HelloRequest
+
+                inst.require_systemd(reason=DEPLOY_SYSTEMD_MISSING.call(host, NoArgs()), where=host.name)
+                servelab_cmd = [HELLO.call(host, HelloRequest()).python, "-m", "servelab"]
             result = _deploy(
                 store, stored, target, out_dir, install, dry_run, opts, host, where, servelab_cmd, as_json
             )
@@ -392,27 +396,27 @@ def preflight_cmd(as_json: bool, host: str | None, remote_python: str | None, **
 
     Exits 1 with the reasons when the server must not start (systemd's ExecStartPre then stops the start).
     With --host, everything is checked (and with --kill-stale cleaned) on that host, by the same rules."""
+    from servelab.deploy.ops import PREFLIGHT
+    from servelab.deploy.preflight import PreflightRequest, run_preflight
     from servelab.host import transport
 
-    args = {
-        "address": opts["address"],
-        "port": opts["port"],
-        "gpus": opts["gpus"],
-        "marker": opts["marker"] or os.environ.get("SERVELAB_RUN", ""),
-        "kill_stale": opts["kill_stale"],
-        "engine": opts["engine"],
-        "reset_compile_cache": opts["reset_compile_cache"],
-        "compile_caches": list(opts["compile_caches"]),
-    }
+    req = PreflightRequest(
+        address=opts["address"],
+        port=opts["port"],
+        gpus=opts["gpus"],
+        marker=opts["marker"] or os.environ.get("SERVELAB_RUN", ""),
+        kill_stale=opts["kill_stale"],
+        engine=opts["engine"],
+        reset_compile_cache=opts["reset_compile_cache"],
+        compile_caches=list(opts["compile_caches"]),
+    )
     where = transport.target_of(host)
     if where is None:
-        from servelab.deploy.preflight import preflight
-
-        report: dict[str, Any] = preflight(args.pop("address"), args.pop("port"), **args).to_dict()
+        report = run_preflight(req).model_dump(mode="json")
     else:
         box = transport.open_host(where, DISPATCHER, python=remote_python)
         try:
-            report = dict(box.call("preflight", **args))
+            report = PREFLIGHT.call(box, req).model_dump(mode="json")
         finally:
             box.close()
         report["on"] = where

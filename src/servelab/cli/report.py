@@ -35,14 +35,17 @@ def _write(path: Path, text: str) -> None:
 
 def _remote_facts(target: str, remote_python: str | None, spec_host: dict[str, Any]) -> dict[str, Any] | None:
     """`servelab doctor`'s findings on the SSH host `target`, gathered there by its agent."""
+    from servelab.host.agent_op import NoArgs
+    from servelab.report.host import HOST_FACTS
+
     h = open_cli_host(
         target, remote_python, study_python=spec_host.get("python"), workdir=spec_host.get("workdir")
     )
     try:
-        facts: dict[str, Any] | None = h.call("host_facts")
+        facts = HOST_FACTS.call(h, NoArgs())
     finally:
         h.close()
-    return None if facts is None else {**facts, "host": target}
+    return None if facts is None else {**facts.model_dump(exclude_unset=True), "host": target}
 
 
 def is_run(store: Store, ref: str, run_flag: bool) -> bool:

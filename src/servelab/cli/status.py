@@ -76,8 +76,11 @@ class _Warming:
         self._thread.start()
 
     def _start(self) -> None:
+        from servelab.host.agent_op import NoArgs
+        from servelab.host.ops import OBSERVE_READY
+
         try:
-            self.host.call("observe_ready")
+            OBSERVE_READY.call(self.host, NoArgs())
         except BaseException as exc:  # re-raised in the command's thread by _ready
             self._error = exc
 

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from servelab.config.loading import parse_study
+from servelab.deploy import ops
 from servelab.deploy.records import DeploymentRepo
 from servelab.deploy.spec import DeploySpec, api_key_in
 from servelab.deploy.unit_state import UNIT_DIR_ENV, unit_status
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError, HostError, ServelabError
+from servelab.host.agent_op import NoArgs
+from servelab.host.ops import READ, ReadRequest
 from servelab.host.systemd import SYSTEMCTL_ENV, SYSTEMD_RUNTIME, systemctl_override
 from servelab.host.systemd import systemctl as _systemctl
 from servelab.host.transport import Host, b64, unb64
@@ -198,36 +201,37 @@ class UnitHost:
     def missing(self) -> str | None:
         if self.host is None:
             return systemd_missing(self.unit_dir)
-        reason = self.host.call("deploy_systemd_missing")
-        return None if reason is None else str(reason)
+        return ops.DEPLOY_SYSTEMD_MISSING.call(self.host, NoArgs())
 
     def write_unit(self, name: str, text: str) -> str:
         if self.host is None:
             return str(write_unit(self.unit_dir or default_unit_dir(), name, text))
-        return str(self.host.call("deploy_write_unit", name=name, text=text))
+        return ops.DEPLOY_WRITE_UNIT.call(self.host, ops.WriteUnitRequest(name=name, text=text))
 
     def write_env_file(self, path: str, content: bytes) -> None:
         """Only for a remote host (locally the file is the user's own): its content travels in the agent's
         request on its stdin, never on a command line."""
         assert self.host is not None
-        self.host.call("deploy_write_env_file", path=path, data=b64(content))
+        ops.DEPLOY_WRITE_ENV_FILE.call(self.host, ops.WriteEnvFileRequest(path=path, data=b64(content)))
 
     def systemctl(self, *args: str, timeout: float) -> tuple[int, str, str]:
         if self.host is None:
             res = _systemctl(*args, timeout=timeout)
             return res.returncode, res.stdout, res.stderr
-        out = self.host.call("deploy_systemctl", args=list(args), timeout=timeout, _timeout=timeout + 30)
-        return int(out["rc"]), str(out["stdout"]), str(out["stderr"])
+        req = ops.SystemctlRequest(args=list(args), timeout=timeout)
+        out = ops.DEPLOY_SYSTEMCTL.call(self.host, req, timeout=timeout + 30)
+        return out.rc, out.stdout, out.stderr
 
     def journal(self, name: str) -> str:
         if self.host is None:
             return journal_tail(name)
-        return str(self.host.call("deploy_journal", name=name))
+        return ops.DEPLOY_JOURNAL.call(self.host, ops.JournalRequest(name=name))
 
     def status(self, name: str) -> dict[str, Any]:
         if self.host is None:
             return unit_status(name, runtime=SYSTEMD_RUNTIME, run=_systemctl)
-        return dict(self.host.call("deploy_unit_status", name=name))
+        got = ops.DEPLOY_UNIT_STATUS.call(self.host, ops.UnitRequest(name=name))
+        return got.model_dump(exclude_unset=True)
 
     def reach(self, host: str, port: int) -> contextlib.AbstractContextManager[tuple[str, int]]:
         """host:port as the machine the unit runs on sees it, reachable from here."""
@@ -268,8 +272,8 @@ async def install(
             steps.append({"step": "write", "path": spec.env_file, "mode": "0600"})
             api_key = api_key_in(env_content.decode("utf-8", "replace"), spec.api_key_env)
         else:  # the user's file over there: read it for the key the checks need, when we may
-            got = box.host.call("read", path=spec.env_file)
-            text = unb64(got["data"]).decode("utf-8", "replace") if got.get("exists") else ""
+            got = READ.call(box.host, ReadRequest(path=spec.env_file))
+            text = unb64(got.data).decode("utf-8", "replace") if got.exists else ""
             api_key = api_key_in(text, spec.api_key_env)
     path = box.write_unit(spec.name, unit_text)
     steps.append({"step": "write", "path": path})

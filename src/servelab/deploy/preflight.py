@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from servelab.deploy.spec import defaults
 from servelab.host import processes, shm
+from servelab.host.agent_op import Answer, Request
 from servelab.host.gpus import run_nvidia_smi
 from servelab.host.ports import listeners, port_is_free
 from servelab.host.processes import ProcInfo
@@ -267,3 +270,48 @@ def preflight(
         with contextlib.suppress(KeyError):
             _reset_caches(dirs, report)
     return report
+
+
+class PreflightRequest(Request):
+    """What `servelab preflight` checks: one request for this machine and, as the agent operation
+    `preflight`, for a remote one (the CLI builds it once; `run_preflight` answers it on either)."""
+
+    address: str
+    port: int
+    gpus: str = "all"
+    marker: str = ""
+    kill_stale: bool = False
+    engine: str | None = None
+    reset_compile_cache: bool = False
+    compile_caches: list[str] = Field(default_factory=list)
+
+
+class PreflightAnswer(Answer):
+    """`PreflightReport.to_dict`, typed: what the command prints and emits as JSON."""
+
+    ok: bool
+    host: str
+    port: int
+    gpus: str
+    holders: list[Holder]
+    killed: list[Holder]
+    shm_removed: list[str]
+    shm_held: list[str]
+    caches_reset: list[str]
+    refusals: list[str]
+    notes: list[str]
+
+
+def run_preflight(req: PreflightRequest) -> PreflightAnswer:
+    """The one implementation behind `servelab preflight`, on this machine or (agent op) on a remote one."""
+    report = preflight(
+        req.address,
+        req.port,
+        gpus=req.gpus,
+        marker=req.marker,
+        kill_stale=req.kill_stale,
+        engine=req.engine,
+        reset_compile_cache=req.reset_compile_cache,
+        compile_caches=req.compile_caches,
+    )
+    return PreflightAnswer.model_validate(report.to_dict())

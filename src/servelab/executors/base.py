@@ -14,6 +14,8 @@ from typing import Protocol
 
 from servelab.errors import HostLost
 from servelab.host import transport
+from servelab.host.agent_op import NoArgs
+from servelab.host.ops import PING, SHM_REMOVE_ORPHANED, ShmRequest
 from servelab.host.processes import KilledProcess
 from servelab.lifecycle.serving import sweep_orphans
 from servelab.results import Node
@@ -61,7 +63,7 @@ class LocalExecutor:
 
     async def start(self) -> None:
         if self.host is not None:  # an unusable host fails before anything is stored
-            await asyncio.to_thread(self.host.call, "ping")
+            await asyncio.to_thread(PING.call, self.host, NoArgs())
 
     def capacity(self) -> int:
         return 1
@@ -81,7 +83,7 @@ class LocalExecutor:
 
                 shm.remove_orphaned(min_age_s=5)
             else:
-                self.host.call("shm_remove_orphaned", min_age_s=5)
+                SHM_REMOVE_ORPHANED.call(self.host, ShmRequest(min_age_s=5))
         return swept
 
     def close(self) -> None:

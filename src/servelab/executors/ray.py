@@ -33,6 +33,7 @@ from servelab import __version__
 from servelab.errors import ConfigError, HostError, HostLost, HostUnusable
 from servelab.executors.base import Capacity, Placement
 from servelab.host import transport, wire
+from servelab.host.ops import SHM_REMOVE_ORPHANED, ShmRequest
 from servelab.host.processes import KilledProcess
 from servelab.host.wire import rebuild_error
 from servelab.lifecycle.serving import sweep_orphans
@@ -370,7 +371,7 @@ class RayExecutor:
                 host = RayHost(actor, ray.get(actor.facts.remote(), timeout=120))
                 swept = sweep_orphans(marker_prefix, host=host)
                 if swept:
-                    host.call("shm_remove_orphaned", min_age_s=5)
+                    SHM_REMOVE_ORPHANED.call(host, ShmRequest(min_age_s=5))
                 out += swept
             except ray.exceptions.RayError:
                 continue  # a node that died meanwhile has nothing of ours left running

@@ -15,7 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import TypeAdapter
+
 from servelab.errors import ConfigError, HostError, NotFoundError
+from servelab.host.agent_op import AgentOp, Answer, Request
 from servelab.host.transport import Host, unb64
 from servelab.host.wire import READ_MAX
 
@@ -24,6 +27,24 @@ LIMIT = 32 * 1024 * 1024  # bytes of one log a command reads at most
 JOURNAL_LINES = 10000
 
 _UNIT = re.compile(r"^[A-Za-z0-9_.@:\\-]+$")
+
+
+class LogReadRequest(Request):
+    path: str
+    offset: int = 0  # negative: from the end
+    max_bytes: int = CHUNK
+
+
+class LogRead(Answer):
+    """`data` (base64) read from `start`; `offset` is where it ended, `size` the file's size then."""
+
+    size: int
+    start: int
+    offset: int
+    data: str
+
+
+LOG_READ = AgentOp("log_read", LogReadRequest, TypeAdapter(LogRead))  # servelab.agent.ops_logs serves it
 
 
 @dataclass(frozen=True)
@@ -39,21 +60,21 @@ def read_log(host: Host, path: str, keep: Literal["head", "tail"] = "head", limi
     """The text of log file `path` on `host`, at most `limit` bytes of it: the start (`keep="head"`, where
     an engine prints its configuration) or the end (`"tail"`, where a failure shows). A cut keeps whole
     lines only."""
-    first = host.call("log_read", path=path, offset=0, max_bytes=min(CHUNK, limit))
-    size = int(first["size"])
+    first = LOG_READ.call(host, LogReadRequest(path=path, offset=0, max_bytes=min(CHUNK, limit)))
+    size = first.size
     if size <= limit or keep == "head":
-        parts, end = [unb64(first["data"])], int(first["offset"])
+        parts, end = [unb64(first.data)], first.offset
         stop = min(size, limit)
     else:
         parts, end = [], size - limit
         stop = size
     while end < stop:
-        got = host.call("log_read", path=path, offset=end, max_bytes=min(CHUNK, stop - end))
-        data = unb64(got["data"])
+        got = LOG_READ.call(host, LogReadRequest(path=path, offset=end, max_bytes=min(CHUNK, stop - end)))
+        data = unb64(got.data)
         if not data:  # the file shrank while we read it (rotated): what we have is the log
             break
         parts.append(data)
-        end = int(got["offset"])
+        end = got.offset
     raw = b"".join(parts)
     cut = size > limit
     if cut and keep == "head" and b"\n" in raw:

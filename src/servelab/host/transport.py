@@ -2,7 +2,7 @@
 
     host = open_host("ssh://root@gpu-box:2222")     # or an alias from ~/.ssh/config; None: this machine
     host.run(["nvidia-smi", "-L"])                   # argv, quoted with shlex.join for the remote shell
-    host.call("sweep", prefix="servelab-study:ab12:") # an operation of servelab's agent, run over there
+    SWEEP.call(host, SweepRequest(prefix="s-ab12:"))  # an agent operation, typed (servelab.host.agent_op)
     with host.forward("127.0.0.1", 8000) as (h, p):  # reach a server bound to the remote's loopback
         ...
 

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from servelab.engines.base import LaunchSpec
 from servelab.errors import HostLost
+from servelab.host.ops import PORT_OPEN, PortOpenRequest
 from servelab.host.ports import Listener
 from servelab.host.shm import ShmCleanup
 from servelab.host.wire import unb64
+from servelab.lifecycle import ops
 from servelab.lifecycle.handle import (
     LOG_DIAGNOSE_BYTES,
     TeardownReport,
@@ -72,20 +74,20 @@ class RemoteServer:
     def forwarded(self) -> bool:
         return True  # ssh listens on the local port before the server does
 
-    def _mirror(self, data: str, offset: int) -> None:
-        raw = unb64(data)
+    def _mirror(self, got: ops.LogChunk) -> None:
+        raw = unb64(got.log)
         if raw:
             with open(self.log_path, "ab") as f:
                 f.write(raw)
-        self.offset = offset
+        self.offset = got.offset
 
     def exit_code(self) -> int | None:
         """The leader's exit code over there (None while it runs); mirrors the log. Raises HostLost."""
         if self.rc is not None:
             return self.rc
-        got = self.host.call("poll", marker=self.run_marker, offset=self.offset)
-        self._mirror(got["log"], got["offset"])
-        self.rc = got["rc"]
+        got = ops.POLL.call(self.host, ops.PollRequest(marker=self.run_marker, offset=self.offset))
+        self._mirror(got)
+        self.rc = got.rc
         return self.rc
 
     def log_text(self, max_bytes: int = LOG_DIAGNOSE_BYTES) -> str:
@@ -96,22 +98,16 @@ class RemoteServer:
         return describe(self, self.rc, {"remote": self.host.name, "remote_log": self.remote_log})
 
     def record_shm(self) -> None:
-        self.host.call("record_shm", marker=self.run_marker)
+        ops.RECORD_SHM.call(self.host, ops.MarkerRequest(marker=self.run_marker))
 
     def port_owners(self) -> tuple[list[Listener], list[Listener]]:
-        from pydantic import TypeAdapter
-
-        got = self.host.call("port_owners", marker=self.run_marker)
-        read = TypeAdapter(list[Listener]).validate_python
-        return read(got["ours"]), read(got["foreign"])
+        got = ops.PORT_OWNERS.call(self.host, ops.MarkerRequest(marker=self.run_marker))
+        return got.ours, got.foreign
 
     async def port_open(self, timeout_s: float) -> bool:
         """Asked over there: the forwarded local port always accepts (ssh listens)."""
-        return bool(
-            await asyncio.to_thread(
-                self.host.call, "port_open", host=dial_host(self.spec), port=self.spec.port
-            )
-        )
+        req = PortOpenRequest(host=dial_host(self.spec), port=self.spec.port)
+        return await asyncio.to_thread(PORT_OPEN.call, self.host, req)
 
     def teardown(
         self, grace_s: float = 15.0, *, orphan_grace_s: float = 5.0, gpu_timeout_s: float = 60.0
@@ -119,17 +115,10 @@ class RemoteServer:
         """The agent's teardown over there (its own `orphan_grace_s` and GPU wait), its report brought back;
         a host that is gone gives a report that says so (not clean) instead of an error: its agent ends the
         server when the link drops."""
-        from pydantic import TypeAdapter
-
         self.host.close_forward(self.spec.host, self.spec.port)
         try:
-            got = self.host.call(
-                "teardown",
-                marker=self.run_marker,
-                grace_s=grace_s,
-                offset=self.offset,
-                _timeout=grace_s + 180,
-            )
+            req = ops.TeardownRequest(marker=self.run_marker, grace_s=grace_s, offset=self.offset)
+            got = ops.TEARDOWN.call(self.host, req, timeout=grace_s + 180)
         except HostLost as exc:
             report = TeardownReport(
                 pid=self.pid,
@@ -143,8 +132,8 @@ class RemoteServer:
                 port_free=False,
             )
         else:
-            self._mirror(got["log"], got["offset"])
-            report = TypeAdapter(TeardownReport).validate_python(got["report"])
+            self._mirror(got)
+            report = got.report
             self.rc = report.exit_code
         self.teardown_report = report
         return report
@@ -169,25 +158,25 @@ def launch_remote(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(b"")
     started_mono = time.monotonic()
-    got = host.call(
-        "launch",
-        spec=dataclasses.asdict(spec),
+    req = ops.LaunchRequest(
+        spec=spec,
         log_name=log_path.name,
         marker=run_marker,
         cpus=sorted(cpus) if cpus else None,
         check_port=check_port,
     )
+    got = ops.LAUNCH.call(host, req)
     server = RemoteServer(
         spec,
         host,
         log_path,
-        got["log_path"],
+        got.log_path,
         run_marker,
-        int(got["pid"]),
-        float(got["started_at"]),
+        got.pid,
+        got.started_at,
         started_mono,
         0,
-        got.get("gpu_baseline_mib"),
+        got.gpu_baseline_mib,
     )
     try:
         server.local_host, server.local_port = host.open_forward(spec.host, spec.port)

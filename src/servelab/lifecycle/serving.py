@@ -68,10 +68,9 @@ def sweep_orphans(marker_prefix: str, grace_s: float = 5.0, host: Host | None = 
             hint="pass the study's marker prefix, e.g. 'study-7/'",
         )
     if host is not None and not host.is_local:
-        from pydantic import TypeAdapter
+        from servelab.lifecycle.ops import SWEEP, SweepRequest
 
-        got = host.call("sweep", prefix=marker_prefix, grace_s=grace_s)
-        return TypeAdapter(list[KilledProcess]).validate_python(got)
+        return SWEEP.call(host, SweepRequest(prefix=marker_prefix, grace_s=grace_s))
     return kill_marked(marker_prefix, grace_s)
 
 

@@ -8,6 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from servelab.host.agent_op import AgentOp, Answer, NoArgs
+
+
+class HostFacts(Answer):
+    """`gather()` of a remote host and its name (the agent op `host_facts`); it keeps the keys it was given
+    (no `topology` when the checks failed), so the report reads the same from either."""
+
+    summary: str
+    checks: list[Any]
+    note: str
+    topology: Any = None
+    hostname: str
+
+
+HOST_FACTS: AgentOp[NoArgs, HostFacts | None] = AgentOp(
+    "host_facts", NoArgs, TypeAdapter(HostFacts | None), exclude_unset=True
+)
+
 
 def gather() -> dict[str, Any] | None:
     """Doctor findings and the GPU topology summary of this machine; None when the checks are not installed."""

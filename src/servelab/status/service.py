@@ -8,6 +8,7 @@ from typing import Any
 
 from servelab.host import gpus as gpumod
 from servelab.host.observe import leftovers as host_leftovers
+from servelab.host.ops import DOCTOR_FACTS, OBSERVE_HOST, DoctorFactsRequest, ObserveRequest
 from servelab.host.transport import Host
 from servelab.status.judge import findings, own_gpus, own_leftovers, verdict
 from servelab.status.probes import finish_servers, probe_servers, sim_gpus
@@ -39,8 +40,7 @@ def observe(
     deployed = deployments()
     if not units and deployed:  # the units `servelab deploy --install` made, whatever their names
         units = sorted({str(d["unit"].get("unit")) for d in deployed if d.get("unit")})
-    part: dict[str, Any] = host.call(
-        "observe_host",
+    req = ObserveRequest(
         urls=urls,
         units=units,
         log=log_path,
@@ -49,7 +49,8 @@ def observe(
         telemetry=sim[1] if sim else None,
         want_log_text=bool(log_path),
     )
-    log_text = str(part.get("log_text") or "")
+    part = OBSERVE_HOST.call(host, req)
+    log_text = part.log_text
     # The log belongs to a server when it is the run's own, or when one server and one log were given.
     log_for: dict[str, str] = {}
     if log_text:
@@ -59,21 +60,21 @@ def observe(
     finish_servers(probed, log_for)
     for s in probed:
         s.pop("_telemetry", None)
-    lo = own_leftovers(part["leftovers"], markers)
+    lo = own_leftovers(part.leftovers, markers)
     obs: dict[str, Any] = {
         "time": time.time(),
         "host": {
             "target": host.name,
-            "hostname": part["hostname"],
+            "hostname": part.hostname,
             "via": "local" if host.is_local else "ssh",
         },
         "servers": probed,
-        "services": part["services"],
-        "services_note": part["services_note"],
-        "gpus": own_gpus(part["gpus"], markers),
-        "topology": part["topology"],
+        "services": part.services,
+        "services_note": part.services_note,
+        "gpus": own_gpus(part.gpus, markers),
+        "topology": part.topology,
         "leftovers": lo,
-        "log": part["log"],
+        "log": part.log,
         "last_run": run_summary(run),
         "deployments": deployed,
         "studies": studies(marked=lo["marked_processes"]),
@@ -92,12 +93,12 @@ def diagnose_host(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
 
     sim = sim_gpus(gpu_source, [], host)
     gpus = sim_report(*sim).to_dict() if sim is not None else None
-    got = host.call("doctor_facts", gpu_source=gpu_source, gpus=gpus)
-    out = doctor.report(doctor.Facts.from_dict(got["facts"]))
+    got = DOCTOR_FACTS.call(host, DoctorFactsRequest(gpu_source=gpu_source, gpus=gpus))
+    out = doctor.report(doctor.Facts.from_dict(got.facts))
     return {
         "host": {
             "target": host.name,
-            "hostname": got["hostname"],
+            "hostname": got.hostname,
             "via": "local" if host.is_local else "ssh",
         },
         **out,

@@ -41,6 +41,7 @@ from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, Engine, LaunchSpec, Settings
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
+from servelab.host.ops import FREE_PORT, FreePortRequest
 from servelab.host.ports import free_port
 from servelab.lifecycle.handle import ServerHandle
 from servelab.lifecycle.serving import serving
@@ -116,9 +117,9 @@ class Trial:
             port = (
                 free_port(settings.host)
                 if self.host is None
-                else self.host.call("free_port", host=settings.host)
+                else FREE_PORT.call(self.host, FreePortRequest(host=settings.host))
             )
-            settings = dataclasses.replace(settings, port=int(port))
+            settings = dataclasses.replace(settings, port=port)
         api_key: str | None = None
         try:
             launch = self.engine.command(settings)

@@ -21,6 +21,8 @@ from servelab.config.study import Study
 from servelab.engines.base import Engine, Settings
 from servelab.errors import ConfigError
 from servelab.host import transport
+from servelab.host.agent_op import NoArgs
+from servelab.host.ops import PING
 from servelab.load import TraceLoad
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.bench import BenchRepo
@@ -74,7 +76,7 @@ async def measure_path(host: transport.Host | None, n: int = 5) -> NetPath:
     times: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
-        await asyncio.to_thread(host.call, "ping")
+        await asyncio.to_thread(PING.call, host, NoArgs())
         times.append((time.perf_counter() - t0) * 1000.0)
     return NetPath(via="ssh-forward", target=host.name, rtt_ms=round(statistics.median(times), 3))
 
