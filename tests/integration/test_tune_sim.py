@@ -532,7 +532,7 @@ def test_the_noise_verdict_is_a_seeded_cluster_bootstrap_and_says_so(glm5_names:
     from servelab.config.loading import load_study
     from servelab.store import open_store
     from servelab.store.studies import StudyRepo
-    from servelab.tune import TuneOptions, Tuner
+    from servelab.tune.spread import samples as bootstrap_samples
 
     out, home = glm5_names["out"], glm5_names["home"]
     noise = out["ranking"]["noise"]
@@ -555,7 +555,7 @@ def test_the_noise_verdict_is_a_seeded_cluster_bootstrap_and_says_so(glm5_names:
         st = repo.resolve(out["study"])
         cands = repo.candidates(st["id"])
         scores = [analyze.Score(**c["outcome"]["score"]) for c in cands]
-        samples = Tuner(study, store, None, TuneOptions()).samples(cands, scores)
+        samples = bootstrap_samples(store, study, cands, scores)
     assert set(samples) >= {out["ranking"]["winner"], out["ranking"]["runner_up"]}
     again = analyze.rank(scores, study.objective, samples)
     assert again.verdict == out["ranking"]["verdict"] and again.noise == noise
