@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "servelab.objectives": CONTRACT,  # objectives as types, likewise
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
+    "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
     # 1. knowledge: pure models of models, engines, plans and the simulated server
     **_room(
         KNOWLEDGE,

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Any
 
 from servelab.bench import metrics as M
 from servelab.bench import saturation as S
@@ -20,14 +18,13 @@ from servelab.bench.probe import Capabilities, fetch
 from servelab.bench.prompts import session_builder
 from servelab.bench.scrape import LevelScrape, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource
+from servelab.events import BenchObserver, LevelFinished, LevelStarted, RequestDone
 from servelab.load import kind_of
 from servelab.results import (
     Level,
     RequestRecord,
 )
 from servelab.store.bench import BenchRepo
-
-Observer = Callable[[str, dict[str, Any]], None]
 
 
 async def run_one_level(
@@ -42,7 +39,7 @@ async def run_one_level(
     warm: list[PreparedRequest],
     make: RecordMaker,
     slo: M.SLO | None,
-    notify: Observer,
+    notify: BenchObserver,
     speed: float = 1.0,
     early_stop: bool = False,
     gpus: GpuSource | None = None,
@@ -51,16 +48,7 @@ async def run_one_level(
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
-    notify(
-        "level_started",
-        {
-            "index": li,
-            "label": spec.label,
-            "num_requests": spec.num_requests,
-            "duration_s": spec.duration_s,
-            "warmup": n_warm,
-        },
-    )
+    notify(LevelStarted(li, spec.label, spec.num_requests, spec.duration_s, n_warm))
     await warmup(client, warm, n_warm, int(spec.value) if kind_of(spec.mode).closed_loop else n_warm)
     scrape = LevelScrape()
     before = await _snapshot(metrics_client)
@@ -76,18 +64,7 @@ async def run_one_level(
     def on_record(rec: RequestRecord) -> None:
         repo.add_request(level_id, rec)
         done.append(rec)
-        notify(
-            "request_done",
-            {
-                "index": li,
-                "done": len(done),
-                "ok": rec.ok,
-                "output_tokens": rec.output_tokens,
-                "ttft_s": rec.ttft_s,
-                "end_s": rec.end_s,
-                "speed": speed,
-            },
-        )
+        notify(RequestDone(li, len(done), rec.ok, rec.output_tokens, rec.ttft_s, rec.end_s, speed))
 
     status = "completed"
     # the collector skips what exists before the level (see frozen_heap)
@@ -160,7 +137,7 @@ async def run_one_level(
         series=series.in_gpu_time(speed),
         wall_series=series,
     )
-    notify("level_finished", {"index": li, "label": spec.label, "status": status, "client": client_stats})
+    notify(LevelFinished(li, spec.label, status, client_stats))
     if status != "completed":
         raise asyncio.CancelledError
     return level

@@ -22,9 +22,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from servelab.bench.config import BenchConfig
-from servelab.bench.level import Observer
 from servelab.bench.runner import BenchResult
 from servelab.errors import NotFoundError
+from servelab.events import BenchObserver, LevelFinished, RunFinished, RunStarted
 from servelab.host.agent_op import AgentOp, Request
 from servelab.host.transport import Host
 from servelab.host.wire import rebuild_error
@@ -87,12 +87,12 @@ def import_run(store: Store, run: Run, requests: list[list[RequestRecord]]) -> i
 
 
 async def bench_remote(
-    host: Host, cfg: BenchConfig, store: Store, observe: Observer | None = None
+    host: Host, cfg: BenchConfig, store: Store, observe: BenchObserver | None = None
 ) -> BenchResult:
     """`run_bench(cfg)` run on `host` (cfg.url as the server is reached there), stored in `store` here.
     Raises HostLost when the connection drops meanwhile, and the benchmark's own error when it failed
     (after storing what it had measured)."""
-    notify = observe or (lambda _e, _d: None)
+    notify: BenchObserver = observe or (lambda _e: None)
     if cfg.context.path.via is None:
         cfg = cfg.model_copy(
             update={
@@ -108,22 +108,10 @@ async def bench_remote(
         raise NotFoundError(f"the benchmark on {host.name} stored no run")
     run = BenchRepo(store).load(got.run.uid)
     workload = run.workload.model_dump(mode="json")
-    notify(
-        "run_started",
-        {
-            "uid": run.uid,
-            "levels": len(run.levels),
-            "workload": workload,
-            "warnings": run.warnings,
-            "time_base": run.clock.time_base,
-        },
-    )
+    notify(RunStarted(run.uid, len(run.levels), workload, run.warnings, run.clock.time_base))
     for lv in run.levels:
-        notify(
-            "level_finished",
-            {"index": lv.index, "label": lv.summary.label, "status": lv.status, "client": lv.client},
-        )
-    notify("run_finished", {"uid": run.uid, "status": run.status})
+        notify(LevelFinished(lv.index, lv.summary.label, lv.status, lv.client))
+    notify(RunFinished(run.uid, run.status))
     return BenchResult(
         run.id,
         run.uid,

@@ -20,7 +20,7 @@ from servelab.bench import traces as T
 from servelab.bench import workload as W
 from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
-from servelab.bench.level import Observer, RecordMaker, all_failed, run_one_level
+from servelab.bench.level import RecordMaker, all_failed, run_one_level
 from servelab.bench.load import LevelSpec
 from servelab.bench.probe import calibrate_tokens_per_word, direct_path, learn_context, probe
 from servelab.bench.prompts import (
@@ -33,6 +33,7 @@ from servelab.bench.prompts import (
 )
 from servelab.bench.telemetry import source_for
 from servelab.errors import ConfigError, Interrupted
+from servelab.events import BenchObserver, ProbeFinished, ProbeStarted, RunFinished, RunStarted
 from servelab.results import (
     CapacityProbe,
     CapacityResult,
@@ -64,9 +65,9 @@ class BenchSession:
     runs `body` (which calls `run_level` as often as it likes: a fixed list, a capacity search) and
     finishes the run whatever happens (interrupted, failed, completed)."""
 
-    def __init__(self, cfg: BenchConfig, store: Store, observe: Observer | None = None) -> None:
+    def __init__(self, cfg: BenchConfig, store: Store, observe: BenchObserver | None = None) -> None:
         self.cfg = cfg
-        self.notify: Observer = observe or (lambda _e, _d: None)
+        self.notify: BenchObserver = observe or (lambda _e: None)
         try:
             self.slo = M.parse_slo(cfg.slo)
         except ValueError as exc:
@@ -157,16 +158,7 @@ class BenchSession:
         )
         self.run_id, self.uid = self.repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash, context)
         self.repo.set_run_info(self.run_id, warnings=warnings)
-        self.notify(
-            "run_started",
-            {
-                "uid": self.uid,
-                "levels": len(specs),
-                "workload": wl.describe(),
-                "warnings": warnings,
-                "time_base": context.clock.time_base,
-            },
-        )
+        self.notify(RunStarted(self.uid, len(specs), wl.describe(), warnings, context.clock.time_base))
         self.make = RecordMaker(counter)
 
     async def run_level(self, spec: LevelSpec) -> Level:
@@ -241,7 +233,7 @@ class BenchSession:
             )
         repo.set_run_info(run_id, warnings=warnings)
         repo.finish_run(run_id, self.status, [lv.wall for lv in levels_out])
-        self.notify("run_finished", {"uid": uid, "status": self.status})
+        self.notify(RunFinished(uid, self.status))
         return BenchResult(
             run_id,
             uid,
@@ -254,7 +246,7 @@ class BenchSession:
         )
 
 
-async def run_bench(cfg: BenchConfig, store: Store, observe: Observer | None = None) -> BenchResult:
+async def run_bench(cfg: BenchConfig, store: Store, observe: BenchObserver | None = None) -> BenchResult:
     """Run every level of `cfg` against the server and store each request as it finishes."""
     session = BenchSession(cfg, store, observe)
     try:
@@ -284,7 +276,7 @@ async def find_capacity(
     store: Store,
     search: C.SearchSpec,
     slo: C.CapacitySLO,
-    observe: Observer | None = None,
+    observe: BenchObserver | None = None,
 ) -> tuple[BenchResult, CapacityResult]:
     """`bench --find-capacity`: probe loads chosen by `capacity.decide` as levels of one run, until the
     search stops; the result (stored with the run after every probe) gives the capacity and its curve."""
@@ -306,14 +298,14 @@ async def find_capacity(
                 if decision.load is None:
                     found = C.result(search, slo, probes, decision.reason, speed)
                     break
-                s.notify("probe_started", {"load": decision.load, "why": decision.reason})
+                s.notify(ProbeStarted(decision.load, decision.reason))
                 level = await s.run_level(_spec(cfg, search.by, decision.load))
                 records = s.repo.requests(s.repo.level_ids(s.run_id)[level.index])
                 probe_ = C.verdict(decision.load, level.index, records, slo, speed, level.saturation)
                 probes.append(probe_)
                 found = C.result(search, slo, probes, "running", speed)
                 s.repo.set_capacity(s.run_id, found)
-                s.notify("probe_finished", probe_.model_dump(mode="json"))
+                s.notify(ProbeFinished(probe_.model_dump(mode="json")))
                 if s.status == "failed":
                     found = C.result(search, slo, probes, "every request of a probe failed", speed)
                     break

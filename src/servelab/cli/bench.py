@@ -23,6 +23,7 @@ from servelab.bench.traces import formats as trace_formats
 from servelab.cli import aio
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
+from servelab.events import BenchEvent, LevelFinished, LevelStarted, RequestDone, RunFinished, RunStarted
 from servelab.results import Host, Layout, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
@@ -93,31 +94,32 @@ class _ProgressObserver:
         self.progress: Progress | None = None
         self.task: Any = None
 
-    def __call__(self, event: str, data: dict[str, Any]) -> None:
-        if event == "run_started":
-            for w in data["warnings"]:
-                warn(w)
-            if progress_enabled():
-                self.progress = Progress(
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=stderr,
-                    transient=True,
-                )
-                self.progress.start()
-        elif event == "level_started" and self.progress is not None:
-            self.task = self.progress.add_task(f"level {data['label']}", total=data["num_requests"])
-        elif event == "request_done" and self.progress is not None and self.task is not None:
-            self.progress.update(self.task, completed=data["done"])
-        elif event == "level_finished":
-            if self.progress is not None and self.task is not None:
-                self.progress.remove_task(self.task)
-            for w in data["client"].get("warnings", []):
-                warn(f"[{data['label']}] {w}")
-        elif event == "run_finished" and self.progress is not None:
-            self.progress.stop()
+    def __call__(self, event: BenchEvent) -> None:
+        match event:
+            case RunStarted():
+                for w in event.warnings:
+                    warn(w)
+                if progress_enabled():
+                    self.progress = Progress(
+                        TextColumn("{task.description}"),
+                        BarColumn(),
+                        MofNCompleteColumn(),
+                        TimeElapsedColumn(),
+                        console=stderr,
+                        transient=True,
+                    )
+                    self.progress.start()
+            case LevelStarted() if self.progress is not None:
+                self.task = self.progress.add_task(f"level {event.label}", total=event.num_requests)
+            case RequestDone() if self.progress is not None and self.task is not None:
+                self.progress.update(self.task, completed=event.done)
+            case LevelFinished():
+                if self.progress is not None and self.task is not None:
+                    self.progress.remove_task(self.task)
+                for w in event.client.get("warnings", []):
+                    warn(f"[{event.label}] {w}")
+            case RunFinished() if self.progress is not None:
+                self.progress.stop()
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:

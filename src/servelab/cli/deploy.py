@@ -14,6 +14,7 @@ from rich.markup import escape
 from servelab.agent.serve import DISPATCHER
 from servelab.cli.output import emit, host_option, stderr, stdout
 from servelab.errors import ConfigError
+from servelab.events import Event, Systemctl
 from servelab.redact import redact
 
 TARGETS = ("systemd", "compose", "kubernetes")
@@ -246,10 +247,10 @@ def _deploy(
     result["deployment_id"] = dep_id
     if install:
 
-        def observe(event: str, data: dict[str, Any]) -> None:
-            if not as_json and event == "systemctl":
+        def observe(event: Event) -> None:
+            if not as_json and isinstance(event, Systemctl):
                 on = f" (on {where})" if where else ""
-                stderr.print(f"systemctl {' '.join(data['args'])}{escape(on)}")
+                stderr.print(f"systemctl {' '.join(event.args)}{escape(on)}")
 
         result["install"] = asyncio.run(
             inst.install(

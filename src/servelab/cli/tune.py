@@ -21,6 +21,34 @@ from servelab.cli.output import emit, fit_labels, host_option, printable, progre
 from servelab.config.loading import load_study
 from servelab.engines import registry
 from servelab.errors import ConfigError
+from servelab.events import (
+    CandidateEvent,
+    CandidateSkipped,
+    Event,
+    ExecutorStarted,
+    LevelDone,
+    LevelFinished,
+    LevelsKept,
+    LevelStarted,
+    NotApplied,
+    PlanWarning,
+    RequestDone,
+    RunFinished,
+    SearchPromoted,
+    SearchProposed,
+    SearchPruned,
+    ServerDied,
+    StoppedEarly,
+    StudyFinished,
+    StudyResumed,
+    StudyStarted,
+    TrialBench,
+    TrialFinished,
+    TrialLost,
+    TrialPlaced,
+    TrialReady,
+    TrialStarted,
+)
 from servelab.host import transport
 from servelab.store import open_store
 from servelab.tune import StudyOutcome, TuneOptions, order_candidates, preflight, tune
@@ -53,18 +81,18 @@ class LiveLevel:
         self.speed = 1.0
         self.ttfts: list[float] = []
 
-    def request_done(self, d: dict[str, Any]) -> None:
-        if self.done == 0 and d.get("end_s") is not None:
+    def request_done(self, d: RequestDone) -> None:
+        if self.done == 0 and d.end_s is not None:
             # the level's clock starts when its first request was due, not before its warm-up
-            self.t0 = self.now() - float(d["end_s"])
-        self.done = int(d.get("done") or self.done + 1)
-        self.speed = float(d.get("speed") or self.speed)
-        if not d.get("ok", True):
+            self.t0 = self.now() - d.end_s
+        self.done = d.done or self.done + 1
+        self.speed = d.speed or self.speed
+        if not d.ok:
             self.failed += 1
             return
-        self.tokens += int(d.get("output_tokens") or 0)
-        if d.get("ttft_s") is not None:
-            self.ttfts.append(float(d["ttft_s"]))
+        self.tokens += d.output_tokens or 0
+        if d.ttft_s is not None:
+            self.ttfts.append(d.ttft_s)
 
     def text(self) -> str:
         elapsed = self.now() - self.t0
@@ -104,103 +132,106 @@ class _Progress:
         self.live: Live | None = None
         self.shown: list[str] = []  # every live line drawn (the last of each level stays readable here)
 
-    def _live(self, event: str, d: dict[str, Any]) -> None:
-        if event == "bench_level_started":
-            self._stop()
-            self.level = LiveLevel(self.candidate, str(d.get("label")), d.get("num_requests"))
-            self.live = Live(
-                Text(self.level.text()), console=self.console, transient=True, refresh_per_second=4
-            )
-            self.live.start()
-        elif event == "bench_request_done" and self.level is not None and self.live is not None:
-            self.level.request_done(d)
-            line = self.level.text()
-            last = self.level.total is not None and self.level.done >= self.level.total
-            self.live.update(Text(line), refresh=self.level.done == 1 or last)
-            if self.level.done == 1 or last or not self.shown or self.shown[-1] != line:
-                self.shown.append(line)
-        elif event in ("bench_level_finished", "bench_run_finished", "trial_finished", "study_finished"):
-            self._stop()
+    def _live(self, event: Event) -> None:
+        match event:
+            case TrialBench(event=LevelStarted() as started):
+                self._stop()
+                self.level = LiveLevel(self.candidate, started.label, started.num_requests)
+                self.live = Live(
+                    Text(self.level.text()), console=self.console, transient=True, refresh_per_second=4
+                )
+                self.live.start()
+            case TrialBench(event=RequestDone() as done) if self.level is not None and self.live is not None:
+                self.level.request_done(done)
+                line = self.level.text()
+                last = self.level.total is not None and self.level.done >= self.level.total
+                self.live.update(Text(line), refresh=self.level.done == 1 or last)
+                if self.level.done == 1 or last or not self.shown or self.shown[-1] != line:
+                    self.shown.append(line)
+            case TrialBench(event=LevelFinished() | RunFinished()) | TrialFinished() | StudyFinished():
+                self._stop()
 
     def _stop(self) -> None:
         if self.live is not None:
             self.live.stop()
         self.live, self.level = None, None
 
-    def __call__(self, event: str, d: dict[str, Any]) -> None:
+    def __call__(self, event: Event) -> None:
         if self.quiet:
             return
-        if event == "trial_started":
-            self.candidate = str(d["label"])
+        if isinstance(event, TrialStarted):
+            self.candidate = event.label
         if self.live_enabled:
-            self._live(event, d)
-        msg = {
-            "study_started": lambda: (
-                f"study {d['uid']}: {d['candidates']} candidates"
-                + (f" listed, then a {d['search']} search" if d.get("search") else "")
-            ),
-            "search_proposed": lambda: (
-                f"search: next {escape(d['label'])} ({d['origin']}"
-                + (f", model {_fmt(d['predicted'], 0)}" if d.get("predicted") is not None else "")
-                + ")"
-            ),
-            "search_pruned": lambda: (
-                f"search: [yellow]pruned[/yellow] {escape(d['label'])}: "
-                + _safe(
-                    str((d.get("region") or {}).get("kind"))
-                    + " where "
-                    + str((d.get("region") or {}).get("where"))
-                )
-            ),
-            "search_promoted": lambda: (
-                f"search: {escape(d['label'])} goes on to rung {d['rung']} (the full levels)"
-            ),
-            "study_resumed": lambda: (
-                f"resuming study {d['uid']}"
-                + (f"; ended {len(d['orphans'])} leftover processes" if d["orphans"] else "")
-            ),
-            "trial_started": lambda: (
-                f"[bold]{escape(d['label'])}[/bold] (repeat {d['repeat'] + 1}): launching"
-            ),
-            "levels_kept": lambda: (
-                "  keeps level(s) "
-                + ", ".join(f"{v:g}" for v in d["levels"])
-                + " measured before the interruption"
-            ),
-            "trial_ready": lambda: f"  ready after {d['ready_s']:.1f} s at {d['url']}",
-            "not_applied": lambda: "  [red]NOT APPLIED[/red]: " + _safe("; ".join(d["mismatches"])),
-            "level_done": lambda: (
-                f"  level {d['digest']['level']:g}: {_fmt(d['digest'].get('output_throughput'))} "
-                f"tok/s, TPOT p50 {_fmt(d['digest'].get('tpot_ms_p50'), 2)} ms, TTFT p50 "
-                f"{_fmt(d['digest'].get('ttft_ms_p50'), 1)} ms, {d['digest'].get('failed', 0)} failed"
-                + (" [red](server died)[/red]" if d["digest"].get("died") else "")
-            ),
-            "plan_warning": lambda: f"  [yellow]plan:[/yellow] {_safe(d['message'])}",
-            "stopped_early": lambda: f"  [yellow]stopped early[/yellow]: {_safe(d['reason'])}",
-            "server_died": lambda: f"  [red]server died[/red]: {_safe(str(d['diagnosis'].get('class')))}",
-            "candidate_skipped": lambda: f"{escape(d['label'])}: already {d['status']}, skipped",
-            "executor_started": lambda: (
-                f"joined the {d['kind']} cluster: {d['gpus']} GPUs, in {d['s']:.1f} s"
-            ),
-            "trial_placed": lambda: f"  on Ray node {d['node']} (GPUs {','.join(d['gpus']) or '-'})",
-            "trial_lost": lambda: (
-                f"  [red]node {d['node']} lost[/red]: {_safe(d['error'])}"
-                + ("; running it again on another node" if d["rerun"] else "")
-            ),
-            "trial_finished": lambda: (
-                f"  {d['status']}"
-                + (
-                    f": {_safe(str(d['diagnosis'].get('class')))} — {_safe(str(d['diagnosis'].get('evidence', ''))[:200])}"
-                    if d.get("diagnosis")
-                    else ""
-                )
-            ),
-        }.get(event)
-        if msg is not None:
-            line = msg()
-            if self.parallel and line.startswith("  ") and d.get("label"):
-                line = f"{escape(str(d['label']))}:{line[1:]}"
+            self._live(event)
+        line = _line(event)
+        if line is not None:
+            if self.parallel and line.startswith("  ") and isinstance(event, CandidateEvent) and event.label:
+                line = f"{escape(event.label)}:{line[1:]}"
             self.console.print(line)
+
+
+def _line(event: Event) -> str | None:
+    """The step's line (rich markup), or None for an event shown only by the live line."""
+    match event:
+        case StudyStarted(uid=uid, candidates=n, search=search):
+            return f"study {uid}: {n} candidates" + (f" listed, then a {search} search" if search else "")
+        case SearchProposed(label=label, origin=origin, predicted=predicted):
+            return (
+                f"search: next {escape(label)} ({origin}"
+                + (f", model {_fmt(predicted, 0)}" if predicted is not None else "")
+                + ")"
+            )
+        case SearchPruned(label=label, region=region):
+            where = region or {}
+            return f"search: [yellow]pruned[/yellow] {escape(label)}: " + _safe(
+                str(where.get("kind")) + " where " + str(where.get("where"))
+            )
+        case SearchPromoted(label=label, rung=rung):
+            return f"search: {escape(label)} goes on to rung {rung} (the full levels)"
+        case StudyResumed(uid=uid, orphans=orphans):
+            return f"resuming study {uid}" + (f"; ended {len(orphans)} leftover processes" if orphans else "")
+        case TrialStarted(label=label, repeat=repeat):
+            return f"[bold]{escape(label)}[/bold] (repeat {repeat + 1}): launching"
+        case LevelsKept(levels=levels):
+            return (
+                "  keeps level(s) "
+                + ", ".join(f"{v:g}" for v in levels)
+                + " measured before the interruption"
+            )
+        case TrialReady(url=url, ready_s=ready_s):
+            return f"  ready after {ready_s:.1f} s at {url}"
+        case NotApplied(mismatches=mismatches):
+            return "  [red]NOT APPLIED[/red]: " + _safe("; ".join(mismatches))
+        case LevelDone(digest=d):
+            return (
+                f"  level {d['level']:g}: {_fmt(d.get('output_throughput'))} "
+                f"tok/s, TPOT p50 {_fmt(d.get('tpot_ms_p50'), 2)} ms, TTFT p50 "
+                f"{_fmt(d.get('ttft_ms_p50'), 1)} ms, {d.get('failed', 0)} failed"
+                + (" [red](server died)[/red]" if d.get("died") else "")
+            )
+        case PlanWarning(message=message):
+            return f"  [yellow]plan:[/yellow] {_safe(message)}"
+        case StoppedEarly(reason=reason):
+            return f"  [yellow]stopped early[/yellow]: {_safe(reason)}"
+        case ServerDied(diagnosis=diagnosis):
+            return f"  [red]server died[/red]: {_safe(str(diagnosis.get('class')))}"
+        case CandidateSkipped(label=label, status=status):
+            return f"{escape(label)}: already {status}, skipped"
+        case ExecutorStarted(executor=kind, gpus=gpus, s=s):
+            return f"joined the {kind} cluster: {gpus} GPUs, in {s:.1f} s"
+        case TrialPlaced(node=node, gpus=gpus):
+            return f"  on Ray node {node} (GPUs {','.join(gpus) or '-'})"
+        case TrialLost(node=node, error=error, rerun=rerun):
+            return f"  [red]node {node} lost[/red]: {_safe(error)}" + (
+                "; running it again on another node" if rerun else ""
+            )
+        case TrialFinished(status=status, diagnosis=diag):
+            return f"  {status}" + (
+                f": {_safe(str(diag.get('class')))} — {_safe(str(diag.get('evidence', ''))[:200])}"
+                if diag
+                else ""
+            )
+    return None
 
 
 def _safe(text: str) -> str:

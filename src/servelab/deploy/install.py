@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from servelab.deploy.unit_state import UNIT_DIR_ENV, unit_status
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError, HostError, ServelabError
+from servelab.events import BenchEvent, Observer, Systemctl, TrialBench
 from servelab.host.agent_op import NoArgs
 from servelab.host.ops import READ, ReadRequest
 from servelab.host.systemd import SYSTEMCTL_ENV, SYSTEMD_RUNTIME, systemctl_override
@@ -37,7 +37,6 @@ from servelab.trial.outcome import Target, TrialObserver
 from servelab.trial.pipeline import Trial
 from servelab.trial.prepare import run_context, settings_for
 
-Observer = Callable[[str, dict[str, Any]], None]
 UNIT_DIR = Path("/etc/systemd/system")
 DEFAULT_TOLERANCE = 0.10
 # metric: +1 higher is better, -1 lower is better
@@ -262,7 +261,7 @@ async def install(
     there; the checks run from here through a port forward; the records land in this machine's store."""
     box = UnitHost(host, unit_dir)
     require_systemd(unit_dir, reason=box.missing(), where=box.where)
-    notify: Observer = observe or (lambda _e, _d: None)
+    notify: Observer = observe or (lambda _e: None)
     repo = DeploymentRepo(store)
     steps: list[dict[str, Any]] = []
     api_key = spec.api_key
@@ -278,7 +277,7 @@ async def install(
     path = box.write_unit(spec.name, unit_text)
     steps.append({"step": "write", "path": path})
     for args in (("daemon-reload",), ("enable", f"{spec.name}.service"), ("start", f"{spec.name}.service")):
-        notify("systemctl", {"args": list(args)})
+        notify(Systemctl(list(args)))
         rc, _out, err = box.systemctl(*args, timeout=spec.start_timeout_s + 60 if args[0] == "start" else 120)
         steps.append({"step": "systemctl " + " ".join(args), "rc": rc, "stderr": err.strip()})
         if rc != 0:
@@ -351,5 +350,5 @@ class _Forward(TrialObserver):
     def __init__(self, notify: Observer) -> None:
         self.notify = notify
 
-    def bench_event(self, event: str, data: dict[str, Any]) -> None:
-        self.notify(f"bench_{event}", data)
+    def bench_event(self, event: BenchEvent) -> None:
+        self.notify(TrialBench(None, event))

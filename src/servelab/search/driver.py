@@ -18,6 +18,7 @@ from servelab import analyze
 from servelab import space as sp
 from servelab.config.sections import CandidateSpec, LoadSpec, WorkloadSpec
 from servelab.config.study import Study
+from servelab.events import SearchPromoted, SearchProposed, SearchPruned
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
 from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key
@@ -241,11 +242,9 @@ class SearchDriver:
                 pruned += 1
                 self._store(prop, status="pruned")
                 t.notify(
-                    "search_pruned",
-                    {
-                        "label": point_label(prop.point, self.space),
-                        "region": prop.region.to_dict() if prop.region else None,
-                    },
+                    SearchPruned(
+                        point_label(prop.point, self.space), prop.region.to_dict() if prop.region else None
+                    )
                 )
                 if pruned >= MAX_PRUNED:
                     break
@@ -316,7 +315,7 @@ class SearchDriver:
         cid = t.repo.add_candidate(self.sid, idx, name, cand.model_dump(mode="json"), pred, search, status)
         if status != "pruned":
             t.fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c["id"] == cid])
-            t.notify("search_proposed", {"label": name, "origin": prop.origin, "predicted": prop.predicted})
+            t.notify(SearchProposed(name, prop.origin, prop.predicted))
 
     def _search_of(self, label: str) -> dict[str, Any]:
         c = next(c for c in self.t.repo.candidates(self.sid) if c["label"] == label)
@@ -330,7 +329,7 @@ class SearchDriver:
 
     def _promote(self, label: str, rung: int) -> None:
         self._set_search(label, rung=rung, promoted=True)
-        self.t.notify("search_promoted", {"label": label, "rung": rung})
+        self.t.notify(SearchPromoted(label, rung))
 
     async def _run(self, label: str) -> None:
         t = self.t

@@ -7,11 +7,11 @@ fits, whatever it stores them as.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
+from servelab.events import Observer
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 
@@ -42,7 +42,7 @@ class TrialRunner(Protocol):
     def executor(self) -> Slots: ...
 
     @property
-    def notify(self) -> Callable[[str, dict[str, Any]], None]: ...
+    def notify(self) -> Observer: ...
 
     def base_label(self) -> str:
         """The baseline candidate's label ("" while there is none)."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from servelab.applied import Mismatch
 from servelab.engines.base import Diagnosis, EffectiveConfig, LaunchSpec
+from servelab.events import BenchEvent
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class TrialObserver:
     def benchmarking(self) -> None:
         """The first load level starts."""
 
-    def bench_event(self, event: str, data: dict[str, Any]) -> None:
+    def bench_event(self, event: BenchEvent) -> None:
         """`run_bench`'s own progress events."""
 
     def level_done(self, level: LevelResult, levels: list[LevelResult]) -> None:

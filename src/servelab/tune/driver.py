@@ -24,6 +24,16 @@ from servelab.config.study import Study
 from servelab.engines import registry
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, HostLost, Interrupted
+from servelab.events import (
+    CandidateSkipped,
+    ExecutorStarted,
+    LevelsKept,
+    Observer,
+    StudyFinished,
+    StudyResumed,
+    StudyStarted,
+    TrialStarted,
+)
 from servelab.executors.base import Executor, LocalExecutor, Placement
 from servelab.host import transport
 from servelab.paths import data_home
@@ -35,7 +45,7 @@ from servelab.trial.outcome import LevelResult, TrialOutcome
 from servelab.trial.pipeline import Trial
 from servelab.trial.prepare import settings_for
 from servelab.tune import spread
-from servelab.tune.options import Observer, StudyOutcome, TuneOptions
+from servelab.tune.options import StudyOutcome, TuneOptions
 from servelab.tune.ordering import order_candidates, predict_candidate, preflight, spec_hash
 from servelab.tune.plansync import PlanSync
 from servelab.tune.recorder import TrialRecorder, kept_levels, record_of
@@ -50,7 +60,7 @@ class Tuner:
         self.source = source
         self.opts = opts
         self.engine: Engine = registry.get(study.engine.name)
-        self.notify: Observer = opts.observe or (lambda _e, _d: None)
+        self.notify: Observer = opts.observe or (lambda _e: None)
         self.swept: list[dict[str, Any]] = []  # the interrupted run's processes a resume ended
         self._sid = 0
         self._want: dict[
@@ -163,7 +173,7 @@ class Tuner:
                     t["id"], status="interrupted", error="servelab stopped during this trial", bench_open=None
                 )
             self.repo.set_study_status(prev["id"], "running")
-            self.notify("study_resumed", {"uid": prev["uid"], "orphans": self.swept})
+            self.notify(StudyResumed(prev["uid"], self.swept))
             cands = self.repo.candidates(prev["id"])
             self.fill_plan(prev["uid"], cands)
             return prev["id"], prev["uid"], cands
@@ -177,12 +187,11 @@ class Tuner:
             search = {"origin": "listed", "point": None, "rung": 0} if self.study.adaptive else None
             self.repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred, search)
         self.notify(
-            "study_started",
-            {
-                "uid": uid,
-                "candidates": len(self.study.candidates),
-                "search": self.study.search.strategy if self.study.adaptive and self.study.search else None,
-            },
+            StudyStarted(
+                uid,
+                len(self.study.candidates),
+                self.study.search.strategy if self.study.adaptive and self.study.search else None,
+            )
         )
         cands = self.repo.candidates(sid)
         self.fill_plan(uid, cands)
@@ -195,12 +204,7 @@ class Tuner:
             await self.executor.start()  # an unusable host or cluster fails before anything is stored
             if self.executor.parallel:
                 self.notify(
-                    "executor_started",
-                    {
-                        "kind": self.executor.kind,
-                        "gpus": self.executor.capacity(),
-                        "s": time.monotonic() - self._t0,
-                    },
+                    ExecutorStarted(self.executor.kind, self.executor.capacity(), time.monotonic() - self._t0)
                 )
             return await self._drive()
         finally:
@@ -237,7 +241,7 @@ class Tuner:
                 "it (ending first what the interrupted trial left running there).",
             ) from None
         outcome = self.finish(sid, uid)
-        self.notify("study_finished", outcome.to_dict())
+        self.notify(StudyFinished(outcome.to_dict()))
         return outcome
 
     async def _run_parallel(
@@ -366,7 +370,7 @@ class Tuner:
             if final and cand["status"] not in ("not_applied", "failed"):
                 # a store written before the two went in one transaction: the trial's end is the truth
                 self.repo.set_candidate(cand["id"], final[-1]["status"], record_of(final[-1]))
-            self.notify("candidate_skipped", {"label": cand["label"], "status": cand["status"]})
+            self.notify(CandidateSkipped(cand["label"], cand["status"]))
             return
         repeats = self.repeats_of(cand["label"])
         if len(measured) >= repeats:
@@ -399,7 +403,7 @@ class Tuner:
             tid = self.repo.start_trial(
                 cand["id"], repeat, marker, **carried, **({"rung": rung} if rung else {})
             )
-            self.notify("trial_started", {"label": label, "repeat": repeat})
+            self.notify(TrialStarted(label, repeat))
             self.plan.move(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
             recorder = TrialRecorder(
                 self.repo,
@@ -462,7 +466,7 @@ class Tuner:
             or self.engine.startup_timeout_s
         )
         if kept:
-            self.notify("levels_kept", {"label": label, "levels": [lv.value for lv in kept]})
+            self.notify(LevelsKept(label, [lv.value for lv in kept]))
         settings = settings_for(self.study, spec)
         if placed.bind is not None and settings.host in ("127.0.0.1", "localhost", "::1"):
             settings = dataclasses.replace(settings, host=placed.bind)  # reachable from the driver

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-Observer = Callable[[str, dict[str, Any]], None]
+from servelab.events import Observer
 
 
 @dataclass

@@ -10,12 +10,12 @@ from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
 from servelab.engines.base import Engine
 from servelab.errors import ServelabError
+from servelab.events import Observer, PlanWarning
 from servelab.plan.study import TUNE_WORKER
 from servelab.store import plans
 from servelab.store.db import Store
 from servelab.store.studies import StudyRepo
 from servelab.trial.prepare import settings_for
-from servelab.tune.options import Observer
 
 # Requested keys that describe where a server runs, not what is being tried: not part of a plan item.
 _NOT_PLANNED = ("port", "host", "model", "served_model_name")
@@ -73,4 +73,4 @@ class PlanSync:
         try:
             fn()
         except ServelabError as exc:
-            self.notify("plan_warning", {"message": exc.message})
+            self.notify(PlanWarning(exc.message))

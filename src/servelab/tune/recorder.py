@@ -9,12 +9,27 @@ from typing import TYPE_CHECKING, Any
 from servelab import crashpoint
 from servelab.engines.base import LaunchSpec
 from servelab.errors import HostLost
+from servelab.events import (
+    BenchEvent,
+    LevelDone,
+    LevelStarted,
+    NotApplied,
+    Observer,
+    RunStarted,
+    ServerDied,
+    StoppedEarly,
+    TrialBench,
+    TrialFinished,
+    TrialLost,
+    TrialPlaced,
+    TrialReady,
+    TrialTeardown,
+)
 from servelab.executors.base import Placement
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.results import Node
 from servelab.store.studies import StudyRepo
 from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, TrialObserver, TrialOutcome
-from servelab.tune.options import Observer
 from servelab.tune.plansync import PlanSync
 
 if TYPE_CHECKING:
@@ -52,7 +67,7 @@ class TrialRecorder(TrialObserver):
 
     def ready(self, url: str, ready_s: float) -> None:
         self.repo.update_trial(self.tid, ready_s=ready_s, status="verifying")
-        self.notify("trial_ready", {"label": self.label, "url": url, "ready_s": ready_s})
+        self.notify(TrialReady(self.label, url, ready_s))
         crashpoint.reached("ready")
 
     def applied(self, check: AppliedCheck) -> None:
@@ -65,9 +80,7 @@ class TrialRecorder(TrialObserver):
             not_applied=[m.to_dict() for m in check.mismatches],
         )
         if check.mismatches:
-            self.notify(
-                "not_applied", {"label": self.label, "mismatches": [m.sentence() for m in check.mismatches]}
-            )
+            self.notify(NotApplied(self.label, [m.sentence() for m in check.mismatches]))
 
     def verified(self, result: VerifyResult) -> None:
         self.repo.update_trial(self.tid, verify=result.to_dict())
@@ -76,27 +89,27 @@ class TrialRecorder(TrialObserver):
     def benchmarking(self) -> None:
         self.repo.update_trial(self.tid, status="benchmarking")
 
-    def bench_event(self, event: str, data: dict[str, Any]) -> None:
-        if event == "run_started":
-            self.repo.update_trial(self.tid, bench_open=data["uid"])
-        self.notify(f"bench_{event}", {"label": self.label, **data})
-        if event == "level_started":
+    def bench_event(self, event: BenchEvent) -> None:
+        if isinstance(event, RunStarted):
+            self.repo.update_trial(self.tid, bench_open=event.uid)
+        self.notify(TrialBench(self.label, event))
+        if isinstance(event, LevelStarted):
             crashpoint.reached("level-started")
 
     def level_done(self, level: LevelResult, levels: list[LevelResult]) -> None:
         if len(levels) == 1:
             self.repo.update_trial(self.tid, bench_run_id=level.bench_run_id)
         self.repo.update_trial(self.tid, levels=[lv.stored() for lv in levels], bench_open=None)
-        self.notify("level_done", {"label": self.label, "digest": level.stored()})
+        self.notify(LevelDone(self.label, level.stored()))
         crashpoint.reached("level-done")
 
     def stopped_early(self, reason: str) -> None:
-        self.notify("stopped_early", {"label": self.label, "reason": reason})
+        self.notify(StoppedEarly(self.label, reason))
 
     def server_died(self, levels: list[LevelResult], diagnosis: Finding) -> None:
         diag = diagnosis.to_dict()
         self.repo.update_trial(self.tid, levels=[lv.stored() for lv in levels], diagnosis=diag)
-        self.notify("server_died", {"label": self.label, "diagnosis": diag})
+        self.notify(ServerDied(self.label, diag))
 
     def finished(self, outcome: TrialOutcome) -> None:
         """The trial's end and, when it decides it, its candidate's status: one transaction (a kill
@@ -117,7 +130,7 @@ class TrialRecorder(TrialObserver):
         if outcome.status == "measured":
             self._plan("measured", {"effective": self.effective})
         else:
-            self.notify("trial_finished", {"label": self.label, "status": outcome.status, **record})
+            self.notify(TrialFinished(self.label, outcome.status, record))
             self._plan(outcome.status, {"effective": self.effective, **record})
         crashpoint.reached("finished")
 
@@ -129,9 +142,7 @@ class TrialRecorder(TrialObserver):
         if placement.node is not None:
             node = placement.node.model_dump(mode="json")
             self.repo.update_trial(self.tid, node=node)
-            self.notify(
-                "trial_placed", {"label": self.label, "node": placement.node.name, "gpus": node["gpu_ids"]}
-            )
+            self.notify(TrialPlaced(self.label, placement.node.name, node["gpu_ids"]))
 
     def place_failed(self, why: str) -> TrialOutcome:
         outcome = TrialOutcome(
@@ -145,14 +156,14 @@ class TrialRecorder(TrialObserver):
     def node_lost(self, exc: HostLost, node: Node | None) -> None:
         """The trial's node died under it: the trial is `lost`, and runs again elsewhere."""
         where = node.name if node is not None else "its node"
-        self.notify("trial_lost", {"label": self.label, "node": where, "error": exc.message, "rerun": True})
+        self.notify(TrialLost(self.label, where, exc.message, rerun=True))
         self.repo.update_trial(self.tid, status="lost", error=exc.message, bench_open=None)
         self._plan("lost", {"node": where, "error": exc.message})
 
     def node_failed(self, exc: HostLost, node: Node | None) -> TrialOutcome:
         """The rerun's node died too: the trial fails with that diagnosis."""
         where = node.name if node is not None else "its node"
-        self.notify("trial_lost", {"label": self.label, "node": where, "error": exc.message, "rerun": False})
+        self.notify(TrialLost(self.label, where, exc.message, rerun=False))
         outcome = TrialOutcome(
             "failed",
             "place",
@@ -168,10 +179,7 @@ class TrialRecorder(TrialObserver):
 
     def torn_down(self, report: TeardownReport) -> None:
         self.repo.update_trial(self.tid, teardown=report.to_dict())
-        self.notify(
-            "trial_teardown",
-            {"label": self.label, "teardown": self.repo.trials(self.cand_id)[-1]["teardown"]},
-        )
+        self.notify(TrialTeardown(self.label, self.repo.trials(self.cand_id)[-1]["teardown"]))
         crashpoint.reached("torn-down")
 
 

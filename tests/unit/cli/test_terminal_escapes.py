@@ -12,6 +12,7 @@ from rich.console import Console
 
 from servelab.cli.output import printable
 from servelab.cli.tune import _Progress
+from servelab.events import NotApplied, TrialFinished, TrialStarted
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\r"
 
@@ -50,12 +51,13 @@ def test_logs_diagnose_of_a_directory_says_so(tmp_path: Path) -> None:
 def test_tune_progress_prints_no_escape_from_a_diagnosis() -> None:
     buf = io.StringIO()
     printer = _Progress(quiet=False, console=Console(file=buf, width=200), live=False)
-    printer("trial_started", {"label": "tp1", "repeat": 0})
+    printer(TrialStarted("tp1", 0))
     printer(
-        "trial_finished",
-        {"status": "failed", "diagnosis": {"class": "oom", "evidence": "CUDA out of memory" + HOSTILE}},
+        TrialFinished(
+            "tp1", "failed", {"diagnosis": {"class": "oom", "evidence": "CUDA out of memory" + HOSTILE}}
+        )
     )
-    printer("not_applied", {"mismatches": ["max_num_seqs: log says 8" + HOSTILE]})
+    printer(NotApplied("tp1", ["max_num_seqs: log says 8" + HOSTILE]))
     out = buf.getvalue()
     assert "CUDA out of memory\\x1b]0;pwned" in out and "log says 8\\x1b" in out
     assert not any(c in out for c in "\x1b\x07\x9b\r")
