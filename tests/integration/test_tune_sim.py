@@ -553,8 +553,8 @@ def test_the_noise_verdict_is_a_seeded_cluster_bootstrap_and_says_so(glm5_names:
     with open_store(home / "servelab.db") as store:
         repo = StudyRepo(store)
         st = repo.resolve(out["study"])
-        cands = repo.candidates(st["id"])
-        scores = [analyze.Score(**c["outcome"]["score"]) for c in cands]
+        cands = repo.candidates(st.id)
+        scores = [analyze.Score(**(c.outcome or {})["score"]) for c in cands]
         samples = bootstrap_samples(store, study, cands, scores)
     assert set(samples) >= {out["ranking"]["winner"], out["ranking"]["runner_up"]}
     again = analyze.rank(scores, study.objective, samples)

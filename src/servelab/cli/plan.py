@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
@@ -22,6 +22,9 @@ from servelab.plan.study import assess
 from servelab.store import Store, open_store
 from servelab.store.db import utcnow
 from servelab.store.plans import WORKSPACE, PlanRepo
+
+if TYPE_CHECKING:
+    from servelab.store.studies import StoredTrial, StudyRepo
 
 _PLAN_HELP = "Which plan: `workspace` (default) or a study (uid, name or `last`)."
 _STYLE = {
@@ -50,7 +53,7 @@ def _plan_name(store: Store, ref: str | None) -> tuple[str, str | None]:
     from servelab.store.studies import StudyRepo
 
     try:
-        uid = StudyRepo(store).resolve(str(ref))["uid"]
+        uid = StudyRepo(store).resolve(str(ref)).uid
     except NotFoundError as exc:
         raise NotFoundError(
             f"no plan {ref!r}: {exc.message}", hint="use --plan workspace, or a study from `servelab runs`."
@@ -190,13 +193,13 @@ def _bind_candidate(store: Store, ref: str) -> dict[str, Any]:
         )
     repo = StudyRepo(store)
     st = repo.resolve(study)
-    labels = [c["label"] for c in repo.candidates(st["id"])]
+    labels = [c.label for c in repo.candidates(st.id)]
     if label not in labels:
         raise NotFoundError(
-            f"study {st['uid']} has no candidate {label!r}",
+            f"study {st.uid} has no candidate {label!r}",
             hint=f"its candidates: {', '.join(labels) or 'none'}",
         )
-    return {"study": st["uid"], "candidate": label}
+    return {"study": st.uid, "candidate": label}
 
 
 @plan.command("add")
@@ -281,14 +284,14 @@ def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
     if ":" in ref:
         binding = _bind_candidate(store, ref)
         st = srepo.resolve(binding["study"])
-        cand = next(c for c in srepo.candidates(st["id"]) if c["label"] == binding["candidate"])
-        trials = [t for t in srepo.trials(cand["id"]) if t["status"] != "interrupted"]
+        cand = next(c for c in srepo.candidates(st.id) if c.label == binding["candidate"])
+        trials = [t for t in srepo.trials(cand.id) if t.status != "interrupted"]
         if not trials:
             raise NotFoundError(
                 f"candidate {ref!r} has no finished trial yet", hint="run the study (`servelab tune`) first."
             )
         t = trials[-1]
-        return _trial_evidence(t, f"{st['uid']}:{cand['label']}#{t['repeat']}")
+        return _trial_evidence(t, f"{st.uid}:{cand.label}#{t.repeat}")
     run = BenchRepo(store).load(ref)
     trial_id = srepo.trial_of_run(run.id)
     if trial_id is not None:
@@ -296,19 +299,20 @@ def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
     return {"run": run.uid, "status": run.status, "effective": {}}
 
 
-def _trial_by_id(srepo: Any, trial_id: int) -> dict[str, Any]:
+def _trial_by_id(srepo: StudyRepo, trial_id: int) -> StoredTrial:
     owner = srepo.trial_owner(trial_id)
-    return next(t for t in srepo.trials(owner[1]) if t["id"] == trial_id)
+    assert owner is not None  # trial_of_run just found it
+    return next(t for t in srepo.trials(owner[1]) if t.id == trial_id)
 
 
-def _trial_evidence(t: dict[str, Any], ref: str) -> dict[str, Any]:
+def _trial_evidence(t: StoredTrial, ref: str) -> dict[str, Any]:
     return {
         "run": ref,
-        "trial": t["id"],
-        "status": t["status"],
-        "effective": t["effective"] or {},
-        "not_applied": t["not_applied"] or [],
-        "diagnosis": t["diagnosis"],
+        "trial": t.id,
+        "status": t.status,
+        "effective": t.effective or {},
+        "not_applied": t.not_applied or [],
+        "diagnosis": t.diagnosis,
     }
 
 

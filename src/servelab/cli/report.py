@@ -180,7 +180,7 @@ def report(
         if is_run(store, study, run_flag):
             _run_report(store, study, html_file, md_file, as_json)
             return
-        spec_host = (StudyRepo(store).resolve(study).get("spec") or {}).get("host") or {}
+        spec_host = (StudyRepo(store).resolve(study).spec or {}).get("host") or {}
         target = transport.target_of(host, spec_host.get("ssh"))
         facts: dict[str, Any] | None = None
         if host_checks if host_checks is not None else host is not None:

@@ -15,33 +15,33 @@ from servelab.cli.bench import render as render_bench
 from servelab.cli.output import emit, fit_labels, stdout
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredStudy, StudyRepo
 
 # SQLite's LIMIT is a 64-bit integer; anything near it means "all" and past it is an OverflowError.
 LIMIT_MAX = 1 << 62
 
 
-def _study_rows(repo: StudyRepo, studies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _study_rows(repo: StudyRepo, studies: list[StoredStudy]) -> list[dict[str, Any]]:
     out = []
     for st in studies:
-        cands = repo.candidates(st["id"])
-        ranking = (st["result"] or {}).get("ranking") or {}
+        cands = repo.candidates(st.id)
+        ranking = (st.result or {}).get("ranking") or {}
         out.append(
             {
-                "uid": st["uid"],
-                "name": st["name"],
-                "created_at": st["created_at"],
-                "status": st["status"],
-                "source": st["source"],
+                "uid": st.uid,
+                "name": st.name,
+                "created_at": st.created_at,
+                "status": st.status,
+                "source": st.source,
                 "winner": ranking.get("winner"),
                 "verdict": ranking.get("verdict"),
                 "candidates": [
                     {
-                        "label": c["label"],
-                        "status": c["status"],
-                        "score": ((c["outcome"] or {}).get("score") or {}).get("value"),
-                        "level": ((c["outcome"] or {}).get("score") or {}).get("level"),
-                        "trials": len(repo.trials(c["id"])),
+                        "label": c.label,
+                        "status": c.status,
+                        "score": ((c.outcome or {}).get("score") or {}).get("value"),
+                        "level": ((c.outcome or {}).get("score") or {}).get("level"),
+                        "trials": len(repo.trials(c.id)),
                     }
                     for c in cands
                 ],
@@ -110,29 +110,29 @@ def study(ref: str, as_json: bool) -> None:
         repo = StudyRepo(store)
         st = repo.resolve(ref)
         cands = []
-        for c in repo.candidates(st["id"]):
-            trials = repo.trials(c["id"])
+        for c in repo.candidates(st.id):
+            trials = repo.trials(c.id)
             cands.append(
                 {
-                    "label": c["label"],
-                    "status": c["status"],
-                    "predicted": c["predicted"],
-                    "spec": c["spec"],
-                    **(c["outcome"] or {}),
-                    "trials": trials,
+                    "label": c.label,
+                    "status": c.status,
+                    "predicted": c.predicted,
+                    "spec": c.spec,
+                    **(c.outcome or {}),
+                    "trials": [t.model_dump(mode="json") for t in trials],
                 }
             )
-    result = st["result"] or {}
+    result = st.result or {}
     data = {
-        "study": st["uid"],
-        "name": st["name"],
-        "status": st["status"],
-        "source": st["source"],
-        "created_at": st["created_at"],
-        "finished_at": st["finished_at"],
+        "study": st.uid,
+        "name": st.name,
+        "status": st.status,
+        "source": st.source,
+        "created_at": st.created_at,
+        "finished_at": st.finished_at,
         "candidates": cands,
         "ranking": result.get("ranking")
-        or {"objective": st["spec"].get("objective"), "verdict": f"study {st['status']}; no ranking yet"},
+        or {"objective": st.spec.get("objective"), "verdict": f"study {st.status}; no ranking yet"},
         "baseline": result.get("baseline"),
     }
     emit(data, as_json, render_study)

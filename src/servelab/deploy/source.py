@@ -18,7 +18,7 @@ from servelab import load as load_kinds
 from servelab.errors import ConfigError, NotFoundError
 from servelab.redact import MASK, env_route, has_url_credentials, is_secret_flag, is_secret_name, secret_args
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
 
 
 @dataclass(frozen=True)
@@ -123,25 +123,25 @@ def resolve(store: Store, ref: str) -> LaunchRecord:
         return _from_trial(store, repo, int(tid))
     study_ref, _, label = ref.partition(":")
     study = repo.resolve(study_ref)
-    cands = repo.candidates(study["id"])
+    cands = repo.candidates(study.id)
     if not label:
-        label = ((study.get("result") or {}).get("ranking") or {}).get("winner") or ""
+        label = ((study.result or {}).get("ranking") or {}).get("winner") or ""
         if not label:
             raise NotFoundError(
-                f"study {study['uid']} has no winner (status {study['status']})",
-                hint=f"name a measured candidate: servelab deploy {study['uid']}:LABEL "
-                f"(candidates: {', '.join(c['label'] for c in cands) or 'none'})",
+                f"study {study.uid} has no winner (status {study.status})",
+                hint=f"name a measured candidate: servelab deploy {study.uid}:LABEL "
+                f"(candidates: {', '.join(c.label for c in cands) or 'none'})",
             )
-    cand = next((c for c in cands if c["label"] == label), None)
+    cand = next((c for c in cands if c.label == label), None)
     if cand is None:
         raise NotFoundError(
-            f"study {study['uid']} has no candidate {label!r}",
-            hint=f"candidates: {', '.join(c['label'] for c in cands) or 'none'}",
+            f"study {study.uid} has no candidate {label!r}",
+            hint=f"candidates: {', '.join(c.label for c in cands) or 'none'}",
         )
-    measured = [t for t in repo.trials(cand["id"]) if t["status"] == "measured"]
+    measured = [t for t in repo.trials(cand.id) if t.status == "measured"]
     if not measured:
         raise NotFoundError(
-            f"candidate {label!r} of study {study['uid']} has no measured trial (status {cand['status']})",
+            f"candidate {label!r} of study {study.uid} has no measured trial (status {cand.status})",
             hint="deploy a candidate that was measured; `servelab runs` shows each one's status",
         )
     return _record(study, cand, measured[-1])
@@ -154,23 +154,23 @@ def _from_trial(store: Store, repo: StudyRepo, tid: int) -> LaunchRecord:
             f"no trial {tid} in the store", hint="`servelab runs STUDY` lists the trials of a study"
         )
     study = repo.resolve(str(row[0]))
-    cand = next(c for c in repo.candidates(study["id"]) if c["id"] == row[1])
-    trial = next(t for t in repo.trials(cand["id"]) if t["id"] == tid)
-    if trial["status"] != "measured":
+    cand = next(c for c in repo.candidates(study.id) if c.id == row[1])
+    trial = next(t for t in repo.trials(cand.id) if t.id == tid)
+    if trial.status != "measured":
         raise ConfigError(
-            f"trial {tid} was not measured (status {trial['status']}): nothing proves it works",
+            f"trial {tid} was not measured (status {trial.status}): nothing proves it works",
             hint="deploy a measured trial, or the candidate (STUDY:CANDIDATE)",
         )
     return _record(study, cand, trial)
 
 
-def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) -> LaunchRecord:
-    spec = study["spec"] or {}
-    eff = (trial.get("effective") or {}).get("effective") or {}
-    argv = [str(a) for a in trial.get("argv") or []]
+def _record(study: StoredStudy, cand: StoredCandidate, trial: StoredTrial) -> LaunchRecord:
+    spec = study.spec or {}
+    eff = (trial.effective or {}).get("effective") or {}
+    argv = [str(a) for a in trial.argv or []]
     if not argv:
         raise ConfigError(
-            f"trial {trial['id']} recorded no command line (an external endpoint?)",
+            f"trial {trial.id} recorded no command line (an external endpoint?)",
             hint="servelab can only deploy a server it launched itself",
         )
     model = spec.get("model") or {}
@@ -183,23 +183,23 @@ def _record(study: dict[str, Any], cand: dict[str, Any], trial: dict[str, Any]) 
     )
     kind = load_kinds.of_spec(spec.get("load"), spec.get("workload"))
     return LaunchRecord(
-        study_uid=study["uid"],
-        study_name=study["name"],
-        candidate=cand["label"],
-        trial_id=trial["id"],
+        study_uid=study.uid,
+        study_name=study.name,
+        candidate=cand.label,
+        trial_id=trial.id,
         engine=(spec.get("engine") or {}).get("name", ""),
         argv=argv,
-        env={str(k): str(v) for k, v in (trial.get("env") or {}).items()},
-        url=trial.get("url") or "",
+        env={str(k): str(v) for k, v in (trial.env or {}).items()},
+        url=trial.url or "",
         served_model=str(served),
         model_path=str(eff.get("model") or flag_value(argv, "--model") or model.get("path")),
-        engine_version=trial.get("engine_version") or eff.get("version"),
-        ready_s=trial.get("ready_s"),
-        levels=list(trial.get("levels") or []),
+        engine_version=trial.engine_version or eff.get("version"),
+        ready_s=trial.ready_s,
+        levels=list(trial.levels or []),
         main_level=kind.main if kind is not None else None,
         study=spec,
         effective=eff,
-        candidate_spec=cand.get("spec") or {},
+        candidate_spec=cand.spec or {},
     )
 
 

@@ -4,13 +4,12 @@ written (every step commits), so any number of readers can poll it while a `serv
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from servelab import load as load_kinds
 from servelab.mcp.models import CandidateProgress, Driver, Finding, TrialProgress, TuneProgress
 from servelab.store.db import Store
 from servelab.store.leases import holder
-from servelab.store.studies import TERMINAL_TRIAL, StudyRepo
+from servelab.store.studies import TERMINAL_TRIAL, StoredCandidate, StoredTrial, StudyRepo
 
 _ENDED_TRIAL = (*TERMINAL_TRIAL, "interrupted", "lost")
 
@@ -19,30 +18,30 @@ def _ts(text: str | None) -> datetime | None:
     return None if not text else datetime.fromisoformat(text)
 
 
-def _levels(trial: dict[str, Any]) -> list[float]:
-    return [float(lv["level"]) for lv in trial.get("levels") or [] if lv.get("level") is not None]
+def _levels(trial: StoredTrial) -> list[float]:
+    return [float(lv["level"]) for lv in trial.levels or [] if lv.get("level") is not None]
 
 
-def _findings(cand: dict[str, Any], trials: list[dict[str, Any]]) -> list[Finding]:
-    label = str(cand["label"])
+def _findings(cand: StoredCandidate, trials: list[StoredTrial]) -> list[Finding]:
+    label = cand.label
     out = [
         Finding(
             candidate=label,
             kind="not_applied",
             detail=f"requested {n.get('key')}={n.get('requested')!r}, the engine runs {n.get('effective')!r}",
         )
-        for n in (cand.get("outcome") or {}).get("not_applied") or []
+        for n in (cand.outcome or {}).get("not_applied") or []
     ]
     out += [
         Finding(
             candidate=label, kind=str(a.get("kind")), detail=f"level {a.get('level'):g}: {a.get('detail')}"
         )
-        for a in (cand.get("outcome") or {}).get("anomalies") or []
+        for a in (cand.outcome or {}).get("anomalies") or []
         if isinstance(a, dict)
     ]
     if not out:  # a trial that ended without its candidate's outcome yet (the study still runs)
         for t in trials:
-            if t["status"] == "not_applied":
+            if t.status == "not_applied":
                 out += [
                     Finding(
                         candidate=label,
@@ -50,12 +49,12 @@ def _findings(cand: dict[str, Any], trials: list[dict[str, Any]]) -> list[Findin
                         detail=f"requested {n.get('key')}={n.get('requested')!r}, "
                         f"the engine runs {n.get('effective')!r}",
                     )
-                    for n in t.get("not_applied") or []
+                    for n in t.not_applied or []
                 ]
     out += [
-        Finding(candidate=label, kind="failed", detail=str(t.get("error") or "the trial failed"))
+        Finding(candidate=label, kind="failed", detail=str(t.error or "the trial failed"))
         for t in trials
-        if t["status"] == "failed"
+        if t.status == "failed"
     ]
     return out
 
@@ -66,12 +65,12 @@ def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgres
     repo = StudyRepo(store)
     st = repo.resolve(ref)
     now = now or datetime.now(UTC)
-    spec = st.get("spec") or {}
+    spec = st.spec or {}
     adaptive = bool(spec.get("search"))
     repeats = int(spec.get("repeats") or 1)
     kind = load_kinds.of_spec(spec.get("load"), spec.get("workload"))
     planned_levels = len(kind.levels) if kind is not None else None
-    cands = repo.candidates(st["id"])
+    cands = repo.candidates(st.id)
     running: list[TrialProgress] = []
     rows: list[CandidateProgress] = []
     findings: list[Finding] = []
@@ -79,46 +78,44 @@ def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgres
     levels_done = 0
     trials_done = 0
     for c in cands:
-        trials = repo.trials(c["id"])
+        trials = repo.trials(c.id)
         done_here = 0
         for t in trials:
             got = _levels(t)
             done_here += len(got)
-            if t["status"] in _ENDED_TRIAL:
+            if t.status in _ENDED_TRIAL:
                 trials_done += 1
-                start, end = _ts(t["started_at"]), _ts(t["finished_at"])
+                start, end = _ts(t.started_at), _ts(t.finished_at)
                 if start and end:
                     ended.append((end - start).total_seconds())
             else:
                 running.append(
                     TrialProgress(
-                        candidate=str(c["label"]),
-                        repeat=int(t["repeat"]),
-                        status=str(t["status"]),
+                        candidate=c.label,
+                        repeat=t.repeat,
+                        status=t.status,
                         levels_done=got,
-                        started_at=t["started_at"],
+                        started_at=t.started_at,
                     )
                 )
         levels_done += done_here
         findings += _findings(c, trials)
         rows.append(
-            CandidateProgress(
-                label=str(c["label"]), status=str(c["status"]), trials=len(trials), levels_done=done_here
-            )
+            CandidateProgress(label=c.label, status=c.status, trials=len(trials), levels_done=done_here)
         )
     total = None if adaptive else len(cands) * repeats
-    owner = holder(store, st["id"])
-    started = _ts(st["created_at"]) or now
-    finished = _ts(st["finished_at"])
+    owner = holder(store, st.id)
+    started = _ts(st.created_at) or now
+    finished = _ts(st.finished_at)
     eta: float | None = None
-    if st["status"] != "running":
+    if st.status != "running":
         eta = 0.0
     elif ended and total is not None:
         eta = sum(ended) / len(ended) * max(total - trials_done, 0)
     return TuneProgress(
-        study=str(st["uid"]),
-        name=str(st["name"]),
-        status=str(st["status"]),
+        study=st.uid,
+        name=st.name,
+        status=st.status,
         driver=None if owner is None else Driver(pid=owner.pid, host=owner.host, alive=owner.alive()),
         running=running,
         candidates=rows,

@@ -24,7 +24,7 @@ def _plan_name(store: Any, ref: str | None) -> str:
     from servelab.store.plans import WORKSPACE
     from servelab.store.studies import StudyRepo
 
-    return WORKSPACE if ref in (None, "", WORKSPACE) else str(StudyRepo(store).resolve(str(ref))["uid"])
+    return WORKSPACE if ref in (None, "", WORKSPACE) else str(StudyRepo(store).resolve(str(ref)).uid)
 
 
 def _plan_view(p: Plan) -> dict[str, Any]:

@@ -42,7 +42,7 @@ async def report(
         from servelab.store.studies import StudyRepo
 
         with as_tool_errors(), open_store() as store:
-            uid = str(StudyRepo(store).resolve(study)["uid"])
+            uid = str(StudyRepo(store).resolve(study).uid)
         where = data_home() / "reports" / uid
         html, md = str(where / "report.html"), str(where / "report.md")
     return await call(M.ReportView, ["report", study, *flags(html=html, md=md)])
@@ -109,7 +109,7 @@ def group(opts: Options, runs: Studies) -> Group:
 
         with as_tool_errors():
             with open_store() as store:
-                uid = str(StudyRepo(store).resolve(study)["uid"])
+                uid = str(StudyRepo(store).resolve(study).uid)
             child = await anyio.to_thread.run_sync(lambda: runs.stop(uid))
             with open_store() as store:
                 st = StudyRepo(store).resolve(uid)
@@ -119,7 +119,7 @@ def group(opts: Options, runs: Studies) -> Group:
                 "study": uid,
                 "pid": child.proc.pid,
                 "exit_code": child.exit_code(),
-                "status": str(st["status"]),
+                "status": st.status,
             },
         )
 
@@ -137,10 +137,8 @@ def group(opts: Options, runs: Studies) -> Group:
         with as_tool_errors():
             with open_store() as store:
                 st = StudyRepo(store).resolve(study)
-            source = str(Path(study_file).expanduser().resolve()) if study_file else str(st["source"] or "")
-            child = await anyio.to_thread.run_sync(
-                lambda: runs.resume(str(st["uid"]), source, str(st["name"]), retry_failed)
-            )
+            source = str(Path(study_file).expanduser().resolve()) if study_file else str(st.source or "")
+            child = await anyio.to_thread.run_sync(lambda: runs.resume(st.uid, source, st.name, retry_failed))
         return _started(child)
 
     return Group(

@@ -13,7 +13,10 @@ from servelab import analyze
 from servelab import load as load_kinds
 from servelab.results import LevelSummary
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
+
+# a stored candidate with its trials, as the report reads them
+CandidateRows = tuple[StoredCandidate, list[StoredTrial]]
 
 OUTCOME_TEXT = {
     "measured": "measured",
@@ -34,18 +37,18 @@ def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool
     study's host; `model=False` skips the performance model (the decode-step breakdown)."""
     repo = StudyRepo(store)
     st = repo.resolve(ref)
-    cands = [c | {"trials": repo.trials(c["id"])} for c in repo.candidates(st["id"])]
+    cands = [(c, repo.trials(c.id)) for c in repo.candidates(st.id)]
     return build(
         st,
         cands,
-        plan=load_plan(store, st["uid"]),
+        plan=load_plan(store, st.uid),
         host=host,
         model=model,
         contexts=load_contexts(store, cands),
     )
 
 
-def load_contexts(store: Store, cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def load_contexts(store: Store, cands: list[CandidateRows]) -> list[dict[str, Any]]:
     """What each trial's first bench run recorded about what it ran on (`results.RunContext`): one entry per
     trial that has a stored run, `{"candidate", "repeat", "run", "context"}`."""
     from servelab.errors import NotFoundError
@@ -53,16 +56,16 @@ def load_contexts(store: Store, cands: list[dict[str, Any]]) -> list[dict[str, A
 
     bench = BenchRepo(store)
     out = []
-    for c in cands:
-        for t in c.get("trials") or []:
-            uid = next((lv["bench_run"] for lv in t.get("levels") or [] if lv.get("bench_run")), None)
+    for c, trials in cands:
+        for t in trials:
+            uid = next((lv["bench_run"] for lv in t.levels or [] if lv.get("bench_run")), None)
             if not uid:
                 continue
             try:
                 ctx = bench.load(str(uid)).context
             except NotFoundError:  # a run removed from the store: the study's own facts still stand
                 continue
-            out.append({"candidate": c["label"], "repeat": t["repeat"], "run": uid, "context": ctx.to_json()})
+            out.append({"candidate": c.label, "repeat": t.repeat, "run": uid, "context": ctx.to_json()})
     return out
 
 
@@ -86,8 +89,8 @@ def load_plan(store: Store, name: str) -> dict[str, Any]:
 
 
 def build(
-    st: dict[str, Any],
-    cands: list[dict[str, Any]],
+    st: StoredStudy,
+    cands: list[CandidateRows],
     plan: dict[str, Any] | None = None,
     host: dict[str, Any] | None = None,
     model: bool = True,
@@ -95,12 +98,12 @@ def build(
 ) -> dict[str, Any]:
     """The report model from a study row and its candidates (each with `trials`); `contexts` are the
     bench runs' recorded contexts (`load_contexts`)."""
-    spec = st.get("spec") or {}
-    result = st.get("result") or {}
+    spec = st.spec or {}
+    result = st.result or {}
     ranking = result.get("ranking") or None
     baseline = result.get("baseline") or _baseline_label(spec)
     slo = _slo(spec)
-    candidates = [_readable_score(_candidate(c, ranking, baseline), slo) for c in cands]
+    candidates = [_readable_score(_candidate(c, trials, ranking, baseline), slo) for c, trials in cands]
     model_view = (
         _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
     )
@@ -137,19 +140,19 @@ def _slo(spec: dict[str, Any]) -> Any:
         return None
 
 
-def _study(st: dict[str, Any], spec: dict[str, Any], baseline: str | None) -> dict[str, Any]:
+def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None) -> dict[str, Any]:
     eng = spec.get("engine") or {}
     try:
         load = load_kinds.from_spec(spec.get("load") or {}, spec.get("workload")).summary()
     except ValueError:  # a study stored without a load (never written by tune): show what there is
         load = {"mode": "concurrency", "levels": [], "main": None, "unit": load_kinds.ConcurrencyLoad.unit}
-    src = st.get("source")
+    src = st.source
     return {
-        "uid": st["uid"],
-        "name": st["name"],
-        "status": st["status"],
-        "created_at": st["created_at"],
-        "finished_at": st.get("finished_at"),
+        "uid": st.uid,
+        "name": st.name,
+        "status": st.status,
+        "created_at": st.created_at,
+        "finished_at": st.finished_at,
         "source": src,
         "description": (spec.get("study") or {}).get("description") or "",
         "objective": spec.get("objective"),
@@ -234,22 +237,18 @@ def _host(
     return out
 
 
-def _last(trials: list[dict[str, Any]], key: str) -> Any:
-    for t in reversed(trials):
-        if t.get(key):
-            return t[key]
-    return None
-
-
-def _candidate(c: dict[str, Any], ranking: dict[str, Any] | None, baseline: str | None) -> dict[str, Any]:
-    trials = c.get("trials") or []
-    outcome = c.get("outcome") or {}
+def _candidate(
+    c: StoredCandidate, trials: list[StoredTrial], ranking: dict[str, Any] | None, baseline: str | None
+) -> dict[str, Any]:
+    outcome = c.outcome or {}
     levels = outcome.get("levels")
     if levels is None:  # a study still running: combine what the trials measured so far
-        levels = analyze.combine_repeats([t["levels"] for t in trials if t.get("levels")])
-    eff = _last(trials, "effective") or {}
-    mismatches = {m.get("key"): m for m in (_last(trials, "not_applied") or [])}
-    requested = _last(trials, "requested") or {}
+        levels = analyze.combine_repeats([t.levels for t in trials if t.levels])
+    # the last trial that recorded each (a later trial may have stopped before it got that far)
+    eff = next((t.effective for t in reversed(trials) if t.effective), None) or {}
+    last_na = next((t.not_applied for t in reversed(trials) if t.not_applied), None)
+    mismatches = {m.get("key"): m for m in (last_na or [])}
+    requested = next((t.requested for t in reversed(trials) if t.requested), None) or {}
     config = [
         {
             "key": k,
@@ -261,17 +260,17 @@ def _candidate(c: dict[str, Any], ranking: dict[str, Any] | None, baseline: str 
         }
         for k, v in requested.items()
     ]
-    diag = _last(trials, "diagnosis")
-    status = c["status"]
+    diag = next((t.diagnosis for t in reversed(trials) if t.diagnosis), None)
+    status = c.status
     return {
-        "label": c["label"],
-        "idx": c.get("idx"),
+        "label": c.label,
+        "idx": c.idx,
         "status": status,
         "outcome": OUTCOME_TEXT.get(status, status),
-        "baseline": c["label"] == baseline,
-        "winner": bool(ranking and ranking.get("winner") == c["label"]),
-        "settings": _settings(c.get("spec") or {}),
-        "predicted": c.get("predicted"),
+        "baseline": c.label == baseline,
+        "winner": bool(ranking and ranking.get("winner") == c.label),
+        "settings": _settings(c.spec or {}),
+        "predicted": c.predicted,
         "config": config,
         "not_applied": list(mismatches.values()),
         "diagnosis": diag,
@@ -311,32 +310,32 @@ def _settings(spec: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _command(trials: list[dict[str, Any]]) -> str | None:
+def _command(trials: list[StoredTrial]) -> str | None:
     """The last launch as one shell line (env first), to start the same server by hand."""
     for t in reversed(trials):
-        if t.get("argv"):
-            env = [f"{k}={shlex.quote(str(v))}" for k, v in sorted((t.get("env") or {}).items())]
-            return " ".join([*env, shlex.join(t["argv"])])
+        if t.argv:
+            env = [f"{k}={shlex.quote(str(v))}" for k, v in sorted((t.env or {}).items())]
+            return " ".join([*env, shlex.join(t.argv)])
     return None
 
 
-def _trial(t: dict[str, Any]) -> dict[str, Any]:
-    runs = [lv.get("bench_run") for lv in t.get("levels") or [] if lv.get("bench_run")]
-    verify = t.get("verify")
+def _trial(t: StoredTrial) -> dict[str, Any]:
+    runs = [lv.get("bench_run") for lv in t.levels or [] if lv.get("bench_run")]
+    verify = t.verify
     return {
-        "repeat": t["repeat"],
-        "status": t["status"],
-        "started_at": t.get("started_at"),
-        "finished_at": t.get("finished_at"),
-        "url": t.get("url"),
-        "log_path": t.get("log_path"),
-        "engine_version": t.get("engine_version"),
-        "ready_s": t.get("ready_s"),
-        "error": t.get("error"),
+        "repeat": t.repeat,
+        "status": t.status,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "url": t.url,
+        "log_path": t.log_path,
+        "engine_version": t.engine_version,
+        "ready_s": t.ready_s,
+        "error": t.error,
         "bench_runs": runs,
         "verify_ok": None if verify is None else bool(verify.get("ok")),
-        "teardown": _teardown_text(t.get("teardown")),
-        "levels_done": len(t.get("levels") or []),
+        "teardown": _teardown_text(t.teardown),
+        "levels_done": len(t.levels or []),
     }
 
 

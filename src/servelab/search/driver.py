@@ -25,6 +25,7 @@ from servelab.search.base import History, Outcome, Proposal, Tried, candidate, p
 from servelab.search.runner import TrialRunner
 from servelab.search.strategies import Budget, make, promoted
 from servelab.space import label as point_label
+from servelab.store.studies import StoredCandidate, StoredTrial
 
 # Anomalies that rule a configuration out: throughput collapsed against the baseline, or the server died.
 # A power or utilization drop alone is what a smaller batch cap does at the same load: a slower point, not
@@ -106,31 +107,31 @@ class SearchDriver:
         base_levels = t.baseline_levels("") if base else None
         h = History()
         for c in cands:
-            trials = t.repo.trials(c["id"])
+            trials = t.repo.trials(c.id)
             # a trial a kill cut short (or a lost node's) is run again, not charged to the budget
-            h.trials_used += sum(1 for x in trials if x["status"] not in ("interrupted", "lost"))
-            h.elapsed_s += sum(_seconds(x["started_at"], x["finished_at"]) for x in trials)
-            search = c.get("search") or {}
+            h.trials_used += sum(1 for x in trials if x.status not in ("interrupted", "lost"))
+            h.elapsed_s += sum(_seconds(x.started_at, x.finished_at) for x in trials)
+            search = c.search or {}
             point = search.get("point")
             if point is None:
-                spec = CandidateSpec.model_validate(c["spec"])
+                spec = CandidateSpec.model_validate(c.spec)
                 point = {"layout": _layout(spec)} if "layout" in self.space.keys else {}
-            h.tried.append(self._tried(c, trials, search, point, base_levels if c["label"] != base else None))
+            h.tried.append(self._tried(c, trials, search, point, base_levels if c.label != base else None))
         return h
 
     def _tried(
         self,
-        c: dict[str, Any],
-        trials: list[dict[str, Any]],
+        c: StoredCandidate,
+        trials: list[StoredTrial],
         search: dict[str, Any],
         point: dict[str, Any],
         base_levels: list[dict[str, Any]] | None,
     ) -> Tried:
-        status = c["status"]
+        status = c.status
         origin = search.get("origin", "listed")
         target = int(search.get("rung", 0))
-        measured = self.t.scored_trials(c["id"])
-        rung = max((x.get("rung") or 0 for x in measured), default=0)
+        measured = self.t.scored_trials(c.id)
+        rung = max((x.rung or 0 for x in measured), default=0)
         values: tuple[float | None, ...] = ()
         outcome: Outcome
         reason = ""
@@ -139,8 +140,7 @@ class SearchDriver:
             outcome, reason = "pruned", (search.get("region") or {}).get("reason", "")
         elif status == "not_applied":
             outcome = "not_applied"
-            last = trials[-1] if trials else {}
-            mism = last.get("not_applied") or (c.get("outcome") or {}).get("not_applied") or []
+            mism = (trials[-1].not_applied if trials else None) or (c.outcome or {}).get("not_applied") or []
             keys = tuple(str(m.get("key")) for m in mism if isinstance(m, dict))
             reason = (
                 "; ".join(
@@ -151,22 +151,22 @@ class SearchDriver:
             )
         elif status == "failed":
             outcome = "failed"
-            diag = (c.get("outcome") or {}).get("diagnosis") or {}
+            diag = (c.outcome or {}).get("diagnosis") or {}
             reason = str(diag.get("summary") or diag.get("kind") or "failed")
         elif measured and (status in ("measured", "anomalous")):
-            levels = analyze.combine_repeats([x["levels"] for x in measured])
+            levels = analyze.combine_repeats([x.levels or [] for x in measured])
             flags = [
                 a for a in analyze.anomalies(levels, base_levels, self.study.anomalies) if a.kind in COLLAPSE
             ]
             outcome = "collapsed" if flags else "measured"
             reason = "; ".join(f"{a.kind}: {a.detail}" for a in flags)
-            values = tuple(self._value(c["label"], levels, o) for o in self.objectives)
+            values = tuple(self._value(c.label, levels, o) for o in self.objectives)
             want = int(search.get("repeats", 1))
             if rung < target or len(measured) < want:
                 outcome = "pending"
         else:
             outcome = "pending"
-        return Tried(c["label"], dict(point), outcome, values, rung, origin, keys, reason)
+        return Tried(c.label, dict(point), outcome, values, rung, origin, keys, reason)
 
     def _value(self, label: str, levels: list[dict[str, Any]], objective: str) -> float | None:
         """The objective at the level the study's own objective scores (a Pareto pair is one level)."""
@@ -191,11 +191,11 @@ class SearchDriver:
         wanted: list[tuple[str, CandidateSpec]] = []
         good = {x.label for x in h.tried if x.ok}
         for c in self.t.repo.candidates(self.sid):
-            if c["label"] not in good:
+            if c.label not in good:
                 continue
-            spec = CandidateSpec.model_validate(c["spec"])
-            for tr in self.t.scored_trials(c["id"]):
-                wanted += [(str(d["bench_run"]), spec) for d in tr["levels"] or [] if d.get("bench_run")]
+            spec = CandidateSpec.model_validate(c.spec)
+            for tr in self.t.scored_trials(c.id):
+                wanted += [(str(d["bench_run"]), spec) for d in tr.levels or [] if d.get("bench_run")]
         if len(wanted) == self._fit_from:
             return
         self._fit_from = len(wanted)
@@ -220,8 +220,8 @@ class SearchDriver:
     async def run(self) -> None:
         t = self.t
         for c in t.repo.candidates(self.sid):  # listed candidates first: the user's seeds
-            if (c.get("search") or {}).get("origin") == "listed":
-                await t.run_candidate(self.uid, c, CandidateSpec.model_validate(c["spec"]))
+            if (c.search or {}).get("origin") == "listed":
+                await t.run_candidate(self.uid, c, CandidateSpec.model_validate(c.spec))
         pruned = 0
         width = self.width()
         while True:
@@ -314,18 +314,16 @@ class SearchDriver:
         pred = t.predicted(cand) if status != "pruned" else None
         cid = t.repo.add_candidate(self.sid, idx, name, cand.model_dump(mode="json"), pred, search, status)
         if status != "pruned":
-            t.fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c["id"] == cid])
+            t.fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c.id == cid])
             t.notify(SearchProposed(name, prop.origin, prop.predicted))
 
     def _search_of(self, label: str) -> dict[str, Any]:
-        c = next(c for c in self.t.repo.candidates(self.sid) if c["label"] == label)
-        return dict(c.get("search") or {})
+        c = next(c for c in self.t.repo.candidates(self.sid) if c.label == label)
+        return dict(c.search or {})
 
     def _set_search(self, label: str, **changes: Any) -> None:
-        c = next(c for c in self.t.repo.candidates(self.sid) if c["label"] == label)
-        self.t.repo.set_search(
-            c["id"], {**(c.get("search") or {"origin": "listed", "point": None}), **changes}
-        )
+        c = next(c for c in self.t.repo.candidates(self.sid) if c.label == label)
+        self.t.repo.set_search(c.id, {**(c.search or {"origin": "listed", "point": None}), **changes})
 
     def _promote(self, label: str, rung: int) -> None:
         self._set_search(label, rung=rung, promoted=True)
@@ -333,17 +331,17 @@ class SearchDriver:
 
     async def _run(self, label: str) -> None:
         t = self.t
-        c = next(c for c in t.repo.candidates(self.sid) if c["label"] == label)
-        search = c.get("search") or {}
+        c = next(c for c in t.repo.candidates(self.sid) if c.label == label)
+        search = c.search or {}
         t.set_rung(label, int(search.get("rung", 0)))
         t.set_repeats(label, int(search.get("repeats", 1)))
-        if c["status"] in ("measured", "anomalous"):
-            t.repo.set_candidate(c["id"], "running")
-        fresh = next(x for x in t.repo.candidates(self.sid) if x["id"] == c["id"])
-        await t.run_candidate(self.uid, fresh, CandidateSpec.model_validate(c["spec"]))
-        after = next(x for x in t.repo.candidates(self.sid) if x["id"] == c["id"])
-        if after["status"] == "running":  # every trial it needed had been measured before
-            t.repo.set_candidate(c["id"], "measured", {})
+        if c.status in ("measured", "anomalous"):
+            t.repo.set_candidate(c.id, "running")
+        fresh = next(x for x in t.repo.candidates(self.sid) if x.id == c.id)
+        await t.run_candidate(self.uid, fresh, CandidateSpec.model_validate(c.spec))
+        after = next(x for x in t.repo.candidates(self.sid) if x.id == c.id)
+        if after.status == "running":  # every trial it needed had been measured before
+            t.repo.set_candidate(c.id, "measured", {})
 
 
 def dry_run_view(study: Study) -> dict[str, Any]:
@@ -387,32 +385,27 @@ ONCE = "ran once, not a contender: no margin of it can be judged against the noi
 SHORT = "eliminated on the short benchmark (halving's rung 0)"
 
 
-def excluded(tuner: TrialRunner, cands: list[dict[str, Any]]) -> dict[str, str]:
+def excluded(tuner: TrialRunner, cands: list[StoredCandidate]) -> dict[str, str]:
     """The candidates the final ranking leaves out, each with why: with contenders (the study's repeats),
     every other one (it ran once); for halving, those that did not reach the top rung (short benchmark)."""
     spec = tuner.study.search
     if spec is None:
         return {}
-    contenders = {c["label"] for c in cands if (c.get("search") or {}).get("contender")}
+    contenders = {c.label for c in cands if (c.search or {}).get("contender")}
     out: dict[str, str] = {}
     if spec.strategy == "halving":
-        rungs = {
-            c["label"]: max((x.get("rung") or 0 for x in tuner.scored_trials(c["id"])), default=0)
-            for c in cands
-        }
+        rungs = {c.label: max((x.rung or 0 for x in tuner.scored_trials(c.id)), default=0) for c in cands}
         top = max(rungs.values(), default=0)
         out.update({label: SHORT for label, r in rungs.items() if r < top})
     if contenders:
-        out.update(
-            {c["label"]: ONCE for c in cands if c["label"] not in contenders and c["label"] not in out}
-        )
+        out.update({c.label: ONCE for c in cands if c.label not in contenders and c.label not in out})
     return out
 
 
 def summary(
     tuner: TrialRunner,
     sid: int,
-    cands: list[dict[str, Any]],
+    cands: list[StoredCandidate],
     out: list[dict[str, Any]],
     ranking: analyze.Ranking,
 ) -> dict[str, Any]:
@@ -430,22 +423,22 @@ def summary(
     regions: dict[str, dict[str, Any]] = {}
     by_label = {o["label"]: o for o in out}
     for c in cands:
-        trials = tuner.repo.trials(c["id"])
-        trials_used += sum(x["status"] not in ("interrupted", "lost") for x in trials)
-        redone += sum(x["status"] in ("interrupted", "lost") for x in trials)
-        elapsed += sum(_seconds(x["started_at"], x["finished_at"]) for x in trials)
-        search = c.get("search") or {}
-        o = by_label.get(c["label"], {})
+        trials = tuner.repo.trials(c.id)
+        trials_used += sum(x.status not in ("interrupted", "lost") for x in trials)
+        redone += sum(x.status in ("interrupted", "lost") for x in trials)
+        elapsed += sum(_seconds(x.started_at, x.finished_at) for x in trials)
+        search = c.search or {}
+        o = by_label.get(c.label, {})
         # what was measured, also for a candidate left out of the ranking (one trial, or halving's rung 0)
-        score = analyze.score(c["label"], "measured", o.get("levels") or [], study.slo, study.objective).value
-        if c["status"] not in ("measured", "anomalous"):
+        score = analyze.score(c.label, "measured", o.get("levels") or [], study.slo, study.objective).value
+        if c.status not in ("measured", "anomalous"):
             score = None
         pred = search.get("predicted") or {}
         row: dict[str, Any] = {
-            "label": c["label"],
+            "label": c.label,
             "origin": search.get("origin", "grid" if spec.strategy == "grid" else "listed"),
-            "status": c["status"],
-            "rung": max((x.get("rung") or 0 for x in trials if x["status"] == "measured"), default=0),
+            "status": c.status,
+            "rung": max((x.rung or 0 for x in trials if x.status == "measured"), default=0),
             "trials": len(trials),
             "measured": score,
             "predicted_prior": pred.get("prior"),
@@ -453,12 +446,12 @@ def summary(
         }
         # the model predicts the main level: its error is judged there (the score may sit at another level)
         at_main = next((d for d in o.get("levels") or [] if float(d["level"]) == main), None)
-        m = at_main.get(study.objective) if at_main and c["status"] in ("measured", "anomalous") else None
+        m = at_main.get(study.objective) if at_main and c.status in ("measured", "anomalous") else None
         row["measured_at_main"] = m
         for k in ("prior", "refit"):
             p = pred.get(k)
             row[f"error_{k}"] = abs(p / m - 1.0) if (p and m) else None
-        if c["status"] == "pruned" and search.get("region"):
+        if c.status == "pruned" and search.get("region"):
             reg = search["region"]
             row["pruned_by"] = reg
             regions.setdefault(reg["where"], {**reg, "pruned": 0})["pruned"] += 1
@@ -476,7 +469,7 @@ def summary(
         "model_error": {
             k: {"median": sorted(v)[len(v) // 2] if v else None, "n": len(v)} for k, v in errs.items()
         },
-        "contenders": [c["label"] for c in cands if (c.get("search") or {}).get("contender")],
+        "contenders": [c.label for c in cands if (c.search or {}).get("contender")],
     }
     if ranking.winner and ranking.significant is False:
         lo_hi = (ranking.noise or {}).get("difference_ci95")

@@ -13,7 +13,7 @@ from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
 from servelab.events import Observer
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StoredTrial, StudyRepo
 
 
 class Slots(Protocol):
@@ -56,11 +56,11 @@ class TrialRunner(Protocol):
         """The model's prediction stored with a new candidate."""
         ...
 
-    def scored_trials(self, cand_id: int) -> list[dict[str, Any]]:
+    def scored_trials(self, cand_id: int) -> list[StoredTrial]:
         """A candidate's measured trials that count towards its score."""
         ...
 
-    def fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
+    def fill_plan(self, uid: str, cands: list[StoredCandidate]) -> None:
         """Add the candidates to the study's plan."""
         ...
 
@@ -72,6 +72,6 @@ class TrialRunner(Protocol):
         """How many measured trials the candidate needs (one while searching; contenders: the repeats)."""
         ...
 
-    async def run_candidate(self, uid: str, cand: dict[str, Any], spec: CandidateSpec) -> None:
+    async def run_candidate(self, uid: str, cand: StoredCandidate, spec: CandidateSpec) -> None:
         """Run the candidate's missing trials at its rung and store them and its outcome."""
         ...

@@ -34,16 +34,16 @@ def last_run() -> dict[str, Any] | None:
         markers: dict[str, str] = {}  # marker -> its trial's status, for the last study's trials
         with contextlib.suppress(ServelabError):
             study = repo.resolve("last")
-            owner = leases.holder(store, study["id"])
+            owner = leases.holder(store, study.id)
             driven = owner is not None and owner.alive()
-            for cand in repo.candidates(study["id"]):
-                for t in repo.trials(cand["id"]):
-                    if t.get("marker"):
+            for cand in repo.candidates(study.id):
+                for t in repo.trials(cand.id):
+                    if t.marker:
                         # an open trial whose driver is gone was killed: its processes are leftovers
-                        open_ = t["status"] not in FINISHED
-                        markers[t["marker"]] = "killed" if open_ and not driven else t["status"]
-                    if trial is None or t["id"] > trial["id"]:
-                        trial = {**t, "study": study["uid"], "candidate": cand["label"]}
+                        open_ = t.status not in FINISHED
+                        markers[t.marker] = "killed" if open_ and not driven else t.status
+                    if trial is None or t.id > trial["id"]:
+                        trial = {**t.model_dump(mode="json"), "study": study.uid, "candidate": cand.label}
         if trial is not None:
             trial["markers"] = markers
             return trial
@@ -71,12 +71,12 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
     out = []
     with open_store() as store:
         for st in StudyRepo(store).list_studies(limit):
-            if st["status"] == "completed":
+            if st.status == "completed":
                 continue
-            owner = leases.holder(store, st["id"])
+            owner = leases.holder(store, st.id)
             alive = owner is not None and owner.alive()
-            state = "live" if alive else ("killed" if st["status"] == "running" else st["status"])
-            prefix = naming.study_markers(st["uid"])
+            state = "live" if alive else ("killed" if st.status == "running" else st.status)
+            prefix = naming.study_markers(st.uid)
             procs = (
                 [
                     {"pid": p.pid, "marker": p.marker, "command": p.cmdline}
@@ -91,10 +91,10 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
             )
             out.append(
                 {
-                    "uid": st["uid"],
-                    "name": st["name"],
-                    "source": st["source"],
-                    "status": st["status"],
+                    "uid": st.uid,
+                    "name": st.name,
+                    "source": st.source,
+                    "status": st.status,
                     "state": state,
                     "owner": owner.to_dict() if owner else None,
                     "processes": procs,

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict
 
 from servelab.errors import NotFoundError
 from servelab.redact import redact
+from servelab.results import Node
 from servelab.store.db import Store, utcnow
 
 TERMINAL_TRIAL = ("measured", "not_applied", "failed")
@@ -30,6 +32,73 @@ _TRIAL_JSON = (
     "teardown",
     "node",
 )
+
+
+class StoredStudy(BaseModel):
+    """A study as stored, its JSON columns parsed once here (readers use attributes, not keys)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    uid: str
+    name: str
+    created_at: str
+    finished_at: str | None
+    status: str
+    source: str | None
+    spec: dict[str, Any]  # the validated study file, redacted (config's Study is a layer above the store)
+    spec_hash: str
+    result: dict[str, Any] | None  # ranking, baseline, search view
+
+
+class StoredCandidate(BaseModel):
+    """A study's candidate as stored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    study_id: int
+    idx: int
+    label: str
+    spec: dict[str, Any]  # a CandidateSpec dumped (space/config sit a layer above the store)
+    predicted: dict[str, Any] | None
+    status: str
+    outcome: dict[str, Any] | None
+    search: dict[str, Any] | None  # origin, point, rung, contender, region: what the search knows of it
+
+
+class StoredTrial(BaseModel):
+    """One trial as stored. `levels` stays the stored level digests (`LevelResult.stored()` dicts)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    candidate_id: int
+    repeat: int
+    status: str
+    started_at: str
+    finished_at: str | None
+    marker: str
+    url: str | None
+    log_path: str | None
+    pid: int | None
+    engine_version: str | None
+    bench_run_id: int | None
+    ready_s: float | None
+    error: str | None
+    bench_open: str | None  # the uid of the bench run a level was measuring when the trial stopped
+    resumed_from: int | None
+    rung: int | None
+    argv: list[str] | None
+    env: dict[str, str] | None
+    requested: dict[str, Any] | None
+    effective: dict[str, Any] | None  # {"effective": {...}, "evidence": {...}}
+    not_applied: list[dict[str, Any]] | None
+    diagnosis: dict[str, Any] | None
+    verify: dict[str, Any] | None
+    levels: list[dict[str, Any]] | None
+    teardown: dict[str, Any] | None
+    node: Node | None  # the cluster node it ran on (stored as `Node.model_dump`)
 
 
 def _j(obj: Any) -> str:
@@ -69,13 +138,13 @@ class StudyRepo:
             (status, finished, _j(result) if result is not None else None, study_id),
         )
 
-    def latest_unfinished(self, name: str) -> dict[str, Any] | None:
+    def latest_unfinished(self, name: str) -> StoredStudy | None:
         row = self.db.execute(
             "SELECT * FROM studies WHERE name = ? AND status != 'completed' ORDER BY id DESC LIMIT 1", (name,)
         ).fetchone()
         return _study(row) if row else None
 
-    def resolve(self, ref: str) -> dict[str, Any]:
+    def resolve(self, ref: str) -> StoredStudy:
         """A study by uid, numeric id, name (latest) or `last`."""
         if ref == "last":
             row = self.db.execute("SELECT * FROM studies ORDER BY id DESC LIMIT 1").fetchone()
@@ -92,7 +161,7 @@ class StudyRepo:
             )
         return _study(row)
 
-    def list_studies(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list_studies(self, limit: int = 50) -> list[StoredStudy]:
         rows = self.db.execute("SELECT * FROM studies ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
         return [_study(r) for r in rows]
 
@@ -125,7 +194,7 @@ class StudyRepo:
     def set_search(self, cand_id: int, search: dict[str, Any]) -> None:
         self.db.execute("UPDATE study_candidates SET search_json = ? WHERE id = ?", (_j(search), cand_id))
 
-    def candidates(self, study_id: int) -> list[dict[str, Any]]:
+    def candidates(self, study_id: int) -> list[StoredCandidate]:
         rows = self.db.execute("SELECT * FROM study_candidates WHERE study_id = ? ORDER BY idx", (study_id,))
         return [_candidate(r) for r in rows.fetchall()]
 
@@ -178,7 +247,7 @@ class StudyRepo:
             vals.append(utcnow())
         self.db.execute(f"UPDATE study_trials SET {', '.join(cols)} WHERE id = ?", (*vals, trial_id))
 
-    def trials(self, cand_id: int) -> list[dict[str, Any]]:
+    def trials(self, cand_id: int) -> list[StoredTrial]:
         rows = self.db.execute("SELECT * FROM study_trials WHERE candidate_id = ? ORDER BY id", (cand_id,))
         return [_trial(r) for r in rows.fetchall()]
 
@@ -210,7 +279,7 @@ class StudyRepo:
         ).fetchone()
         return None if row is None else {"uid": str(row["uid"]), "label": str(row["label"])}
 
-    def open_trials(self, study_id: int) -> list[dict[str, Any]]:
+    def open_trials(self, study_id: int) -> list[StoredTrial]:
         """Trials that never reached an end (the servelab running them was killed)."""
         rows = self.db.execute(
             "SELECT t.* FROM study_trials t JOIN study_candidates c ON c.id = t.candidate_id"
@@ -220,58 +289,41 @@ class StudyRepo:
         return [_trial(r) for r in rows.fetchall()]
 
 
-def _study(row: Any) -> dict[str, Any]:
-    return {
-        "id": row["id"],
-        "uid": row["uid"],
-        "name": row["name"],
-        "created_at": row["created_at"],
-        "finished_at": row["finished_at"],
-        "status": row["status"],
-        "source": row["source"],
-        "spec": _load(row["spec_json"]),
-        "spec_hash": row["spec_hash"],
-        "result": _load(row["result_json"]),
-    }
+def _study(row: Any) -> StoredStudy:
+    return StoredStudy.model_validate(
+        {
+            "id": row["id"],
+            "uid": row["uid"],
+            "name": row["name"],
+            "created_at": row["created_at"],
+            "finished_at": row["finished_at"],
+            "status": row["status"],
+            "source": row["source"],
+            "spec": _load(row["spec_json"]),
+            "spec_hash": row["spec_hash"],
+            "result": _load(row["result_json"]),
+        }
+    )
 
 
-def _candidate(row: Any) -> dict[str, Any]:
-    return {
-        "id": row["id"],
-        "study_id": row["study_id"],
-        "idx": row["idx"],
-        "label": row["label"],
-        "spec": _load(row["spec_json"]),
-        "predicted": _load(row["predicted_json"]),
-        "status": row["status"],
-        "outcome": _load(row["outcome_json"]),
-        "search": _load(row["search_json"]),
-    }
+def _candidate(row: Any) -> StoredCandidate:
+    return StoredCandidate.model_validate(
+        {
+            "id": row["id"],
+            "study_id": row["study_id"],
+            "idx": row["idx"],
+            "label": row["label"],
+            "spec": _load(row["spec_json"]),
+            "predicted": _load(row["predicted_json"]),
+            "status": row["status"],
+            "outcome": _load(row["outcome_json"]),
+            "search": _load(row["search_json"]),
+        }
+    )
 
 
-def _trial(row: Any) -> dict[str, Any]:
-    d = {
-        k: row[k]
-        for k in (
-            "id",
-            "candidate_id",
-            "repeat",
-            "status",
-            "started_at",
-            "finished_at",
-            "marker",
-            "url",
-            "log_path",
-            "pid",
-            "engine_version",
-            "bench_run_id",
-            "ready_s",
-            "error",
-            "bench_open",
-            "resumed_from",
-            "rung",
-        )
-    }
-    for key in _TRIAL_JSON:
-        d[key] = _load(row[f"{key}_json"])
-    return d
+def _trial(row: Any) -> StoredTrial:
+    """The columns are the model's fields; a JSON one is stored as `<field>_json`."""
+    return StoredTrial.model_validate(
+        {k: _load(row[f"{k}_json"]) if k in _TRIAL_JSON else row[k] for k in StoredTrial.model_fields}
+    )

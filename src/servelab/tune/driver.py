@@ -40,7 +40,7 @@ from servelab.paths import data_home
 from servelab.store import leases
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StoredTrial, StudyRepo
 from servelab.trial.outcome import LevelResult, TrialOutcome
 from servelab.trial.pipeline import Trial
 from servelab.trial.prepare import settings_for
@@ -130,10 +130,10 @@ class Tuner:
         if label or not self._sid:
             return label
         cands = self.repo.candidates(self._sid)
-        return cands[0]["label"] if cands else ""
+        return cands[0].label if cands else ""
 
     # -- study bookkeeping ------------------------------------------------------------------------
-    def _open(self) -> tuple[int, str, list[dict[str, Any]]]:
+    def _open(self) -> tuple[int, str, list[StoredCandidate]]:
         h = spec_hash(self.study)
         if self.opts.resume:
             prev = self.repo.latest_unfinished(self.study.study.name)
@@ -142,41 +142,41 @@ class Tuner:
                     f"no unfinished study named {self.study.study.name!r} to resume",
                     hint="run without --resume to start it; `servelab runs` lists studies.",
                 )
-            if prev["spec_hash"] != h:
+            if prev.spec_hash != h:
                 raise ConfigError(
-                    f"the study file changed since study {prev['uid']} started",
+                    f"the study file changed since study {prev.uid} started",
                     hint="resume with the same file, or run without --resume to start a new study.",
                 )
             labels = {c.label() for c in self.study.candidates}
             renamed = [
-                c["label"]
-                for c in self.repo.candidates(prev["id"])
+                c.label
+                for c in self.repo.candidates(prev.id)
                 # a search's own candidates come from its space, not from the file's list
-                if c["label"] not in labels and (c.get("search") or {}).get("origin", "listed") == "listed"
+                if c.label not in labels and (c.search or {}).get("origin", "listed") == "listed"
             ]
             if renamed:  # a servelab whose labels were derived differently started it (same file)
                 raise ConfigError(
-                    f"study {prev['uid']} names candidates this servelab does not derive from the file "
+                    f"study {prev.uid} names candidates this servelab does not derive from the file "
                     f"({', '.join(map(repr, renamed[:3]))})",
                     hint="give those candidates a `name` that matches, finish the study with the servelab "
                     "that started it, or run without --resume to start a new study.",
                 )
             # Before anything is swept: the processes of a live driver are not leftovers.
-            self._lease = (prev["id"], leases.acquire(self.store, prev["id"], prev["uid"]))
-            swept = self.executor.sweep(naming.study_markers(prev["uid"]))
+            self._lease = (prev.id, leases.acquire(self.store, prev.id, prev.uid))
+            swept = self.executor.sweep(naming.study_markers(prev.uid))
             self.swept = [s.to_dict() for s in swept]
             bench = BenchRepo(self.store)
-            for t in self.repo.open_trials(prev["id"]):
-                if t["bench_open"]:  # the level the kill cut short
-                    bench.interrupt_run(t["bench_open"])
+            for t in self.repo.open_trials(prev.id):
+                if t.bench_open:  # the level the kill cut short
+                    bench.interrupt_run(t.bench_open)
                 self.repo.update_trial(
-                    t["id"], status="interrupted", error="servelab stopped during this trial", bench_open=None
+                    t.id, status="interrupted", error="servelab stopped during this trial", bench_open=None
                 )
-            self.repo.set_study_status(prev["id"], "running")
-            self.notify(StudyResumed(prev["uid"], self.swept))
-            cands = self.repo.candidates(prev["id"])
-            self.fill_plan(prev["uid"], cands)
-            return prev["id"], prev["uid"], cands
+            self.repo.set_study_status(prev.id, "running")
+            self.notify(StudyResumed(prev.uid, self.swept))
+            cands = self.repo.candidates(prev.id)
+            self.fill_plan(prev.uid, cands)
+            return prev.id, prev.uid, cands
         with self.repo.transaction():  # a study never exists without its owner
             sid, uid = self.repo.create_study(
                 self.study.study.name, self.source, self.study.model_dump(mode="json"), h
@@ -226,7 +226,7 @@ class Tuner:
                 await self._run_parallel(uid, cands, specs)
             else:
                 for cand in cands:
-                    await self.run_candidate(uid, cand, specs[cand["label"]])
+                    await self.run_candidate(uid, cand, specs[cand.label])
         except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
             self._interrupted(sid, uid, cands, "interrupted by the user")
             raise Interrupted(
@@ -245,12 +245,12 @@ class Tuner:
         return outcome
 
     async def _run_parallel(
-        self, uid: str, cands: list[dict[str, Any]], specs: dict[str, CandidateSpec]
+        self, uid: str, cands: list[StoredCandidate], specs: dict[str, CandidateSpec]
     ) -> None:
         """Every candidate at once, in the predicted order: each trial waits for its GPUs (first come,
         first served), so the cluster runs as many as it holds. The first error stops the others (their
         servers torn down) and is raised."""
-        tasks = [asyncio.ensure_future(self.run_candidate(uid, c, specs[c["label"]])) for c in cands]
+        tasks = [asyncio.ensure_future(self.run_candidate(uid, c, specs[c.label])) for c in cands]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -258,20 +258,20 @@ class Tuner:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _interrupted(self, sid: int, uid: str, cands: list[dict[str, Any]], why: str) -> None:
+    def _interrupted(self, sid: int, uid: str, cands: list[StoredCandidate], why: str) -> None:
         """Open trials and the study become `interrupted` (a resume redoes those trials)."""
         for t in self.repo.open_trials(sid):
-            self.repo.update_trial(t["id"], status="interrupted", error=why)
-            label = next((c["label"] for c in cands if c["id"] == t["candidate_id"]), None)
+            self.repo.update_trial(t.id, status="interrupted", error=why)
+            label = next((c.label for c in cands if c.id == t.candidate_id), None)
             if label:
-                self.plan.move(uid, label, "interrupted", {"trial": t["id"]})
+                self.plan.move(uid, label, "interrupted", {"trial": t.id})
         self.repo.set_study_status(sid, "interrupted")
 
     def finish(self, sid: int, uid: str) -> StudyOutcome:
         """Combine repeats, flag anomalies against the baseline, rank, and store the result."""
         cands = self.repo.candidates(sid)
         levels_by = {
-            c["label"]: analyze.combine_repeats([t["levels"] for t in self.scored_trials(c["id"])])
+            c.label: analyze.combine_repeats([t.levels or [] for t in self.scored_trials(c.id)])
             for c in cands
         }
         base_label = self.base_label()
@@ -279,38 +279,38 @@ class Tuner:
         scores = []
         out = []
         for c in cands:
-            status = c["status"]
-            levels = levels_by[c["label"]]
+            status = c.status
+            levels = levels_by[c.label]
             flags = analyze.anomalies(
-                levels, None if c["label"] == base_label else baseline, self.study.anomalies
+                levels, None if c.label == base_label else baseline, self.study.anomalies
             )
             if status == "measured" and flags:
                 status = "anomalous"
                 self.plan.move(
                     uid,
-                    c["label"],
+                    c.label,
                     "anomalous",
-                    {"run": f"{uid}/{c['label']}", "anomalies": [a.to_dict() for a in flags]},
+                    {"run": f"{uid}/{c.label}", "anomalies": [a.to_dict() for a in flags]},
                 )
-            outcome = dict(c["outcome"] or {})
+            outcome = dict(c.outcome or {})
             if status == "not_applied":
                 self.plan.close_not_applied(uid, c, outcome)
             outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
-            s = analyze.score(c["label"], status, levels, self.study.slo, self.study.objective)
+            s = analyze.score(c.label, status, levels, self.study.slo, self.study.objective)
             outcome["score"] = s.to_dict()
-            self.repo.set_candidate(c["id"], status, outcome)
+            self.repo.set_candidate(c.id, status, outcome)
             scores.append(s)
-            out.append({"label": c["label"], "status": status, "predicted": c["predicted"], **outcome})
+            out.append({"label": c.label, "status": status, "predicted": c.predicted, **outcome})
         samples = spread.samples(self.store, self.study, cands, scores)
-        for s, c in zip(scores, out, strict=True):
+        for s, row in zip(scores, out, strict=True):
             hw = analyze.bootstrap_half_width(samples.get(s.label) or [])
             if hw is not None:  # the candidate's ± from its requests too, as its margin is judged
                 s.half_width = hw
-                c["score"] = s.to_dict()
+                row["score"] = s.to_dict()
                 self.repo.set_candidate(
-                    next(x["id"] for x in cands if x["label"] == s.label),
-                    c["status"],
-                    {k: v for k, v in c.items() if k not in ("label", "status", "predicted")},
+                    next(x.id for x in cands if x.label == s.label),
+                    row["status"],
+                    {k: v for k, v in row.items() if k not in ("label", "status", "predicted")},
                 )
         search_view: dict[str, Any] | None = None
         if self.study.adaptive:
@@ -356,52 +356,52 @@ class Tuner:
             self.study.load_kind().summary(),
         )
 
-    def scored_trials(self, cand_id: int) -> list[dict[str, Any]]:
+    def scored_trials(self, cand_id: int) -> list[StoredTrial]:
         """A candidate's measured trials at its highest rung (`spread.scored_trials`)."""
         return spread.scored_trials(self.repo, cand_id)
 
     # -- one candidate ----------------------------------------------------------------------------
-    async def run_candidate(self, uid: str, cand: dict[str, Any], spec: CandidateSpec) -> None:
-        trials = self.repo.trials(cand["id"])
-        rung = self._rung.get(cand["label"], 0)
-        measured = [t for t in trials if t["status"] == "measured" and (t.get("rung") or 0) == rung]
-        final = [t for t in trials if t["status"] in ("not_applied", "failed")]
-        if cand["status"] in ("not_applied",) or (final and not self.opts.retry_failed):
-            if final and cand["status"] not in ("not_applied", "failed"):
+    async def run_candidate(self, uid: str, cand: StoredCandidate, spec: CandidateSpec) -> None:
+        trials = self.repo.trials(cand.id)
+        rung = self._rung.get(cand.label, 0)
+        measured = [t for t in trials if t.status == "measured" and (t.rung or 0) == rung]
+        final = [t for t in trials if t.status in ("not_applied", "failed")]
+        if cand.status in ("not_applied",) or (final and not self.opts.retry_failed):
+            if final and cand.status not in ("not_applied", "failed"):
                 # a store written before the two went in one transaction: the trial's end is the truth
-                self.repo.set_candidate(cand["id"], final[-1]["status"], record_of(final[-1]))
-            self.notify(CandidateSkipped(cand["label"], cand["status"]))
+                self.repo.set_candidate(cand.id, final[-1].status, record_of(final[-1]))
+            self.notify(CandidateSkipped(cand.label, cand.status))
             return
-        repeats = self.repeats_of(cand["label"])
+        repeats = self.repeats_of(cand.label)
         if len(measured) >= repeats:
-            if cand["status"] not in ("measured", "anomalous"):  # as above: repaired, never dropped
-                self.repo.set_candidate(cand["id"], "measured", {})
+            if cand.status not in ("measured", "anomalous"):  # as above: repaired, never dropped
+                self.repo.set_candidate(cand.id, "measured", {})
             return
-        self.repo.set_candidate(cand["id"], "running")
+        self.repo.set_candidate(cand.id, "running")
         for n in range(len(measured), repeats):
             # a candidate's trials at every rung have their own repeat numbers (its markers differ)
-            repeat = n + sum(1 for t in trials if t["status"] == "measured" and (t.get("rung") or 0) != rung)
+            repeat = n + sum(1 for t in trials if t.status == "measured" and (t.rung or 0) != rung)
             status, outcome = await self._trial(uid, cand, spec, repeat, trials)
             if status != "measured":
-                self.repo.set_candidate(cand["id"], status, outcome)
+                self.repo.set_candidate(cand.id, status, outcome)
                 return
-        self.repo.set_candidate(cand["id"], "measured", {})
+        self.repo.set_candidate(cand.id, "measured", {})
 
     async def _trial(
-        self, uid: str, cand: dict[str, Any], spec: CandidateSpec, repeat: int, before: list[dict[str, Any]]
+        self, uid: str, cand: StoredCandidate, spec: CandidateSpec, repeat: int, before: list[StoredTrial]
     ) -> tuple[str, dict[str, Any]]:
         """One repeat of a candidate, placed by the executor. On a cluster a trial whose node dies is
         marked `lost` and run once more on another node; lost again, it fails with that diagnosis."""
-        label = cand["label"]
+        label = cand.label
         marker = naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat)
         kept, carried = kept_levels(before, repeat)
         gpus = spec.tp * spec.pp * (spec.dp or 1)
         # Repeats on nodes not used yet: a candidate's interval then holds the node-to-node noise too.
-        avoid = frozenset(n.id for _, n in spread.node_trials(self.repo, cand["id"]))
+        avoid = frozenset(n.id for _, n in spread.node_trials(self.repo, cand.id))
         rung = self._rung.get(label, 0)
         for attempt in (0, 1):
             tid = self.repo.start_trial(
-                cand["id"], repeat, marker, **carried, **({"rung": rung} if rung else {})
+                cand.id, repeat, marker, **carried, **({"rung": rung} if rung else {})
             )
             self.notify(TrialStarted(label, repeat))
             self.plan.move(uid, label, "running", {"trial": tid, "run": f"{uid}/{label}/t{tid}"})
@@ -412,7 +412,7 @@ class Tuner:
                 uid,
                 tid,
                 label,
-                cand["id"],
+                cand.id,
                 repeat == self.repeats_of(label) - 1,
             )
             unfit = self.executor.fits(gpus)
@@ -432,7 +432,7 @@ class Tuner:
                 if not self.executor.parallel or (placed is not None and not placed.lost_node(exc)):
                     raise  # this machine's link to its one host: the study is interrupted
                 node = placed.node if placed is not None else None
-                self._close_open_level(cand["id"], tid)
+                self._close_open_level(cand.id, tid)
                 if attempt == 1:
                     failed = recorder.node_failed(exc, node)
                     return failed.status, failed.record()
@@ -444,9 +444,9 @@ class Tuner:
 
     def _close_open_level(self, cand_id: int, tid: int) -> None:
         """The bench run a lost node's trial was measuring: interrupted, as a resume does for a kill."""
-        row = next((t for t in self.repo.trials(cand_id) if t["id"] == tid), None)
-        if row is not None and row["bench_open"]:
-            BenchRepo(self.store).interrupt_run(row["bench_open"])
+        row = next((t for t in self.repo.trials(cand_id) if t.id == tid), None)
+        if row is not None and row.bench_open:
+            BenchRepo(self.store).interrupt_run(row.bench_open)
 
     async def _run_trial(
         self,
@@ -501,7 +501,7 @@ class Tuner:
         return short_study(self.study)
 
     # -- the plan: one item per candidate, moved as trials run ------------------------------------
-    def fill_plan(self, uid: str, cands: list[dict[str, Any]]) -> None:
+    def fill_plan(self, uid: str, cands: list[StoredCandidate]) -> None:
         """The plan's items for the study's candidates (`PlanSync.fill`; the search adds its own)."""
         self.plan.fill(uid, cands)
 
@@ -511,12 +511,8 @@ class Tuner:
         if label == base:
             return None
         for c in self.repo.candidates(self._sid):
-            if c["label"] == base:
-                measured = [
-                    t["levels"]
-                    for t in self.repo.trials(c["id"])
-                    if t["status"] == "measured" and t["levels"]
-                ]
+            if c.label == base:
+                measured = [t.levels for t in self.repo.trials(c.id) if t.status == "measured" and t.levels]
                 return analyze.combine_repeats(measured) if measured else None
         return None
 

@@ -14,7 +14,7 @@ from servelab.events import Observer, PlanWarning
 from servelab.plan.study import TUNE_WORKER
 from servelab.store import plans
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StudyRepo
 from servelab.trial.prepare import settings_for
 
 # Requested keys that describe where a server runs, not what is being tried: not part of a plan item.
@@ -30,17 +30,17 @@ class PlanSync:
         self.repo = StudyRepo(store)
         self.parallel = parallel
 
-    def fill(self, uid: str, cands: list[dict[str, Any]]) -> None:
+    def fill(self, uid: str, cands: list[StoredCandidate]) -> None:
         """One item per candidate not pruned, with what it requests of the engine and its prediction."""
         specs = {c.label(): c for c in self.study.candidates}
         rows = []
         for c in cands:
-            if c["status"] == "pruned":
+            if c.status == "pruned":
                 continue
-            spec = specs.get(c["label"]) or CandidateSpec.model_validate(c["spec"])  # a search's own
+            spec = specs.get(c.label) or CandidateSpec.model_validate(c.spec)  # a search's own
             req = self.engine.requested(settings_for(self.study, spec))
             own = {k: v for k, v in req.items() if k not in _NOT_PLANNED}
-            rows.append((c["label"], (c["predicted"] or {}).get("output_throughput"), own))
+            rows.append((c.label, (c.predicted or {}).get("output_throughput"), own))
         self._call(lambda: plans.fill_from_study(self.store, uid, rows))
 
     def move(self, uid: str, label: str, status: str, evidence: dict[str, Any]) -> None:
@@ -52,22 +52,24 @@ class PlanSync:
         ref = {"trial": tid, "run": f"{uid}/{label}/t{tid}"}
         self.move(uid, label, status, {**ref, **{k: v for k, v in evidence.items() if v is not None}})
 
-    def close_not_applied(self, uid: str, cand: dict[str, Any], outcome: dict[str, Any]) -> None:
+    def close_not_applied(self, uid: str, cand: StoredCandidate, outcome: dict[str, Any]) -> None:
         """The study is over: a not-applied candidate's item is closed as not applied, with its last
         trial's evidence (what was requested, what runs, the log line), so no item is left pending."""
-        trials = self.repo.trials(cand["id"])
-        last = trials[-1] if trials else {}
+        trials = self.repo.trials(cand.id)
+        last = trials[-1] if trials else None
         evidence: dict[str, Any] = {
-            "run": f"{uid}/{cand['label']}" + (f"/t{last['id']}" if last else ""),
-            "not_applied": outcome.get("not_applied") or last.get("not_applied") or [],
+            "run": f"{uid}/{cand.label}" + (f"/t{last.id}" if last is not None else ""),
+            "not_applied": outcome.get("not_applied")
+            or (last.not_applied if last is not None else None)
+            or [],
             "unconfirmed": outcome.get("unconfirmed") or [],
         }
-        if last:
-            evidence["trial"] = last["id"]
-            if last.get("effective"):  # the mismatches are found again from what runs (not twice)
-                evidence["effective"] = last["effective"]
+        if last is not None:
+            evidence["trial"] = last.id
+            if last.effective:  # the mismatches are found again from what runs (not twice)
+                evidence["effective"] = last.effective
                 evidence.pop("not_applied")
-        self._call(lambda: plans.close_not_applied(self.store, uid, cand["label"], evidence))
+        self._call(lambda: plans.close_not_applied(self.store, uid, cand.label, evidence))
 
     def _call(self, fn: Callable[[], Any]) -> None:
         try:

@@ -28,7 +28,7 @@ from servelab.events import (
 from servelab.executors.base import Placement
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.results import Node
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredTrial, StudyRepo
 from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, TrialObserver, TrialOutcome
 from servelab.tune.plansync import PlanSync
 
@@ -179,26 +179,26 @@ class TrialRecorder(TrialObserver):
 
     def torn_down(self, report: TeardownReport) -> None:
         self.repo.update_trial(self.tid, teardown=report.to_dict())
-        self.notify(TrialTeardown(self.label, self.repo.trials(self.cand_id)[-1]["teardown"]))
+        self.notify(TrialTeardown(self.label, self.repo.trials(self.cand_id)[-1].teardown or {}))
         crashpoint.reached("torn-down")
 
 
-def kept_levels(trials: list[dict[str, Any]], repeat: int) -> tuple[list[LevelResult], dict[str, Any]]:
+def kept_levels(trials: list[StoredTrial], repeat: int) -> tuple[list[LevelResult], dict[str, Any]]:
     """The levels the last trial of this repeat had measured when it was interrupted (kept, not run
     again), and the columns the new trial starts with. None are kept when a level saw the server die:
     that trial's end is unknown, so it is redone whole."""
-    last = next((t for t in reversed(trials) if t["repeat"] == repeat), None)
-    if last is None or last["status"] != "interrupted" or not last["levels"]:
+    last = next((t for t in reversed(trials) if t.repeat == repeat), None)
+    if last is None or last.status != "interrupted" or not last.levels:
         return [], {}
-    if any(d.get("died") for d in last["levels"]):
+    if any(d.get("died") for d in last.levels):
         return [], {}
-    kept = [LevelResult.from_stored(d) for d in last["levels"]]
-    return kept, {"levels": last["levels"], "resumed_from": last["id"], "bench_run_id": last["bench_run_id"]}
+    kept = [LevelResult.from_stored(d) for d in last.levels]
+    return kept, {"levels": last.levels, "resumed_from": last.id, "bench_run_id": last.bench_run_id}
 
 
-def record_of(trial: dict[str, Any]) -> dict[str, Any]:
+def record_of(trial: StoredTrial) -> dict[str, Any]:
     """A candidate's outcome as its final trial's row shows it (repairing a store written before a trial's
     end and its candidate's status went in one transaction)."""
-    if trial["status"] == "not_applied":
-        return {"not_applied": trial["not_applied"] or [], "unconfirmed": []}
-    return {"diagnosis": trial["diagnosis"]} if trial["diagnosis"] else {}
+    if trial.status == "not_applied":
+        return {"not_applied": trial.not_applied or [], "unconfirmed": []}
+    return {"diagnosis": trial.diagnosis} if trial.diagnosis else {}

@@ -12,51 +12,47 @@ from servelab.errors import ServelabError
 from servelab.results import Node
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StoredTrial, StudyRepo
 
 
-def scored_trials(repo: StudyRepo, cand_id: int) -> list[dict[str, Any]]:
+def scored_trials(repo: StudyRepo, cand_id: int) -> list[StoredTrial]:
     """A candidate's measured trials at its highest rung (halving's short benchmarks do not mix with
     its full ones; every other study has rung 0 only)."""
-    measured = [t for t in repo.trials(cand_id) if t["status"] == "measured" and t["levels"]]
-    top = max((t.get("rung") or 0 for t in measured), default=0)
-    return [t for t in measured if (t.get("rung") or 0) == top]
+    measured = [t for t in repo.trials(cand_id) if t.status == "measured" and t.levels]
+    top = max((t.rung or 0 for t in measured), default=0)
+    return [t for t in measured if (t.rung or 0) == top]
 
 
-def node_trials(repo: StudyRepo, cand_id: int) -> list[tuple[dict[str, Any], Node]]:
+def node_trials(repo: StudyRepo, cand_id: int) -> list[tuple[StoredTrial, Node]]:
     """A candidate's measured trials that ran on a cluster node, with the node."""
-    return [
-        (t, Node.model_validate(t["node"]))
-        for t in repo.trials(cand_id)
-        if t["status"] == "measured" and t.get("node")
-    ]
+    return [(t, t.node) for t in repo.trials(cand_id) if t.status == "measured" and t.node is not None]
 
 
 def node_spread(
     repo: StudyRepo,
     objective: str,
-    cands: list[dict[str, Any]],
+    cands: list[StoredCandidate],
     scores: list[analyze.Score],
     base_label: str,
 ) -> analyze.NodeSpread | None:
     """The baseline's objective per node at its scored level (None: fewer than two nodes ran it)."""
-    base = next((c for c in cands if c["label"] == base_label), None)
+    base = next((c for c in cands if c.label == base_label), None)
     score = next((s for s in scores if s.label == base_label), None)
     if base is None or score is None or score.level is None:
         return None
     values = []
-    for t, node in node_trials(repo, base["id"]):
-        d = next((d for d in t["levels"] or [] if float(d["level"]) == score.level), None)
+    for t, node in node_trials(repo, base.id):
+        d = next((d for d in t.levels or [] if float(d["level"]) == score.level), None)
         if d is not None and d.get(objective) is not None:
             values.append((node.name, float(d[objective])))
     return analyze.node_spread(score.level, values)
 
 
-def note_nodes(repo: StudyRepo, cands: list[dict[str, Any]], out: list[dict[str, Any]]) -> None:
+def note_nodes(repo: StudyRepo, cands: list[StoredCandidate], out: list[dict[str, Any]]) -> None:
     """Each candidate's nodes, and a note when its repeats ran on different ones (its interval then
     holds the node-to-node noise too)."""
     for c, o in zip(cands, out, strict=True):
-        names = sorted({n.name for _, n in node_trials(repo, c["id"])})
+        names = sorted({n.name for _, n in node_trials(repo, c.id)})
         if not names:
             continue
         o["nodes"] = names
@@ -66,14 +62,14 @@ def note_nodes(repo: StudyRepo, cands: list[dict[str, Any]], out: list[dict[str,
                 "includes the node-to-node noise"
             )
         repo.set_candidate(
-            c["id"],
+            c.id,
             o["status"],
             {k: v for k, v in o.items() if k not in ("label", "status", "predicted")},
         )
 
 
 def samples(
-    store: Store, study: Study, cands: list[dict[str, Any]], scores: list[analyze.Score]
+    store: Store, study: Study, cands: list[StoredCandidate], scores: list[analyze.Score]
 ) -> dict[str, list[analyze.Cluster]]:
     """Each scored candidate's measured trials at its scored level, as bootstrap clusters read from the
     stored per-request records of the bench run that measured the level (a trial without them, e.g. one
@@ -84,15 +80,15 @@ def samples(
         if s.level is None:
             continue
         clusters: list[analyze.Cluster] = []
-        for t in scored_trials(repo, c["id"]):
-            d = next((d for d in t["levels"] or [] if float(d["level"]) == s.level), None)
+        for t in scored_trials(repo, c.id):
+            d = next((d for d in t.levels or [] if float(d["level"]) == s.level), None)
             cl = _cluster(bench, d, study) if d else None
             if cl is None:
                 clusters = []
                 break
             clusters.append(cl)
         if clusters:
-            out[c["label"]] = clusters
+            out[c.label] = clusters
     return out
 
 

@@ -19,7 +19,7 @@ from servelab.report.html import levels_table, page, plan_items, study_body, tab
 from servelab.report.text import fmt, h
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredStudy, StudyRepo
 
 NAV = (
     '<nav><a href="/">studies</a><a href="/runs">runs</a><a href="/compare">compare two runs</a>'
@@ -87,18 +87,18 @@ def route(store: Store, path: str, query: dict[str, str]) -> Response:
     return _html("not found", f"<h1>Not found</h1><p>nothing at {h(path)}</p>", status=404)
 
 
-def _study_row(store: Store, st: dict[str, Any]) -> dict[str, Any]:
-    cands = StudyRepo(store).candidates(st["id"])
-    ranking = (st["result"] or {}).get("ranking") or {}
+def _study_row(store: Store, st: StoredStudy) -> dict[str, Any]:
+    cands = StudyRepo(store).candidates(st.id)
+    ranking = (st.result or {}).get("ranking") or {}
     return {
-        "uid": st["uid"],
-        "name": st["name"],
-        "status": st["status"],
-        "created_at": st["created_at"],
+        "uid": st.uid,
+        "name": st.name,
+        "status": st.status,
+        "created_at": st.created_at,
         "winner": ranking.get("winner"),
         "candidates": len(cands),
         "finished_candidates": sum(
-            c["status"] in ("measured", "anomalous", "not_applied", "failed") for c in cands
+            c.status in ("measured", "anomalous", "not_applied", "failed") for c in cands
         ),
     }
 
@@ -152,28 +152,27 @@ def progress(store: Store, ref: str) -> dict[str, Any]:
     """What a running study has done so far: per candidate its status, trials and levels measured."""
     repo = StudyRepo(store)
     st = repo.resolve(ref)
-    kind = load_kinds.of_spec((st["spec"] or {}).get("load"), (st["spec"] or {}).get("workload"))
+    kind = load_kinds.of_spec((st.spec or {}).get("load"), (st.spec or {}).get("workload"))
     levels = [kind.level_value(v) for v in kind.levels] if kind is not None else []
     cands = []
-    for c in repo.candidates(st["id"]):
-        trials = repo.trials(c["id"])
+    for c in repo.candidates(st.id):
+        trials = repo.trials(c.id)
         last = trials[-1] if trials else None
+        done_levels = (last.levels if last is not None else None) or []
         cands.append(
             {
-                "label": c["label"],
-                "status": c["status"],
+                "label": c.label,
+                "status": c.status,
                 "trials": len(trials),
-                "trial_status": last["status"] if last else None,
-                "levels_done": len((last or {}).get("levels") or []),
-                "last_level": ((last or {}).get("levels") or [{}])[-1].get("level")
-                if last and last["levels"]
-                else None,
+                "trial_status": last.status if last is not None else None,
+                "levels_done": len(done_levels),
+                "last_level": done_levels[-1].get("level") if done_levels else None,
             }
         )
     done = sum(c["status"] in ("measured", "anomalous", "not_applied", "failed") for c in cands)
     return {
-        "study": st["uid"],
-        "status": st["status"],
+        "study": st.uid,
+        "status": st.status,
         "candidates": cands,
         "finished": done,
         "total": len(cands),

@@ -236,7 +236,7 @@ def test_bound_item_completes_only_with_an_applied_run() -> None:
     assert stored() == before
     with open_store() as s:
         repo = StudyRepo(s)
-        cid = repo.candidates(repo.resolve(uid)["id"])[0]["id"]
+        cid = repo.candidates(repo.resolve(uid).id)[0].id
         tid = repo.start_trial(cid, 1, "m")
         repo.update_trial(
             tid,

@@ -112,7 +112,7 @@ def test_progress_is_what_the_store_says(tmp_path: Path) -> None:
         tc = repo.start_trial(c, 0, f"{uid}:c:0")
         repo.update_trial(tc, status="benchmarking", levels=[{"level": 1.0}])
         got = progress(store, uid)
-        trials = {t["id"]: t for t in repo.trials(a) + repo.trials(b)}
+        trials = {t.id: t for t in repo.trials(a) + repo.trials(b)}
     assert got.status == "running" and got.driver is None
     assert [(r.candidate, r.status, r.levels_done) for r in got.running] == [
         ("tp8-arfusion", "benchmarking", [1.0])
@@ -121,7 +121,7 @@ def test_progress_is_what_the_store_says(tmp_path: Path) -> None:
     assert [(f.candidate, f.kind) for f in got.findings] == [("tp8-trtllm", "not_applied")]
     assert "flashinfer_trtllm" in got.findings[0].detail
     took = [
-        (datetime.fromisoformat(t["finished_at"]) - datetime.fromisoformat(t["started_at"])).total_seconds()
+        (datetime.fromisoformat(str(t.finished_at)) - datetime.fromisoformat(t.started_at)).total_seconds()
         for t in trials.values()
     ]
     assert got.eta_s == pytest.approx(sum(took) / 2 * 1)  # the mean trial so far, times the one left

@@ -263,8 +263,8 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 def test_secrets_are_masked_in_results_read_from_the_store(planted: dict[str, str]) -> None:
     with open_store() as store:  # the store does hold them: the masking below is the tools'
-        (cand,) = StudyRepo(store).candidates(StudyRepo(store).resolve(planted["study"])["id"])
-        assert TOKEN in str(StudyRepo(store).trials(cand["id"])[0]["error"])
+        (cand,) = StudyRepo(store).candidates(StudyRepo(store).resolve(planted["study"]).id)
+        assert TOKEN in str(StudyRepo(store).trials(cand.id)[0].error)
     is_error, text, progress = _call(Options(), "tune_progress", {"study": planted["study"]})
     assert not is_error, text
     assert progress is not None

@@ -8,7 +8,7 @@ from typing import Any
 
 from servelab.config.loading import load_study
 from servelab.store.db import Store
-from servelab.store.studies import StudyRepo
+from servelab.store.studies import StoredCandidate, StudyRepo
 from servelab.tune import TuneOptions, Tuner, spec_hash
 
 HOSTILE = "<script>alert('x')</script> \x1b[31mCUDA error\x1b[0m | `rm -rf` **bold** & more"
@@ -106,8 +106,8 @@ T1 = "2026-01-02T04:05:06.000+00:00"
 GOLDEN_UID = "s-golden0001"
 
 
-def _trial(repo: StudyRepo, cand: dict[str, Any], repeat: int, **fields: Any) -> None:
-    tid = repo.start_trial(cand["id"], repeat, f"servelab-study:golden:{cand['label']}:{repeat}")
+def _trial(repo: StudyRepo, cand: StoredCandidate, repeat: int, **fields: Any) -> None:
+    tid = repo.start_trial(cand.id, repeat, f"servelab-study:golden:{cand.label}:{repeat}")
     argv = [
         "python",
         "-m",
@@ -116,8 +116,8 @@ def _trial(repo: StudyRepo, cand: dict[str, Any], repeat: int, **fields: Any) ->
         "--model",
         "GLM-5-NVFP4",
         "--tp",
-        str(cand["spec"]["tp"]),
-        *cand["spec"]["args"],
+        str(cand.spec["tp"]),
+        *cand.spec["args"],
     ]
     repo.update_trial(
         tid,
@@ -142,9 +142,9 @@ def build_study(store: Store, tmp: Path) -> str:
     for idx, cand in enumerate(study.candidates):
         pred = {"known": True, "feasible": True, "output_throughput": 507.0 - 40 * idx, "tpot_ms": 105.0}
         repo.add_candidate(sid, idx, cand.label(), cand.model_dump(mode="json"), pred)
-    cands = {c["label"]: c for c in repo.candidates(sid)}
+    cands = {c.label: c for c in repo.candidates(sid)}
     for label, repeats in CURVES.items():
-        tp = cands[label]["spec"]["tp"]
+        tp = cands[label].spec["tp"]
         line = f"server_args=ServerArgs(tp_size={tp}, moe_runner_backend='flashinfer_cutlass')"
         requested = {"tp_size": tp, "moe_runner_backend": "flashinfer_cutlass"}
         effective = {"effective": dict(requested), "evidence": {k: line for k in requested}}
@@ -164,7 +164,7 @@ def build_study(store: Store, tmp: Path) -> str:
                 status="measured",
                 teardown={"exit": "terminated", "orphans": 0},
             )
-        repo.set_candidate(cands[label]["id"], "measured", {})
+        repo.set_candidate(cands[label].id, "measured", {})
     trt = {"tp_size": 8, "moe_runner_backend": "flashinfer_trtllm"}
     line = "server_args=ServerArgs(tp_size=8, moe_runner_backend='flashinfer_cutlass')"
     effective = {
@@ -188,7 +188,7 @@ def build_study(store: Store, tmp: Path) -> str:
         not_applied=mism,
         status="not_applied",
     )
-    repo.set_candidate(cands["tp8-trtllm"]["id"], "not_applied", {"not_applied": mism})
+    repo.set_candidate(cands["tp8-trtllm"].id, "not_applied", {"not_applied": mism})
     diag = {
         "class": "cuda_init",
         "message": "the server exited before it was ready",
@@ -196,7 +196,7 @@ def build_study(store: Store, tmp: Path) -> str:
         "advice": "check `nvidia-smi`; <b>reboot</b> if the driver is wedged",
     }
     _trial(repo, cands["broken"], 0, diagnosis=diag, status="failed", error="exited with code 1")
-    repo.set_candidate(cands["broken"]["id"], "failed", {"diagnosis": diag})
+    repo.set_candidate(cands["broken"].id, "failed", {"diagnosis": diag})
     tuner = Tuner(study, store, "golden.toml", TuneOptions())
     tuner.swept = []
     tuner.finish(sid, uid)

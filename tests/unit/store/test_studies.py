@@ -22,13 +22,14 @@ def test_study_candidates_trials_round_trip_and_open_trials(where: Path | str) -
     with open_store(db) as store:
         repo = StudyRepo(store)
         st = repo.resolve(uid)
-        assert st["spec"]["engine"]["env"]["HF_TOKEN"] == "***"
-        [t] = repo.open_trials(st["id"])
-        assert t["pid"] == 123 and "sk-secretsecret" not in " ".join(t["argv"])
-        repo.update_trial(t["id"], status="measured", levels=[{"level": 1.0}])
-        assert repo.open_trials(st["id"]) == []
-        assert repo.trials(cid)[0]["finished_at"] is not None
-        assert repo.latest_unfinished("glm")["uid"] == uid
+        assert st.spec["engine"]["env"]["HF_TOKEN"] == "***"
+        [t] = repo.open_trials(st.id)
+        assert t.pid == 123 and "sk-secretsecret" not in " ".join(t.argv or [])
+        repo.update_trial(t.id, status="measured", levels=[{"level": 1.0}])
+        assert repo.open_trials(st.id) == []
+        assert repo.trials(cid)[0].finished_at is not None
+        found = repo.latest_unfinished("glm")
+        assert found is not None and found.uid == uid
         repo.set_study_status(sid, "completed", {"ranking": {"winner": "tp8"}})
         assert repo.latest_unfinished("glm") is None
-        assert repo.resolve("glm")["result"]["ranking"]["winner"] == "tp8"
+        assert (repo.resolve("glm").result or {})["ranking"]["winner"] == "tp8"
