@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
     "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
+    "servelab.arguments": CONTRACT,  # the options a CLI command and its MCP tool share, declared once
     # 1. knowledge: pure models of models, engines, plans and the simulated server
     **_room(
         KNOWLEDGE,
@@ -230,6 +231,7 @@ LAYERS: dict[str, int] = {
         "servelab.cli",
         *[
             "aio",
+            "args",
             "bench",
             "calibrate",
             "db",
