@@ -29,25 +29,8 @@ async def predict(
     silicon: A.Silicon = False,
 ) -> M.PredictionView:
     """Predicted TTFT, TPOT, throughput and memory for one setup, and where the decode step goes."""
-    args = flags(
-        model=model,
-        gpu=gpu,
-        num_gpus=num_gpus,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        dp_attention=dp_attention,
-        quant=quant,
-        kv_dtype=kv_dtype,
-        interconnect=interconnect,
-        engine=engine,
-        calibration=calibration,
-        isl=isl,
-        osl=osl,
-        concurrency=concurrency,
-        study=study,
-        silicon=silicon,
-    )
+    params = dict(locals())  # the tool's arguments, each its option of the same name
+    args = flags(**params)
     return await call(M.PredictionView, ["predict", *args])
 
 
@@ -72,24 +55,9 @@ async def predict_sweep(
 ) -> M.SweepView:
     """The predicted concurrency curve of one setup: TPOT, TTFT and throughput at each level
     (`servelab predict --sweep`)."""
-    args = flags(
-        model=model,
-        gpu=gpu,
-        num_gpus=num_gpus,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        dp_attention=dp_attention,
-        quant=quant,
-        kv_dtype=kv_dtype,
-        interconnect=interconnect,
-        engine=engine,
-        calibration=calibration,
-        isl=isl,
-        osl=osl,
-        study=study,
-        silicon=silicon,
-    )
+    params = dict(locals())  # the tool's arguments, each its option of the same name
+    del params["sweep"]  # one comma-separated value (below), not the option repeated
+    args = flags(**params)
     return await call(M.SweepView, ["predict", *args, "--sweep", ",".join(str(c) for c in sweep)])
 
 
@@ -110,22 +78,8 @@ async def compare_layouts(
     silicon: A.Silicon = False,
 ) -> M.LayoutsView:
     """Every TP/PP/EP/DP layout for this host, ranked under the limits."""
-    args = flags(
-        model=model,
-        gpu=gpu,
-        num_gpus=num_gpus,
-        engine=engine,
-        quant=quant,
-        kv_dtype=kv_dtype,
-        interconnect=interconnect,
-        isl=isl,
-        osl=osl,
-        concurrency=concurrency,
-        tpot_limit=tpot_limit,
-        ttft_limit=ttft_limit,
-        study=study,
-        silicon=silicon,
-    )
+    params = dict(locals())  # the tool's arguments, each its option of the same name
+    args = flags(**params)
     return await call(M.LayoutsView, ["predict", "--compare-layouts", *args])
 
 
@@ -142,17 +96,9 @@ async def explain(
     silicon: A.Silicon = False,
 ) -> M.ExplainView:
     """A measured run against the model: where its time goes and how far the prediction is off."""
-    args = flags(
-        model=model,
-        gpu=gpu,
-        num_gpus=num_gpus,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        engine=engine,
-        osl=osl,
-        silicon=silicon,
-    )
+    params = dict(locals())  # the tool's arguments, each its option of the same name
+    del params["run"]  # the command's argument
+    args = flags(**params)
     return await call(M.ExplainView, ["explain", run, *args])
 
 
