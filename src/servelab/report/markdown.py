@@ -7,11 +7,14 @@ or `text.md_code` (a fenced block), so a hostile log line stays text in any Mark
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from servelab.load import in_flight_text
+from servelab.objectives import objective as objective_type
 from servelab.report.figures import Figure, figures, run_figures
+from servelab.report.pareto import ParetoPoint, members_text
 from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
 
@@ -75,15 +78,14 @@ def level_row(lv: dict[str, Any]) -> list[str]:
 def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figure] | None = None) -> str:
     """The Markdown text; figures are referenced as `assets/NAME.svg` (see `write`)."""
     figs = figures(model) if figs is None else figs
-    st, win = model["study"], model["winner"]
+    st = model["study"]
     L: list[str] = [f"# Findings: {md(st['name'])}", ""]
     if st["description"]:
         L += [md(st["description"]), ""]
     L += [
         f"- study `{st['uid']}`, {md(st['status'])}; started {md(st['created_at'])}, "
         f"finished {md(st['finished_at'] or '-')}",
-        f"- objective {md(st['objective'])}, {st['repeats']} repeat(s) per candidate, baseline "
-        f"{md(st['baseline'] or '-')}",
+        f"- {st['repeats']} repeat(s) per candidate, baseline {md(st['baseline'] or '-')}",
         f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
         + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
         f"- load: {md(st['load']['mode'])} {', '.join(fmt_level(v) for v in st['load']['levels'])}; workload "
@@ -96,21 +98,10 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
         L += ["Run it again:", "", md_code(st["command"]), ""]
 
     L += ["## The winner", ""]
-    if win["label"]:
-        L += [
-            f"**{md(win['label'])}**: {md(win['objective'])} {_pm(win['value'], win['half_width'])} at level "
-            f"{fmt_level(win['level'])}.",
-            "",
-        ]
-        if win.get("runner_up"):
-            L += [
-                f"Margin over the runner-up {md(win['runner_up'])}: {fmt(win['margin'])} "
-                f"({fmt(win['margin_pct'])} %); the margin {md(win['noise'])}.",
-                "",
-            ]
-        L += [f"Why: {md(win['why'])}", ""]
-    else:
-        L += [md(win["why"] or "no candidate met every SLO"), ""]
+    for t in top_lines(model):
+        best = f"**{md(t.best)}**" if t.best else ""
+        L.append(f"- **{md(t.head)}**: {best}{md(t.rest)}")
+    L.append("")
 
     if model.get("search"):
         from servelab.report.search import search_lines
@@ -123,6 +114,82 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
     L += _performance(model, figs, assets)
     L += _plan(model)
     return "\n".join(L).rstrip("\n") + "\n"
+
+
+@dataclass(frozen=True)
+class TopLine:
+    """One line of the report's top, one wording for Markdown and HTML: `head` (an objective, or the Pareto
+    front), `best` (the candidate to stress; None: none) and the `rest` of the sentence; `winner`: `best` is
+    the study's winner."""
+
+    head: str
+    best: str | None
+    rest: str
+    winner: bool = False
+
+
+def top_lines(model: dict[str, Any]) -> list[TopLine]:
+    """One line per objective the study declared (`objective`, or `[search] objectives`), the ranked one
+    first with its winner, margin and noise said once; then the Pareto front's members."""
+    st, win = model["study"], model["winner"]
+    ranked = win.get("objective") or st["objective"]
+    declared = list(st.get("objectives") or [st["objective"]])
+    if ranked in declared:
+        declared.remove(ranked)
+    out = [_ranked_line(ranked, win)]
+    out += [_other_line(o, model["candidates"]) for o in declared if o]
+    members = [ParetoPoint.of(d) for d in model.get("pareto_front") or []]
+    out.append(
+        TopLine(
+            "Pareto front (output tok/s per GPU against tok/s per user)", None, members_text(members) + "."
+        )
+    )
+    return out
+
+
+def _direction(name: str) -> str:
+    try:
+        return " (higher is better)" if objective_type(name).direction == "max" else " (lower is better)"
+    except ValueError:  # an objective this servelab does not know (a study stored by another version)
+        return ""
+
+
+def _ranked_line(name: str, win: dict[str, Any]) -> TopLine:
+    head = f"{name}{_direction(name)}"
+    if not win["label"]:
+        return TopLine(head, None, win["why"] or "no candidate met every SLO")
+    rest = f", {_pm(win['value'], win['half_width'])} at level {fmt_level(win['level'])}"
+    if win.get("runner_up"):
+        pct = f" ({win['margin_pct']:+.1f} %)" if win.get("margin_pct") is not None else ""
+        rest += (
+            f"; {fmt(win['margin'])}{pct} ahead of the runner-up {win['runner_up']} "
+            f"({fmt(win.get('runner_up_value'))}); the margin {win['noise']}"
+        )
+    else:
+        rest += "; the only candidate that meets every SLO"
+    if win.get("node_spread"):
+        rest += f"; {win['node_spread']}"
+    return TopLine(head, str(win["label"]), rest + ".", winner=True)
+
+
+def _other_line(name: str, cands: list[dict[str, Any]]) -> TopLine:
+    """A second objective (a two-objective search): the best candidate on it, each at its ranked level."""
+    head = f"{name}{_direction(name)}"
+    at = []
+    for c in cands:
+        lvl = (c.get("score") or {}).get("level")
+        lv = next((x for x in c["levels"] if lvl is not None and float(x["level"]) == float(lvl)), None)
+        if lv is not None and lv.get(name) is not None:
+            at.append((float(lv[name]), c["label"], lvl))
+    if not at:
+        return TopLine(head, None, "not measured at any candidate's ranked level")
+    low = _direction(name) == " (lower is better)"
+    value, label, lvl = min(at) if low else max(at)
+    return TopLine(
+        head,
+        label,
+        f", {fmt(value, 2)} at level {fmt_level(lvl)} (each candidate at the level it is ranked at).",
+    )
 
 
 def _host(hst: dict[str, Any]) -> list[str]:
