@@ -13,6 +13,7 @@ from servelab import analyze
 from servelab import load as load_kinds
 from servelab.report.pareto import ParetoPoint, layout_gpus, throughput_front
 from servelab.report.pareto import point as pareto_point
+from servelab.report.top import Winner, top_lines
 from servelab.results import LevelSummary
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
@@ -110,20 +111,35 @@ def build(
         _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
     )
     curves = pareto(candidates, slo)
+    front = throughput_front([ParetoPoint.of(d) for d in curves["per_gpu"]])
+    winner = _winner(ranking, candidates)
+    study = _study(st, spec, baseline)
+    # every other declared objective at each candidate's ranked level: (candidate, level, value)
+    others = {
+        o: [
+            (c["label"], float(lv["level"]), float(lv[o]))
+            for c in candidates
+            for lv in c["levels"]
+            if (c.get("score") or {}).get("level") is not None
+            and float(lv["level"]) == float(c["score"]["level"])
+            and lv.get(o) is not None
+        ]
+        for o in study["objectives"][1:]
+    }
     return {
         "format": "servelab-report/1",
-        "study": _study(st, spec, baseline),
+        "study": study,
         "host": _host(spec, candidates, host, contexts or []),
         "candidates": candidates,
         "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
         "pareto": curves,
         # output tok/s per GPU against tok/s per user: the levels no other level beats on both
-        "pareto_front": [
-            p.to_json() for p in throughput_front([ParetoPoint.of(d) for d in curves["per_gpu"]])
-        ],
+        "pareto_front": [p.to_json() for p in front],
         "ranking": ranking,
         "search": result.get("search"),
-        "winner": _winner(ranking, candidates),
+        "winner": winner,
+        # the report's top: one line per declared objective, then the front's members (report.top)
+        "top": [t.to_json() for t in top_lines(study["objectives"], winner, others, front)],
         "explain": model_view,
         "plan_state": plan_state(candidates),
         "plan": plan or {"available": False, "note": "not loaded", "items": []},
@@ -403,9 +419,24 @@ def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
     return {"points": points, "front": front, "per_gpu": [p.to_json() for p in per_gpu]}
 
 
-def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict[str, Any]:
+def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winner:
     if not ranking:
-        return {"label": None, "why": "no ranking yet: the study has not finished", "significant": None}
+        return Winner(
+            label=None,
+            runner_up=None,
+            runner_up_value=None,
+            node_spread=None,
+            margin=None,
+            margin_pct=None,
+            significant=None,
+            noise="",
+            noise_method=None,
+            objective=None,
+            value=None,
+            half_width=None,
+            level=None,
+            why="no ranking yet: the study has not finished",
+        )
     w = ranking.get("winner")
     score = next((c["score"] for c in cands if c["label"] == w), None) or {}
     sig = ranking.get("significant")
@@ -432,24 +463,24 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict
         )
         noise = f"{noise} (judged by {method}{where})"
     runner_up = ranking.get("runner_up")
-    return {
-        "label": w,
-        "runner_up": runner_up,
-        "runner_up_value": next(
+    return Winner(
+        label=w,
+        runner_up=runner_up,
+        runner_up_value=next(
             ((c["score"] or {}).get("value") for c in cands if runner_up and c["label"] == runner_up), None
         ),
-        "node_spread": _node_spread(judged.get("node_spread"), ranking.get("margin")),
-        "margin": ranking.get("margin"),
-        "margin_pct": ranking.get("margin_pct"),
-        "significant": sig,
-        "noise": noise,
-        "noise_method": method,
-        "objective": ranking.get("objective"),
-        "value": score.get("value"),
-        "half_width": score.get("half_width"),
-        "level": score.get("level"),
-        "why": ranking.get("verdict"),
-    }
+        node_spread=_node_spread(judged.get("node_spread"), ranking.get("margin")),
+        margin=ranking.get("margin"),
+        margin_pct=ranking.get("margin_pct"),
+        significant=sig,
+        noise=noise,
+        noise_method=method,
+        objective=ranking.get("objective"),
+        value=score.get("value"),
+        half_width=score.get("half_width"),
+        level=score.get("level"),
+        why=ranking.get("verdict"),
+    )
 
 
 def _node_spread(ns: Any, margin: Any) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
-from servelab.report.markdown import LEVEL_HEAD, run_head_lines, top_lines
+from servelab.report.markdown import LEVEL_HEAD, run_head_lines
 from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
 
@@ -127,10 +127,10 @@ def summary_section(model: dict[str, Any]) -> str:
         out.append(f"<p>Run it again:</p><pre>{h(st['command'])}</pre>")
     out.append('<h2 id="winner">The winner</h2>')
     out.append('<ul class="top">')
-    for t in top_lines(model):
-        cls = ' class="winner"' if t.winner else ""
-        best = f"<strong{cls}>{h(t.best)}</strong>" if t.best else ""
-        out.append(f"<li><strong>{h(t.head)}</strong>: {best}{h(t.rest)}</li>")
+    for t in model["top"]:
+        cls = ' class="winner"' if t["winner"] else ""
+        best = f"<strong{cls}>{h(t['best'])}</strong>" if t["best"] else ""
+        out.append(f"<li><strong>{h(t['head'])}</strong>: {best}{h(t['rest'])}</li>")
     out.append("</ul>")
     return "\n".join(out)
 

@@ -7,14 +7,11 @@ or `text.md_code` (a fenced block), so a hostile log line stays text in any Mark
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from servelab.load import in_flight_text
-from servelab.objectives import objective as objective_type
 from servelab.report.figures import Figure, figures, run_figures
-from servelab.report.pareto import ParetoPoint, members_text
 from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
 
@@ -98,9 +95,9 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
         L += ["Run it again:", "", md_code(st["command"]), ""]
 
     L += ["## The winner", ""]
-    for t in top_lines(model):
-        best = f"**{md(t.best)}**" if t.best else ""
-        L.append(f"- **{md(t.head)}**: {best}{md(t.rest)}")
+    for t in model["top"]:
+        best = f"**{md(t['best'])}**" if t["best"] else ""
+        L.append(f"- **{md(t['head'])}**: {best}{md(t['rest'])}")
     L.append("")
 
     if model.get("search"):
@@ -114,82 +111,6 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
     L += _performance(model, figs, assets)
     L += _plan(model)
     return "\n".join(L).rstrip("\n") + "\n"
-
-
-@dataclass(frozen=True)
-class TopLine:
-    """One line of the report's top, one wording for Markdown and HTML: `head` (an objective, or the Pareto
-    front), `best` (the candidate to stress; None: none) and the `rest` of the sentence; `winner`: `best` is
-    the study's winner."""
-
-    head: str
-    best: str | None
-    rest: str
-    winner: bool = False
-
-
-def top_lines(model: dict[str, Any]) -> list[TopLine]:
-    """One line per objective the study declared (`objective`, or `[search] objectives`), the ranked one
-    first with its winner, margin and noise said once; then the Pareto front's members."""
-    st, win = model["study"], model["winner"]
-    ranked = win.get("objective") or st["objective"]
-    declared = list(st.get("objectives") or [st["objective"]])
-    if ranked in declared:
-        declared.remove(ranked)
-    out = [_ranked_line(ranked, win)]
-    out += [_other_line(o, model["candidates"]) for o in declared if o]
-    members = [ParetoPoint.of(d) for d in model.get("pareto_front") or []]
-    out.append(
-        TopLine(
-            "Pareto front (output tok/s per GPU against tok/s per user)", None, members_text(members) + "."
-        )
-    )
-    return out
-
-
-def _direction(name: str) -> str:
-    try:
-        return " (higher is better)" if objective_type(name).direction == "max" else " (lower is better)"
-    except ValueError:  # an objective this servelab does not know (a study stored by another version)
-        return ""
-
-
-def _ranked_line(name: str, win: dict[str, Any]) -> TopLine:
-    head = f"{name}{_direction(name)}"
-    if not win["label"]:
-        return TopLine(head, None, win["why"] or "no candidate met every SLO")
-    rest = f", {_pm(win['value'], win['half_width'])} at level {fmt_level(win['level'])}"
-    if win.get("runner_up"):
-        pct = f" ({win['margin_pct']:+.1f} %)" if win.get("margin_pct") is not None else ""
-        rest += (
-            f"; {fmt(win['margin'])}{pct} ahead of the runner-up {win['runner_up']} "
-            f"({fmt(win.get('runner_up_value'))}); the margin {win['noise']}"
-        )
-    else:
-        rest += "; the only candidate that meets every SLO"
-    if win.get("node_spread"):
-        rest += f"; {win['node_spread']}"
-    return TopLine(head, str(win["label"]), rest + ".", winner=True)
-
-
-def _other_line(name: str, cands: list[dict[str, Any]]) -> TopLine:
-    """A second objective (a two-objective search): the best candidate on it, each at its ranked level."""
-    head = f"{name}{_direction(name)}"
-    at = []
-    for c in cands:
-        lvl = (c.get("score") or {}).get("level")
-        lv = next((x for x in c["levels"] if lvl is not None and float(x["level"]) == float(lvl)), None)
-        if lv is not None and lv.get(name) is not None:
-            at.append((float(lv[name]), c["label"], lvl))
-    if not at:
-        return TopLine(head, None, "not measured at any candidate's ranked level")
-    low = _direction(name) == " (lower is better)"
-    value, label, lvl = min(at) if low else max(at)
-    return TopLine(
-        head,
-        label,
-        f", {fmt(value, 2)} at level {fmt_level(lvl)} (each candidate at the level it is ranked at).",
-    )
 
 
 def _host(hst: dict[str, Any]) -> list[str]:

@@ -296,13 +296,11 @@ def line_chart(
     right, up = label_toward
     for x, y, text in labels:
         # beside the point on the side `label_toward` names: a front's better side, where no point lies;
-        # turned back at the plot's edge so the text stays inside it
-        dy = -8 if up else 15
-        anchor = "start" if right else "end"
-        if right and fx(x) + 7 + 6 * len(text) > W - MR:
-            anchor = "end"
-        elif not right and fx(x) - 7 - 6 * len(text) < ML:
-            anchor = "start"
+        # at the plot's edge turned to the other side, and vertically too (off the line from that corner)
+        wide = 7 + 6 * len(text)
+        turned = fx(x) + wide > W - MR if right else fx(x) - wide < ML
+        anchor = "start" if right != turned else "end"
+        dy = -8 if up != turned else 15
         dx = 7 if anchor == "start" else -7
         body.append(
             f'<g class="point-label" data-name="{h(text)}"><text x="{_num(fx(x) + dx)}" y="{_num(fy(y) + dy)}" '
