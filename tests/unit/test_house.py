@@ -209,7 +209,19 @@ LAYERS: dict[str, int] = {
     **_room(
         WORKFLOWS,
         "servelab.report",
-        *["data", "figures", "host", "html", "markdown", "plots", "runreport", "search", "text"],
+        *[
+            "data",
+            "figures",
+            "host",
+            "html",
+            "markdown",
+            "pareto",
+            "plots",
+            "runreport",
+            "search",
+            "text",
+            "top",
+        ],
     ),
     # 6. the agent: the host-side half, on top of every room whose operations it runs
     **_room(
