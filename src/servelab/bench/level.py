@@ -13,17 +13,16 @@ from servelab.bench import sessions as SE
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
+from servelab.bench.costs import level_costs
 from servelab.bench.load import LevelSpec, PreparedRequest, Watch, frozen_heap, run_level, warmup
 from servelab.bench.probe import Capabilities, fetch
 from servelab.bench.prompts import session_builder
 from servelab.bench.scrape import LevelScrape, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource
+from servelab.energy import Price
 from servelab.events import BenchObserver, LevelFinished, LevelStarted, RequestDone
 from servelab.load import kind_of
-from servelab.results import (
-    Level,
-    RequestRecord,
-)
+from servelab.results import Level, RequestRecord, RunContext
 from servelab.store.bench import BenchRepo
 
 
@@ -45,6 +44,9 @@ async def run_one_level(
     gpus: GpuSource | None = None,
     plan: SE.SessionPlan | None = None,
     caps: Capabilities | None = None,
+    idle_w: float | None = None,
+    price: Price | None = None,
+    context: RunContext | None = None,
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
@@ -112,6 +114,8 @@ async def run_one_level(
     if plan is not None:
         summary = summary.model_copy(update={"sessions": SE.summarize_sessions(records, plan, server)})
     series = scrape.series(t_start, cfg.scrape_interval_s, gpus.name if gpus else None)
+    energy, cost = level_costs(summary, series, idle_w, price, context or cfg.context)
+    summary = summary.model_copy(update={"energy": energy, "cost": cost})
     repo.finish_level(level_id, status, summary, server, client_stats, series=series)
     saturation = None
     if not kind_of(spec.mode).closed_loop and plan is None and records:

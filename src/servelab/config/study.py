@@ -15,6 +15,7 @@ from servelab.config.sections import (
     OBJECTIVES,
     AnomalySpec,
     CandidateSpec,
+    CostSpec,
     EngineSpec,
     ExecutorSpec,
     HostSpec,
@@ -60,6 +61,7 @@ class Study(Strict):
     repeats: int = Field(default=1, ge=1, le=20)
     verify_output: bool = True
     anomalies: AnomalySpec = Field(default_factory=AnomalySpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
     _explicit: int = PrivateAttr(default=0)  # how many candidates the file lists before the matrix's
     _gridded: int = PrivateAttr(default=0)  # how many of the candidates the search space's grid made
     _space_checks: list[CandidateSpec] = PrivateAttr(default_factory=list)  # points a search is checked on
