@@ -234,6 +234,7 @@ LAYERS: dict[str, int] = {
             "aio",
             "bench",
             "calibrate",
+            "costs",
             "db",
             "deploy",
             "logs",
