@@ -279,7 +279,10 @@ class LevelSummary(_Model):
         }
         if self.energy is not None:
             d["energy_j"] = self.energy.energy_j
+            d["j_per_output_token"] = self.energy.j_per_output_token
             d["j_per_output_token_above_idle"] = self.energy.j_per_output_token_above_idle
+        if self.cost is not None:
+            d["usd_per_m_output_tokens"] = self.cost.usd_per_m_output_tokens
         for metric in LATENCY_METRICS:
             for stat in ("mean", "p50", "p90", "p95", "p99"):
                 d[f"{metric}_{stat}"] = self.stat(metric, stat)

@@ -11,6 +11,7 @@ from typing import Any
 
 from servelab import analyze
 from servelab import load as load_kinds
+from servelab.model.hardware import default_price
 from servelab.results import LevelSummary
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
@@ -167,7 +168,22 @@ def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None) -> dict[
         "workload": spec.get("workload") or {},
         "load": load,
         "command": shlex.join(["servelab", "tune", src]) if src else None,
+        "price": _price(spec),
     }
+
+
+def _price(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The price the study's $ per M output tokens used: its [cost] (or `tune --gpu-hour-usd`), else the
+    GPU kind's dated catalog default, marked as one (None: neither)."""
+    cost = spec.get("cost") or {}
+    kwh = cost.get("kwh_usd")
+    if cost.get("gpu_hour_usd") is not None:
+        return {"gpu_hour_usd": cost["gpu_hour_usd"], "source": "study", "kwh_usd": kwh, "default": False}
+    gpu = (spec.get("host") or {}).get("gpu")
+    found = default_price(str(gpu)) if gpu else None
+    if found is None:
+        return None
+    return {"gpu_hour_usd": found[0], "source": found[1], "kwh_usd": kwh, "default": True}
 
 
 def _host(

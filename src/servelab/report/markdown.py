@@ -31,6 +31,8 @@ LEVEL_HEAD = (
     "total tok/s",
     "goodput tok/s",
     "GPU W",
+    "J/out tok",
+    "$/M out tok",
     "errors",
 )
 
@@ -47,6 +49,22 @@ def _value(v: Any) -> str:
 
 def _pm(value: Any, half: Any, digits: int = 1) -> str:
     return fmt(value, digits) + (f" ± {fmt(half, digits)}" if half is not None else "")
+
+
+def first_of(lv: dict[str, Any], *keys: str) -> Any:
+    """The first of `keys` the level has a value for (a study's digest names J/token `energy` too)."""
+    return next((lv[k] for k in keys if lv.get(k) is not None), None)
+
+
+def price_note(price: dict[str, Any]) -> str:
+    """What the $/M output tokens column is priced at, and who said so (a catalog price says it is a
+    default); J/out tok is the GPUs' energy over the level per output token (docs/metrics.md)."""
+    kwh = f", electricity ${price['kwh_usd']:g}/kWh" if price.get("kwh_usd") else ""
+    default = " — a default; give the study a [cost] gpu_hour_usd" if price.get("default") else ""
+    return (
+        f"J/out tok: joules of GPU energy per output token; $/M out tok: dollars per million output tokens "
+        f"at ${price['gpu_hour_usd']:g} per GPU-hour ({price['source']}{default}){kwh}."
+    )
 
 
 def level_row(lv: dict[str, Any]) -> list[str]:
@@ -68,6 +86,8 @@ def level_row(lv: dict[str, Any]) -> list[str]:
         fmt(lv.get("total_token_throughput")),
         fmt(lv.get("goodput")),
         fmt(lv.get("gpu_power_w"), 0),
+        fmt(first_of(lv, "j_per_output_token", "energy"), 3),
+        fmt(first_of(lv, "usd_per_m_output_tokens", "cost"), 3),
         errors,
     ]
 
@@ -285,6 +305,8 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
+    if model["study"].get("price"):
+        L += [price_note(model["study"]["price"]), ""]
     for c in model["candidates"]:
         if not c["levels"]:
             continue
