@@ -9,7 +9,7 @@ from typing import Any
 
 from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
-from servelab.report.markdown import LEVEL_HEAD, first_of, price_note, run_head_lines
+from servelab.report.markdown import LEVEL_HEAD, first_of, price_note, priced, run_head_lines
 from servelab.report.runreport import RunReport
 from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
 
@@ -340,7 +340,7 @@ def performance_section(model: dict[str, Any]) -> str:
         '<p class="note">Latencies in ms, throughputs in tokens per second (± the 95 % confidence half-width '
         "where the study repeated a candidate).</p>",
     ]
-    if model["study"].get("price"):
+    if priced(model):
         out.append(f'<p class="note" data-key="price">{h(price_note(model["study"]["price"]))}</p>')
     for c in model["candidates"]:
         if c["levels"]:

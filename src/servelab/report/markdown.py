@@ -56,6 +56,14 @@ def first_of(lv: dict[str, Any], *keys: str) -> Any:
     return next((lv[k] for k in keys if lv.get(k) is not None), None)
 
 
+def priced(model: dict[str, Any]) -> bool:
+    """Whether the study has a price and a level measured energy or cost (the note says what they are)."""
+    levels = [lv for c in model["candidates"] for lv in c["levels"]]
+    return bool(model["study"].get("price")) and any(
+        first_of(lv, "energy", "cost", "j_per_output_token") is not None for lv in levels
+    )
+
+
 def price_note(price: dict[str, Any]) -> str:
     """What the $/M output tokens column is priced at, and who said so (a catalog price says it is a
     default); J/out tok is the GPUs' energy over the level per output token (docs/metrics.md)."""
@@ -305,7 +313,7 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
-    if model["study"].get("price"):
+    if priced(model):
         L += [price_note(model["study"]["price"]), ""]
     for c in model["candidates"]:
         if not c["levels"]:
