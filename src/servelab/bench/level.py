@@ -97,6 +97,10 @@ async def run_one_level(
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
+    regular = len(scrape.samples)  # the samples on the fixed schedule (the saturation check's)
+    if sampler is not None and status == "completed":
+        # a closing sample at the level's end: the series (and the energy integrated over it) reaches it
+        await _sample(metrics_client, scrape, gpus)
     if scrape.available:
         after = await _snapshot(metrics_client) if status == "completed" else None
         scrape.after = after or {}
@@ -122,7 +126,7 @@ async def run_one_level(
         saturation = S.detect(
             records,
             S.asked_rate(spec.mode, spec.value, records),
-            scrape.samples,
+            scrape.samples[:regular],
             cfg.scrape_interval_s,
             monitor.lateness if monitor else (),
             monitor.stopped_early if monitor else None,
@@ -215,18 +219,23 @@ async def _sampler(
     while True:
         due += interval
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        status, body = await fetch(client, "/metrics")
-        if status == 200:
-            at, reading = time.perf_counter(), None
-            if gpus is not None:
-                with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
-                    reading = await gpus.read()
-            # appended together, after the last await: a sampler stopped mid-read leaves no half sample
-            scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
-            scrape.sample_at.append(at)
-            scrape.gpu_samples.append(reading)
-        else:
-            scrape.errors += 1
+        await _sample(client, scrape, gpus)
+
+
+async def _sample(client: Client, scrape: LevelScrape, gpus: GpuSource | None = None) -> None:
+    """One `/metrics` sample and the GPU reading taken with it (a failed scrape is counted, not kept)."""
+    status, body = await fetch(client, "/metrics")
+    if status == 200:
+        at, reading = time.perf_counter(), None
+        if gpus is not None:
+            with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
+                reading = await gpus.read()
+        # appended together, after the last await: a sampler stopped mid-read leaves no half sample
+        scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
+        scrape.sample_at.append(at)
+        scrape.gpu_samples.append(reading)
+    else:
+        scrape.errors += 1
 
 
 async def _snapshot(client: Client) -> dict[str, float] | None:
