@@ -25,7 +25,7 @@ from servelab.cli.costs import price_options, render_costs
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
 from servelab.events import BenchEvent, LevelFinished, LevelStarted, RequestDone, RunFinished, RunStarted
-from servelab.results import Host, Layout, RunContext
+from servelab.results import Host, Layout, LevelSummary, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 
@@ -204,7 +204,7 @@ def render(data: dict[str, Any]) -> None:
             parts = [f"{k}={v:,.0f}" for k, v in d.items()]
             parts += [f"mean {k.upper()} {v:,.1f} ms" for k, v in sm.get("server_mean_ms", {}).items()]
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
-    render_costs(data["levels"])
+    render_costs([(lv["label"], LevelSummary.model_validate(lv["summary"])) for lv in data["levels"]])
     for lv in data["levels"]:
         if lv["summary"].get("sessions"):
             render_sessions(lv["label"], lv["summary"]["sessions"])

@@ -11,6 +11,7 @@ from typing import Any
 
 from servelab import analyze
 from servelab import load as load_kinds
+from servelab.config.sections import CostSpec
 from servelab.model.hardware import default_price
 from servelab.results import LevelSummary
 from servelab.store.db import Store
@@ -108,9 +109,17 @@ def build(
     model_view = (
         _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
     )
+    measured = any(
+        lv.get(k) is not None
+        for c in candidates
+        for lv in c["levels"]
+        for k in ("j_per_output_token", "usd_per_m_output_tokens")
+    )
+    cost = CostSpec.model_validate(spec.get("cost") or {})
+    gpu = (spec.get("host") or {}).get("gpu")
     return {
         "format": "servelab-report/1",
-        "study": _study(st, spec, baseline),
+        "study": _study(st, spec, baseline) | {"price_note": price_note(cost, gpu) if measured else None},
         "host": _host(spec, candidates, host, contexts or []),
         "candidates": candidates,
         "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
@@ -122,6 +131,23 @@ def build(
         "plan_state": plan_state(candidates),
         "plan": plan or {"available": False, "note": "not loaded", "items": []},
     }
+
+
+def price_note(cost: CostSpec, gpu: str | None) -> str | None:
+    """What the report's J/out tok and $/M out tok columns are, and the price the second is at: the
+    study's [cost] (or `tune --gpu-hour-usd`), else the GPU kind's dated catalog default, said to be one
+    (None: no price)."""
+    if cost.gpu_hour_usd is not None:
+        price, source = cost.gpu_hour_usd, "the study's [cost] or tune --gpu-hour-usd"
+    elif gpu and (found := default_price(gpu)) is not None:
+        price, source = found[0], f"{found[1]} — a default; give the study a [cost] gpu_hour_usd"
+    else:
+        return None
+    kwh = f", electricity ${cost.kwh_usd:g}/kWh" if cost.kwh_usd else ""
+    return (
+        "J/out tok: joules of GPU energy per output token; $/M out tok: dollars per million output tokens "
+        f"at ${price:g} per GPU-hour ({source}){kwh}."
+    )
 
 
 def _baseline_label(spec: dict[str, Any]) -> str | None:
@@ -168,22 +194,7 @@ def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None) -> dict[
         "workload": spec.get("workload") or {},
         "load": load,
         "command": shlex.join(["servelab", "tune", src]) if src else None,
-        "price": _price(spec),
     }
-
-
-def _price(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The price the study's $ per M output tokens used: its [cost] (or `tune --gpu-hour-usd`), else the
-    GPU kind's dated catalog default, marked as one (None: neither)."""
-    cost = spec.get("cost") or {}
-    kwh = cost.get("kwh_usd")
-    if cost.get("gpu_hour_usd") is not None:
-        return {"gpu_hour_usd": cost["gpu_hour_usd"], "source": "study", "kwh_usd": kwh, "default": False}
-    gpu = (spec.get("host") or {}).get("gpu")
-    found = default_price(str(gpu)) if gpu else None
-    if found is None:
-        return None
-    return {"gpu_hour_usd": found[0], "source": found[1], "kwh_usd": kwh, "default": True}
 
 
 def _host(

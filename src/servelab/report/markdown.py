@@ -51,30 +51,6 @@ def _pm(value: Any, half: Any, digits: int = 1) -> str:
     return fmt(value, digits) + (f" ± {fmt(half, digits)}" if half is not None else "")
 
 
-def first_of(lv: dict[str, Any], *keys: str) -> Any:
-    """The first of `keys` the level has a value for (a study's digest names J/token `energy` too)."""
-    return next((lv[k] for k in keys if lv.get(k) is not None), None)
-
-
-def priced(model: dict[str, Any]) -> bool:
-    """Whether the study has a price and a level measured energy or cost (the note says what they are)."""
-    levels = [lv for c in model["candidates"] for lv in c["levels"]]
-    return bool(model["study"].get("price")) and any(
-        first_of(lv, "energy", "cost", "j_per_output_token") is not None for lv in levels
-    )
-
-
-def price_note(price: dict[str, Any]) -> str:
-    """What the $/M output tokens column is priced at, and who said so (a catalog price says it is a
-    default); J/out tok is the GPUs' energy over the level per output token (docs/metrics.md)."""
-    kwh = f", electricity ${price['kwh_usd']:g}/kWh" if price.get("kwh_usd") else ""
-    default = " — a default; give the study a [cost] gpu_hour_usd" if price.get("default") else ""
-    return (
-        f"J/out tok: joules of GPU energy per output token; $/M out tok: dollars per million output tokens "
-        f"at ${price['gpu_hour_usd']:g} per GPU-hour ({price['source']}{default}){kwh}."
-    )
-
-
 def level_row(lv: dict[str, Any]) -> list[str]:
     ci = lv.get("ci") or {}
     errors = ", ".join(f"{md(k)}: {v}" for k, v in sorted((lv.get("errors") or {}).items())) or "-"
@@ -94,8 +70,8 @@ def level_row(lv: dict[str, Any]) -> list[str]:
         fmt(lv.get("total_token_throughput")),
         fmt(lv.get("goodput")),
         fmt(lv.get("gpu_power_w"), 0),
-        fmt(first_of(lv, "j_per_output_token", "energy"), 3),
-        fmt(first_of(lv, "usd_per_m_output_tokens", "cost"), 3),
+        fmt(lv.get("j_per_output_token"), 3),
+        fmt(lv.get("usd_per_m_output_tokens"), 3),
         errors,
     ]
 
@@ -313,8 +289,8 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
-    if priced(model):
-        L += [price_note(model["study"]["price"]), ""]
+    if model["study"].get("price_note"):
+        L += [md(model["study"]["price_note"]), ""]
     for c in model["candidates"]:
         if not c["levels"]:
             continue
