@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from servelab.config.loading import parse_study
+from servelab.config.sections import SearchSpec
 from servelab.energy import LevelCost, LevelEnergy, Price, integrate, level_cost, level_energy
 from servelab.errors import ConfigError
+from servelab.model.predict import Workload, evaluate, make_setup
 from servelab.objectives import objective
 from servelab.results import LevelSeries, SeriesPoint
 
@@ -96,10 +98,16 @@ def test_the_simulated_clock_scales_joules_and_dollars_per_token() -> None:
     assert c.in_gpu_time(20.0).usd_per_m_output_tokens == pytest.approx(20.0)
 
 
-def test_energy_and_cost_are_objectives_lower_is_better() -> None:
+def test_energy_and_cost_are_objectives_lower_is_better_and_a_search_takes_them() -> None:
     for name in ("energy", "cost"):
         o = objective(name)
         assert o.direction == "min" and o.searchable and not o.searches_capacity
+        assert SearchSpec.model_validate({"objectives": ["output_throughput", name]}).objectives[1] == name
+    # the model's figure they follow: GPU-seconds per million output tokens, all replicas' GPUs
+    p = evaluate(make_setup("Qwen3-30B-A3B", "h100-sxm", 2, tp=2), Workload(256, 32, 64))
+    assert p.output_throughput
+    assert p.gpu_s_per_m_output_tokens == pytest.approx(2 * p.replicas / p.output_throughput * 1e6)
+    assert getattr(p, objective("energy").predicted_as) == p.gpu_s_per_m_output_tokens
 
 
 def _study(**over: object) -> dict[str, object]:
