@@ -19,6 +19,7 @@ from rich.text import Text
 from servelab import arguments as A
 from servelab.cli import aio
 from servelab.cli.args import option
+from servelab.cli.costs import price_options
 from servelab.cli.output import emit, fit_labels, host_option, printable, progress_enabled, stderr, stdout
 from servelab.config.loading import load_study
 from servelab.engines import registry
@@ -371,6 +372,7 @@ async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
     metavar="HOST:PORT",
     help="The Ray cluster's head (default: [executor] address, $RAY_ADDRESS, else 'auto').",
 )
+@price_options
 @click.option("--json", "as_json", is_flag=True)
 def tune_cmd(
     study_file: str,
@@ -382,10 +384,12 @@ def tune_cmd(
     host: str | None,
     executor: str | None,
     ray_address: str | None,
+    gpu_hour_usd: float | None,
+    kwh_usd: float | None,
     as_json: bool,
 ) -> None:
     """Launch, verify, benchmark and rank every candidate of STUDY_FILE (see docs/study.md)."""
-    study = load_study(study_file)
+    study = load_study(study_file).priced(gpu_hour_usd, kwh_usd)
     target = transport.target_of(host, study.host.ssh)
     if target is not None:
         transport.SshTarget.parse(target)  # a bad --host fails the dry run as it would the real one

@@ -346,6 +346,22 @@ class SLOSpec(Strict):
         return ",".join(parts) or None
 
 
+class CostSpec(Strict):
+    """`[cost]`: what the study's GPUs cost, for the `cost` objective and the $ per million output tokens
+    shown beside every level (docs/metrics.md, Money). Without it the GPU kind's dated on-demand price in
+    the hardware catalog is used, marked as a default wherever it is shown; `tune --gpu-hour-usd` wins."""
+
+    gpu_hour_usd: float | None = Field(
+        default=None, gt=0, le=1000, description="the price of one GPU for one hour, US dollars (e.g. 2.5)"
+    )
+    kwh_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description="electricity, US dollars per kWh (e.g. 0.15): the energy's cost",
+    )
+
+
 class AnomalySpec(Strict):
     """When a level is flagged as anomalous."""
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from servelab import analyze
 from servelab import load as load_kinds
+from servelab.config.sections import CostSpec
+from servelab.model.hardware import default_price
 from servelab.report.pareto import ParetoPoint, layout_gpus, throughput_front
 from servelab.report.pareto import point as pareto_point
 from servelab.report.top import Winner, top_lines
@@ -113,7 +115,15 @@ def build(
     curves = pareto(candidates, slo)
     front = throughput_front([ParetoPoint.of(d) for d in curves["per_gpu"]])
     winner = _winner(ranking, candidates)
-    study = _study(st, spec, baseline)
+    measured = any(
+        lv.get(k) is not None
+        for c in candidates
+        for lv in c["levels"]
+        for k in ("j_per_output_token", "usd_per_m_output_tokens")
+    )
+    cost = CostSpec.model_validate(spec.get("cost") or {})
+    gpu = (spec.get("host") or {}).get("gpu")
+    study = _study(st, spec, baseline) | {"price_note": price_note(cost, gpu) if measured else None}
     # every other declared objective at each candidate's ranked level: (candidate, level, value)
     others = {
         o: [
@@ -144,6 +154,23 @@ def build(
         "plan_state": plan_state(candidates),
         "plan": plan or {"available": False, "note": "not loaded", "items": []},
     }
+
+
+def price_note(cost: CostSpec, gpu: str | None) -> str | None:
+    """What the report's J/out tok and $/M out tok columns are, and the price the second is at: the
+    study's [cost] (or `tune --gpu-hour-usd`), else the GPU kind's dated catalog default, said to be one
+    (None: no price)."""
+    if cost.gpu_hour_usd is not None:
+        price, source = cost.gpu_hour_usd, "the study's [cost] or tune --gpu-hour-usd"
+    elif gpu and (found := default_price(gpu)) is not None:
+        price, source = found[0], f"{found[1]} — a default; give the study a [cost] gpu_hour_usd"
+    else:
+        return None
+    kwh = f", electricity ${cost.kwh_usd:g}/kWh" if cost.kwh_usd else ""
+    return (
+        "J/out tok: joules of GPU energy per output token; $/M out tok: dollars per million output tokens "
+        f"at ${price:g} per GPU-hour ({source}){kwh}."
+    )
 
 
 def _baseline_label(spec: dict[str, Any]) -> str | None:

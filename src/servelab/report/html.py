@@ -92,6 +92,8 @@ def level_rows(levels: list[dict[str, Any]]) -> list[list[str]]:
                 num(lv.get("total_token_throughput"), 1, "total_token_throughput"),
                 num(lv.get("goodput"), 1, "goodput"),
                 num(lv.get("gpu_power_w"), 0, "gpu_power_w"),
+                num(lv.get("j_per_output_token"), 3, "j_per_output_token"),
+                num(lv.get("usd_per_m_output_tokens"), 3, "usd_per_m_output_tokens"),
                 h(errors),
             ]
         )
@@ -329,6 +331,8 @@ def performance_section(model: dict[str, Any]) -> str:
         '<p class="note">Latencies in ms, throughputs in tokens per second (± the 95 % confidence half-width '
         "where the study repeated a candidate).</p>",
     ]
+    if model["study"].get("price_note"):
+        out.append(f'<p class="note" data-key="price">{h(model["study"]["price_note"])}</p>')
     for c in model["candidates"]:
         if c["levels"]:
             out += [f"<h3>{h(c['label'])}: every level</h3>", levels_table(c["label"], c["levels"])]

@@ -31,6 +31,8 @@ LEVEL_HEAD = (
     "total tok/s",
     "goodput tok/s",
     "GPU W",
+    "J/out tok",
+    "$/M out tok",
     "errors",
 )
 
@@ -68,6 +70,8 @@ def level_row(lv: dict[str, Any]) -> list[str]:
         fmt(lv.get("total_token_throughput")),
         fmt(lv.get("goodput")),
         fmt(lv.get("gpu_power_w"), 0),
+        fmt(lv.get("j_per_output_token"), 3),
+        fmt(lv.get("usd_per_m_output_tokens"), 3),
         errors,
     ]
 
@@ -273,6 +277,8 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
+    if model["study"].get("price_note"):
+        L += [md(model["study"]["price_note"]), ""]
     for c in model["candidates"]:
         if not c["levels"]:
             continue

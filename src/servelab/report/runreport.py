@@ -74,6 +74,8 @@ class LevelRow(_M):
     e2e_ms_p50: float | None
     e2e_ms_p99: float | None
     gpu_power_w: float | None  # mean over the level's samples (None: no GPU telemetry)
+    j_per_output_token: float | None = None  # LevelSummary.energy (None: no power seen)
+    usd_per_m_output_tokens: float | None = None  # LevelSummary.cost (None: no price)
 
 
 class Cdf(_M):
@@ -191,6 +193,8 @@ def build(run: Run, records: dict[int, list[RequestRecord]]) -> RunReport:
                 e2e_ms_p50=s.e2e_ms.p50,
                 e2e_ms_p99=s.e2e_ms.p99,
                 gpu_power_w=sum(power) / len(power) if power else None,
+                j_per_output_token=s.energy.j_per_output_token if s.energy else None,
+                usd_per_m_output_tokens=s.cost.usd_per_m_output_tokens if s.cost else None,
             )
         )
         recs = records.get(lv.index, [])
