@@ -177,6 +177,30 @@ def test_energy_and_throughput_pick_different_winners_and_cost_follows_the_price
         run = _show(home, lvs[0]["bench_run"], "--json")
         assert run["levels"][0]["summary"]["cost"]["price_source"] == "study"
 
+    # the report's J/token against throughput chart: its front is the stored levels no other beats on both
+    md = tmp_path / "energy.md"
+    res = simruns.servelab(home, "report", energy["study"], "--md", str(md))
+    assert res.returncode == 0, res.stderr[-3000:]
+    model = json.loads(simruns.servelab(home, "report", energy["study"], "--json").stdout)
+    stored = {
+        (label, float(d["level"])): (d["output_throughput"], d["energy"])
+        for label, lvs in levels.items()
+        for d in lvs
+    }
+    members = {(m["candidate"], m["level"]) for m in model["energy_front"]}
+    assert members and members <= set(stored)
+
+    def beaten(t: float, j: float) -> bool:
+        return any(t2 >= t and j2 <= j and (t2 > t or j2 < j) for t2, j2 in stored.values())
+
+    assert all(not beaten(*stored[k]) for k in members)
+    assert all(beaten(*tj) for k, tj in stored.items() if k not in members)
+    caption = next(
+        line for line in md.read_text().splitlines() if line.startswith("*GPU energy per output token")
+    )
+    assert all(f"{c} @ {lv:g}" in caption for c, lv in members), caption
+    assert (tmp_path / "energy_files" / "energy.svg").exists()
+
     cost = _tune(tmp_path, home, "cost", "[cost]\ngpu_hour_usd = 1.0\n", "--gpu-hour-usd", "3")
     assert cost["ranking"]["winner"] == "tp1"  # half the GPU-hours per token
     for label, lvs in _levels(home, cost["study"]).items():

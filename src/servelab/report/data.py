@@ -13,7 +13,8 @@ from servelab import analyze
 from servelab import load as load_kinds
 from servelab.config.sections import CostSpec
 from servelab.model.hardware import default_price
-from servelab.report.pareto import ParetoPoint, layout_gpus, throughput_front
+from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, layout_gpus, throughput_front
+from servelab.report.pareto import front as pareto_front
 from servelab.report.pareto import point as pareto_point
 from servelab.report.top import Winner, top_lines
 from servelab.results import LevelSummary
@@ -145,6 +146,9 @@ def build(
         "pareto": curves,
         # output tok/s per GPU against tok/s per user: the levels no other level beats on both
         "pareto_front": [p.to_json() for p in front],
+        # J per output token against output tok/s (every level with energy): its front, fewest joules at
+        # the most throughput
+        "energy_front": energy_front(candidates),
         "ranking": ranking,
         "search": result.get("search"),
         "winner": winner,
@@ -444,6 +448,28 @@ def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
     # output tok/s per GPU against tok/s per user: every measured level, SLOs or not (the trade-off itself;
     # the TPOT limit is a line on that chart); its front is `build`'s "pareto_front"
     return {"points": points, "front": front, "per_gpu": [p.to_json() for p in per_gpu]}
+
+
+def energy_points(cands: list[dict[str, Any]]) -> list[EnergyPoint]:
+    """Every measured level with both its output throughput and its J per output token."""
+    return [
+        EnergyPoint(
+            c["label"], float(lv["level"]), float(lv["output_throughput"]), float(lv["j_per_output_token"])
+        )
+        for c in cands
+        if c["status"] in ("measured", "anomalous")
+        for lv in c["levels"]
+        if lv.get("output_throughput") is not None and lv.get("j_per_output_token") is not None
+    ]
+
+
+def energy_front(cands: list[dict[str, Any]]) -> list[dict[str, str | float]]:
+    """The levels no other level beats on both: more output tok/s for fewer J per output token."""
+    points = energy_points(cands)
+    members = pareto_front(
+        points, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
+    )
+    return [p.to_json() for p in members]
 
 
 def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winner:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from servelab.load import kind_of
-from servelab.report.pareto import ParetoPoint, front, members_text
+from servelab.report.data import energy_points
+from servelab.report.pareto import ENERGY_AXES, ParetoPoint, front, members_text
 from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
 from servelab.report.runreport import RunReport, Timeline
 
@@ -143,6 +144,42 @@ def _per_gpu_figure(
     )
 
 
+def _energy_figure(model: dict[str, Any]) -> list[Figure]:
+    """J per output token against output tok/s, the front named; none when no level has energy."""
+    points = energy_points(model["candidates"])
+    if not points:
+        return []
+    svg, members = pareto_chart(
+        points,
+        x=lambda p: p.output_throughput,
+        y=lambda p: p.j_per_output_token,
+        group=lambda p: p.candidate,
+        label=lambda p: p.name,
+        title="Energy per token against throughput",
+        x_label="output tok/s",
+        y_label="J per output token",
+        ident="fig-energy",
+        maximise=ENERGY_AXES,
+    )
+    return [
+        Figure(
+            "energy",
+            "J per output token against output throughput, with the Pareto front",
+            "GPU energy per output token (the power of the server's GPUs integrated over each level) against "
+            "output tokens per second at every measured level; the grey line joins the levels no other beats on "
+            "both (more throughput for fewer joules), each named on the chart: "
+            + (
+                "; ".join(
+                    f"{p.name} ({p.output_throughput:,.0f} tok/s, {p.j_per_output_token:.3g} J/token)"
+                    for p in members
+                )
+            )
+            + ".",
+            svg,
+        )
+    ]
+
+
 def figures(model: dict[str, Any]) -> list[Figure]:
     cands = [c for c in model["candidates"] if c["status"] in PLOTTED and c["levels"]]
     mode = model["study"]["load"]["mode"]
@@ -205,6 +242,7 @@ def figures(model: dict[str, Any]) -> list[Figure]:
                 if s["metric"] == "tpot_ms" and s["stat"] == "p50" and s["limit"] > 0
             ],
         ),
+        *_energy_figure(model),
         Figure(
             "ttft",
             "TTFT p99 against load",

@@ -35,6 +35,27 @@ def front(
     return sorted(out, key=x)
 
 
+# J per output token against output tok/s: more throughput is better, fewer joules are
+ENERGY_AXES = (True, False)
+
+
+@dataclass(frozen=True)
+class EnergyPoint:
+    """One measured level's output tok/s and J per output token (`servelab.energy`)."""
+
+    candidate: str
+    level: float
+    output_throughput: float
+    j_per_output_token: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.candidate} @ {self.level:g}"
+
+    def to_json(self) -> dict[str, str | float]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class ParetoPoint:
     """One measured level: `candidate` (a study's candidate, or a bench run's uid) at `level`, its output
