@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
     "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
+    "servelab.startup": CONTRACT,  # a launch's start-up phases as a type: engines read, store keeps, fronts show
     # 1. knowledge: pure models of models, engines, plans and the simulated server
     **_room(
         KNOWLEDGE,
@@ -82,6 +83,7 @@ LAYERS: dict[str, int] = {
             "sglang",
             "signatures",
             "sim",
+            "startup",
             "transformers",
             "vllm",
         ],
