@@ -210,7 +210,7 @@ LAYERS: dict[str, int] = {
     **_room(
         WORKFLOWS,
         "servelab.report",
-        *["data", "figures", "host", "html", "markdown", "plots", "runreport", "search", "text"],
+        *["data", "figures", "host", "html", "markdown", "plots", "runreport", "search", "startup", "text"],
     ),
     # 6. the agent: the host-side half, on top of every room whose operations it runs
     **_room(

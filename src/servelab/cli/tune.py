@@ -293,11 +293,27 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     for line in notes:
         out.print(_safe(line))
     out.print(_safe(data["ranking"]["verdict"]))
+    _render_startup(data, shown, out)
     if data.get("search"):
         from servelab.report.search import search_lines
 
         for line in search_lines(data["search"]):
             out.print(_safe(line))
+
+
+def _render_startup(data: dict[str, Any], shown: dict[str, str], out: Console) -> None:
+    """Each trial's start-up, phase by phase (`runs study`: its candidates carry their trials)."""
+    from servelab.report.startup import startup_rows
+
+    rows = startup_rows(data["candidates"])
+    if not rows:
+        return
+    t = Table(title="start-up: seconds from launch (the engine's own figure)")
+    for head in ("candidate", "#", "cache", "weights", "compile", "KV cache", "graphs", "listening", "ready"):
+        t.add_column(head, justify="left" if head in ("candidate", "cache") else "right")
+    for r in rows:
+        t.add_row(escape(shown.get(r.label, r.label)), str(r.repeat), *(escape(x) for x in r.cells()))
+    out.print(t)
 
 
 def _show_search_plan(data: dict[str, Any]) -> None:

@@ -139,7 +139,9 @@ class StartupReader:
                 if m:
                     seen.append((line.strip()[-400:], _seconds(m)))
 
-    def result(self, total_s: float | None = None, launch: tuple[Cache, str] = ("unknown", "")) -> StartupPhases:
+    def result(
+        self, total_s: float | None = None, launch: tuple[Cache, str] = ("unknown", "")
+    ) -> StartupPhases:
         """The phases in log order; cold or warm as the launch saw the cache directory, else as the log
         says (a warm line and no compiling one: warm; a compiling one: cold)."""
         phases = tuple(sorted(self.found.values(), key=lambda p: PHASES.index(p.name)))
@@ -174,4 +176,6 @@ def with_launch(phases: StartupPhases, launch: tuple[Cache, str] | None) -> Star
     (which wins over the log: the log tells only an engine that says so)."""
     if launch is None or launch[0] == "unknown":
         return phases
-    return phases.model_copy(update={"cache": launch[0], "cache_evidence": (launch[1], *phases.cache_evidence)})
+    return phases.model_copy(
+        update={"cache": launch[0], "cache_evidence": (launch[1], *phases.cache_evidence)}
+    )

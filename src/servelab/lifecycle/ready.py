@@ -21,8 +21,8 @@ from servelab.errors import LaunchFailed, NotReady
 from servelab.host import processes
 from servelab.host.ports import Listener
 from servelab.lifecycle.handle import ServerHandle, connects, dial_host
-from servelab.startup import StartupPhases
 from servelab.lifecycle.probe import LogWatcher, Probe, diagnose_log, failed, tail_lines
+from servelab.startup import StartupPhases
 
 
 @dataclass
