@@ -308,12 +308,9 @@ def _render_startup(data: dict[str, Any], shown: dict[str, str], out: Console) -
     rows = startup_rows(data["candidates"])
     if not rows:
         return
-    t = Table(title="start-up: seconds from launch (the engine's own figure)")
-    for head in ("candidate", "#", "cache", "weights", "compile", "KV cache", "graphs", "listening", "ready"):
-        t.add_column(head, justify="left" if head in ("candidate", "cache") else "right")
+    out.print("start-up, seconds from launch (the engine's own figure for the phase in brackets):")
     for r in rows:
-        t.add_row(escape(shown.get(r.label, r.label)), str(r.repeat), *(escape(x) for x in r.cells()))
-    out.print(t)
+        out.print(_safe("  " + r.sentence(shown.get(r.label, r.label))))
 
 
 def _show_search_plan(data: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ NOTE = (
 @dataclass(frozen=True)
 class StartupRow:
     label: str
-    repeat: int
+    repeat: int  # the trial, counted from 1 (as `t1`, `t2` in the plan)
     phases: StartupPhases
 
     def cells(self) -> list[str]:
@@ -36,6 +36,13 @@ class StartupRow:
         out.append("-" if self.phases.total_s is None else f"{self.phases.total_s:.1f}")
         return out
 
+    def sentence(self, label: str | None = None) -> str:
+        """The row as one line: `tp1 #1 (cold): weights loaded 4.1 (3.6) · … · ready 51.3`."""
+        cells = self.cells()
+        parts = [f"{PHASE_TITLES[n]} {c}" for n, c in zip(PHASES, cells[1:-1], strict=True) if c != "-"]
+        parts.append(f"ready {cells[-1]}")
+        return f"{label or self.label} #{self.repeat} ({cells[0]}): " + " · ".join(parts)
+
 
 def startup_rows(cands: Iterable[Mapping[str, object]]) -> list[StartupRow]:
     """One row per trial that recorded its start-up, candidates in order."""
@@ -47,5 +54,5 @@ def startup_rows(cands: Iterable[Mapping[str, object]]) -> list[StartupRow]:
         for t in trials:
             if isinstance(t, Mapping) and t.get("startup"):
                 phases = StartupPhases.model_validate(t["startup"])
-                rows.append(StartupRow(str(c["label"]), int(str(t.get("repeat", 0))), phases))
+                rows.append(StartupRow(str(c["label"]), int(str(t.get("repeat", 0))) + 1, phases))
     return rows

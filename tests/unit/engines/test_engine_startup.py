@@ -51,7 +51,9 @@ def test_real_llamacpp_logs() -> None:
         ("sim_sglang_glm5_tp8.log", ["weights", "kv_cache", "graphs", "listening"], None, 12.0),
     ],
 )
-def test_the_simulators_personalities(log: str, phases: list[str], weights_s: float | None, graphs_s: float) -> None:
+def test_the_simulators_personalities(
+    log: str, phases: list[str], weights_s: float | None, graphs_s: float
+) -> None:
     got = parse("sim", _read(log))
     assert [p.name for p in got.phases] == phases
     assert got.took("weights") == weights_s
