@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,7 @@ def set_memory(srv: SimState, per_gpu_bytes: float) -> None:
         srv.gpu_mem_mib[i] = min(per_gpu_bytes, cap) / MIB if i < used else 0.0
 
 
-def _compile_line(srv: SimState, who: str, ctx: dict[str, Any]) -> None:
+def _compile_line(srv: SimState, who: str, ctx: Mapping[str, object]) -> None:
     """The compile cache's line: graphs loaded back (warm) or compiled and stored (cold)."""
     path = compile_cache(srv)
     if path is None or not ctx["compile_s"]:
