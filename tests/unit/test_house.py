@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "servelab.crashpoint": CONTRACT,
     "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
     "servelab.startup": CONTRACT,  # a launch's start-up phases as a type: engines read, store keeps, fronts show
+    "servelab.arguments": CONTRACT,  # the options a CLI command and its MCP tool share, declared once
     # 1. knowledge: pure models of models, engines, plans and the simulated server
     **_room(
         KNOWLEDGE,
@@ -210,7 +211,20 @@ LAYERS: dict[str, int] = {
     **_room(
         WORKFLOWS,
         "servelab.report",
-        *["data", "figures", "host", "html", "markdown", "plots", "runreport", "search", "startup", "text"],
+        *[
+            "data",
+            "figures",
+            "host",
+            "html",
+            "markdown",
+            "pareto",
+            "plots",
+            "runreport",
+            "search",
+            "startup",
+            "text",
+            "top",
+        ],
     ),
     # 6. the agent: the host-side half, on top of every room whose operations it runs
     **_room(
@@ -232,6 +246,7 @@ LAYERS: dict[str, int] = {
         "servelab.cli",
         *[
             "aio",
+            "args",
             "bench",
             "calibrate",
             "db",

@@ -15,12 +15,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servelab import arguments as A
 from servelab.bench import capacity as C
 from servelab.bench import export as request_export
 from servelab.bench.config import IDLE_TIMEOUT_S, BenchConfig
 from servelab.bench.runner import BenchResult, find_capacity, run_bench
 from servelab.bench.traces import formats as trace_formats
 from servelab.cli import aio
+from servelab.cli.args import option
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
 from servelab.events import BenchEvent, LevelFinished, LevelStarted, RequestDone, RunFinished, RunStarted
@@ -378,12 +380,10 @@ def _run(
 
 
 @click.command()
-@click.option(
-    "--url", required=True, help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000"
-)
-@click.option("--model", required=True, help="Model name as the server serves it (see /v1/models).")
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
-@click.option("--concurrency", "concurrency", help="Closed-loop levels, comma-separated, e.g. 1,8,64.")
+@option(A.ServerUrl, required=True)
+@option(A.ServedModel, required=True)
+@option(A.Api, default="completions", show_default=True)
+@option(A.Concurrency, "concurrency")
 @click.option("--rate", "rate", help="Open-loop request rates per second, comma-separated, e.g. 2,4,8.")
 @click.option("--max-concurrency", type=int, help="Cap on in-flight requests for --rate levels.")
 @click.option(
@@ -392,8 +392,8 @@ def _run(
 @click.option(
     "--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape for --arrival gamma."
 )
-@click.option("--num-requests", type=int, help="Requests per level.")
-@click.option("--duration", type=float, help="Seconds per level (instead of --num-requests).")
+@option(A.NumRequests)
+@option(A.Duration)
 @click.option(
     "--requests-per-stream",
     type=int,
@@ -443,8 +443,8 @@ def _run(
 @click.option(
     "--tool-result-len", type=int, default=1024, show_default=True, help="Tokens of a tool result (sessions)."
 )
-@click.option("--input-len", type=int, default=256, show_default=True, help="Prompt tokens (synthetic).")
-@click.option("--output-len", type=int, default=128, show_default=True, help="Output tokens to ask for.")
+@option(A.InputLen, default=256, show_default=True)
+@option(A.OutputLen, default=128, show_default=True)
 @click.option(
     "--range-ratio",
     type=float,
@@ -480,8 +480,8 @@ def _run(
     help="Replay the trace this many times faster (2: twice as fast).",
 )
 @click.option("--trace-limit", type=int, help="Replay only the trace's first N requests.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--slo", help="Latency limits for goodput, e.g. ttft_ms<=500,tpot_ms<=50")
+@option(A.Seed, default=0, show_default=True)
+@option(A.Slo)
 @click.option(
     "--warmup",
     type=click.IntRange(min=0),

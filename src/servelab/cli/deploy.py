@@ -11,7 +11,9 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from servelab import arguments as A
 from servelab.agent.serve import DISPATCHER
+from servelab.cli.args import option
 from servelab.cli.output import emit, host_option, stderr, stdout
 from servelab.errors import ConfigError
 from servelab.events import Event, Systemctl
@@ -42,9 +44,9 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
 
 
 @click.command("deploy")
-@click.argument("run")
-@click.option("--target", type=click.Choice(TARGETS), default="systemd", show_default=True)
-@click.option("--name", default=None, help="Unit / service name (default: servelab-STUDYNAME).")
+@option(A.DeployRun)
+@option(A.DeployTarget, type=click.Choice(TARGETS), default="systemd", show_default=True)
+@option(A.DeployName, default=None)
 @click.option(
     "--out",
     "out_dir",
@@ -61,10 +63,8 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
 @click.option(
     "--dry-run", is_flag=True, help="Print what would be written and done; write and record nothing."
 )
-@click.option("--user", default=None, help="User= for the unit / user for the container.")
-@click.option(
-    "--port", type=click.IntRange(1, 65535), default=None, help="Serve on this port instead of the run's."
-)
+@option(A.DeployUser, default=None)
+@option(A.DeployPort, type=click.IntRange(1, 65535), default=None)
 @click.option(
     "--env",
     "env_values",
@@ -79,12 +79,7 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
     metavar="FLAG=VALUE",
     help="Replace the value of an engine flag (never a secret: those go in --env-file). Repeatable.",
 )
-@click.option(
-    "--env-file",
-    default=None,
-    help="EnvironmentFile= (systemd) / env_file (Compose) / a Secret NAME-env (Kubernetes) that supplies "
-    "the run's secrets (e.g. VLLM_API_KEY for vLLM's --api-key); required when the run has one.",
-)
+@option(A.EnvFile, default=None)
 @click.option(
     "--start-timeout",
     type=float,

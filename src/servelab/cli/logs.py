@@ -15,6 +15,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from servelab import arguments as A
+from servelab.cli.args import option
 from servelab.cli.output import emit, host_option, printable, stdout, warn
 from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.errors import ConfigError
@@ -106,21 +108,9 @@ def _source_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """FILE or --unit, and the host both are on."""
     for deco in reversed(
         (
-            click.argument("file", required=False),
-            click.option(
-                "--unit",
-                default=None,
-                metavar="NAME",
-                help="Read the systemd journal of unit NAME instead of a FILE (e.g. the unit "
-                "`servelab deploy --install` made).",
-            ),
-            click.option(
-                "--lines",
-                type=int,
-                default=JOURNAL_LINES,
-                show_default=True,
-                help="With --unit: how many of the journal's last lines to read.",
-            ),
+            option(A.LogFile, required=False),
+            option(A.LogUnit, default=None, metavar="NAME"),
+            option(A.LogLines, default=JOURNAL_LINES, show_default=True),
             host_option,
             remote_python_option,
         )
@@ -135,13 +125,8 @@ def logs() -> None:
 
 
 @logs.command("parse")
-@click.option("--engine", "engine_name", required=True, help="Engine that wrote the log: vllm, sglang, ...")
-@click.option(
-    "--server-info",
-    "info_path",
-    default=None,
-    help="JSON saved from the engine's info endpoint (SGLang /get_server_info, vLLM /version); it wins over the log.",
-)
+@option(A.ParseEngine, "engine_name", required=True)
+@option(A.ServerInfo, "info_path", default=None)
 @click.option(
     "--json", "as_json", is_flag=True, help='{"effective": {...}, "evidence": {key: line}} as JSON.'
 )
@@ -168,9 +153,7 @@ def parse(
 
 
 @logs.command("diagnose")
-@click.option(
-    "--engine", "engine_name", default=None, help="Engine that wrote the log (default: guessed from it)."
-)
+@option(A.LogEngine, "engine_name", default=None)
 @click.option(
     "--json", "as_json", is_flag=True, help='{"class", "evidence", "advice", "fatal"[, "tail"]} as JSON.'
 )

@@ -100,14 +100,9 @@ def fit_labels(labels: list[str], budget: int) -> tuple[dict[str, str], list[str
     return shown, legend
 
 
-HOST_HELP = (
-    "Act on this machine over SSH: ssh://[user@]host[:port] or an alias from ~/.ssh/config "
-    "(default: $SERVELAB_HOST, else the study's [host] ssh, else this machine; 'local' forces this machine)."
-)
-
-
 def host_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--host TARGET`, the same on every command that observes or acts on a machine."""
-    import click
+    from servelab.arguments import Host
+    from servelab.cli.args import option
 
-    return click.option("--host", "host", default=None, metavar="TARGET", help=HOST_HELP)(fn)
+    return option(Host, "host", default=None, metavar="TARGET")(fn)

@@ -13,6 +13,8 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
+from servelab import arguments as A
+from servelab.cli.args import option
 from servelab.cli.output import dumps_json, emit, host_option, stdout
 from servelab.cli.remote import remote_python_option
 from servelab.errors import ConfigError, HostError, NotFoundError
@@ -26,7 +28,6 @@ from servelab.store.plans import WORKSPACE, PlanRepo
 if TYPE_CHECKING:
     from servelab.store.studies import StoredTrial, StudyRepo
 
-_PLAN_HELP = "Which plan: `workspace` (default) or a study (uid, name or `last`)."
 _STYLE = {
     "pending": "white",
     "in_progress": "cyan",
@@ -62,7 +63,7 @@ def _plan_name(store: Store, ref: str | None) -> tuple[str, str | None]:
 
 
 def _plan_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--plan", "plan_ref", default=None, metavar="NAME", help=_PLAN_HELP)(f)
+    return option(A.PlanRef, "plan_ref", default=None, metavar="NAME")(f)
 
 
 def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -547,18 +548,8 @@ def _observe(
 
 
 @plan.command("check")
-@click.option(
-    "--url",
-    "urls",
-    multiple=True,
-    help="A server to observe (repeatable; default: the servers the open items name).",
-)
-@click.option(
-    "--unit",
-    "units",
-    multiple=True,
-    help="A systemd unit to observe (repeatable; default: the units the open items name).",
-)
+@option(A.PlanUrls, "urls")
+@option(A.PlanUnits, "units")
 @click.option(
     "--observation",
     default=None,

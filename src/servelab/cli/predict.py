@@ -7,6 +7,8 @@ from typing import Any
 import click
 from rich.table import Table
 
+from servelab import arguments as A
+from servelab.cli.args import option
 from servelab.cli.output import emit, stdout
 from servelab.config.study import Study
 from servelab.errors import ConfigError
@@ -38,59 +40,23 @@ def resolve_factors(engine: str | None, calibration: str | None, silicon: bool =
     return f
 
 
-SILICON_OPTION = click.option(
-    "--silicon",
-    is_flag=True,
-    help="Read the allreduce and routed experts off measured operator tables where they cover this GPU and engine "
-    "(needs servelab[silicon]); `sources` says which terms are measured.",
-)
+SILICON_OPTION = option(A.Silicon)
 
 
 def setup_options(fn: Any) -> Any:
     opts = [
-        click.option(
-            "--model",
-            "-m",
-            "model",
-            default=None,
-            help="Catalog name (GLM-5-NVFP4, ...) or path to config.json (required unless --study).",
-        ),
-        click.option(
-            "--gpu",
-            default=None,
-            help="GPU kind from the catalog (rtx-pro-6000, h200-sxm, ...; required unless --study).",
-        ),
-        click.option("--num-gpus", "-n", type=int, default=None, help="GPUs used (required unless --study)."),
-        click.option(
-            "--tp", type=int, default=None, help="Tensor parallel size (default: all GPUs / (pp × dp))."
-        ),
-        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages."),
-        click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel size (MoE)."),
-        click.option(
-            "--dp-attention",
-            "dp",
-            type=int,
-            default=1,
-            show_default=True,
-            help="Attention data parallel size.",
-        ),
-        click.option(
-            "--quant", default=None, help="Weight format override: bf16, fp8, nvfp4, mxfp4, int4, q4_k_m, ..."
-        ),
-        click.option(
-            "--kv-dtype", default=None, help="KV-cache dtype: bf16 or fp8 (default: the checkpoint's)."
-        ),
-        click.option(
-            "--interconnect",
-            default=None,
-            help="nvlink3/4/5, pcie4-/pcie5-switch|cpu|xsocket (default: the GPU's usual).",
-        ),
-        click.option(
-            "--engine", default=None, help="vllm, sglang or trtllm: engine-specific overhead factors."
-        ),
-        click.option(
-            "--calibration", default=None, help="Apply a named calibration from `servelab calibrate`."
-        ),
+        option(A.SetupModel, "model"),
+        option(A.Gpu, default=None),
+        option(A.NumGpus, default=None),
+        option(A.Tp, default=None),
+        option(A.Pp, default=1, show_default=True),
+        option(A.Ep, default=1, show_default=True),
+        option(A.DpAttention, "dp", default=1, show_default=True),
+        option(A.Quant, default=None),
+        option(A.KvDtype, default=None),
+        option(A.Interconnect, default=None),
+        option(A.SetupEngine, default=None),
+        option(A.Calibration, default=None),
         click.option(
             "--mem-fraction",
             type=float,
@@ -213,26 +179,10 @@ def _parse_levels(text: str | None) -> list[int]:
 
 @click.command()
 @setup_options
-@click.option(
-    "--isl", type=int, default=None, help="Input tokens per request [default: the study's, else 1024]."
-)
-@click.option(
-    "--osl", type=int, default=None, help="Output tokens per request [default: the study's, else 1024]."
-)
-@click.option(
-    "--concurrency",
-    "-c",
-    type=int,
-    default=None,
-    help="Requests in flight [default: the study's main level, else 1].",
-)
-@click.option(
-    "--study",
-    "study_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Take the model, host, engine, lengths and load (its main level) from a study TOML; flags override.",
-)
+@option(A.Isl, default=None)
+@option(A.Osl, default=None)
+@option(A.PredictConcurrency, default=None)
+@option(A.StudyFile, "study_path", type=click.Path(dir_okay=False), default=None)
 @click.option(
     "--mtp",
     "mtp_tokens",
@@ -248,16 +198,9 @@ def _parse_levels(text: str | None) -> list[int]:
     help="Mean tokens accepted per step with --mtp (default 1 + 0.7×mtp).",
 )
 @click.option("--compare-layouts", is_flag=True, help="Rank every TP/PP/EP/DP layout for this host.")
-@click.option("--tpot-limit", type=float, default=None, help="With --compare-layouts: TPOT limit, ms.")
-@click.option("--ttft-limit", type=float, default=None, help="With --compare-layouts: TTFT limit, ms.")
-@click.option(
-    "--sweep",
-    "sweep_levels",
-    is_flag=False,
-    flag_value="",
-    default=None,
-    help="Concurrency curve, e.g. --sweep 1,4,16,64.",
-)
+@option(A.TpotLimit, default=None)
+@option(A.TtftLimit, default=None)
+@option(A.Sweep, "sweep_levels", is_flag=False, flag_value="", default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def predict(**kw: Any) -> None:
     """Predict TTFT, TPOT, throughput and memory, and show where the decode step goes."""
@@ -463,26 +406,24 @@ def load_run(ref: str) -> Run:
 
 
 @click.command()
-@click.argument("run", default="last")
-@click.option(
-    "--model", "-m", "model", default=None, help="Catalog name or config.json (default: the run's)."
-)
-@click.option("--gpu", default=None, help="GPU kind (default: the run's config `host.gpu`).")
-@click.option("--num-gpus", "-n", type=int, default=None)
-@click.option("--tp", type=int, default=None)
-@click.option("--pp", type=int, default=None)
-@click.option("--ep", type=int, default=None)
-@click.option("--dp-attention", "dp", type=int, default=None)
-@click.option("--quant", default=None)
-@click.option("--kv-dtype", default=None)
-@click.option("--interconnect", default=None)
-@click.option("--engine", default=None)
-@click.option("--calibration", default=None)
+@option(A.BenchRun, default="last")
+@option(A.SetupModel, "model", default=None)
+@option(A.Gpu, default=None)
+@option(A.NumGpus, default=None)
+@option(A.Tp, default=None)
+@option(A.Pp, default=None)
+@option(A.Ep, default=None)
+@option(A.DpAttention, "dp", default=None)
+@option(A.Quant, default=None)
+@option(A.KvDtype, default=None)
+@option(A.Interconnect, default=None)
+@option(A.SetupEngine, default=None)
+@option(A.Calibration, default=None)
 @SILICON_OPTION
 @click.option(
     "--isl", type=int, default=1024, show_default=True, help="Used when the run does not record lengths."
 )
-@click.option("--osl", type=int, default=1024, show_default=True)
+@option(A.ExplainOsl, default=1024, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def explain(run: str, **kw: Any) -> None:
     """Set a measured bench RUN (uid, id or `last`) beside the prediction, level by level, and name the

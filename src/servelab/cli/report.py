@@ -11,6 +11,8 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from servelab import arguments as A
+from servelab.cli.args import option
 from servelab.cli.output import emit, host_option, stdout
 from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.errors import NotFoundError, UserError
@@ -122,7 +124,7 @@ def _run_report(store: Store, ref: str, html_file: Path | None, md_file: Path | 
 
 
 @click.command("report")
-@click.argument("study", default="last", metavar="[STUDY|RUN]")
+@option(A.ReportStudy, default="last", metavar="[STUDY|RUN]")
 @click.option(
     "--run",
     "run_flag",
@@ -130,20 +132,8 @@ def _run_report(store: Store, ref: str, html_file: Path | None, md_file: Path | 
     help="The argument is a bench run (uid, id or `last`): report that run. A run's uid (b-…) is "
     "recognised without it.",
 )
-@click.option(
-    "--html",
-    "html_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write one self-contained HTML file (plots inline, opens without a network).",
-)
-@click.option(
-    "--md",
-    "md_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write Markdown; the plots go beside it as SVG files in FILE_STEM_files/.",
-)
+@option(A.ReportHtml, "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@option(A.ReportMd, "md_file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
     "--host-checks/--no-host-checks",
     default=None,

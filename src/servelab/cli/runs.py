@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servelab import arguments as A
 from servelab.bench import export as request_export
+from servelab.cli.args import option
 from servelab.cli.bench import export_requests
 from servelab.cli.bench import render as render_bench
 from servelab.cli.output import emit, fit_labels, stdout
@@ -182,7 +184,7 @@ def list_runs(limit: int, as_json: bool) -> None:
 
 
 @runs.command("show")
-@click.argument("run", default="last")
+@option(A.BenchRun, default="last")
 @click.option(
     "--export-requests",
     "export_requests_to",

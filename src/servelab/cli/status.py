@@ -11,6 +11,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from servelab import arguments as A
+from servelab.cli.args import option
 from servelab.cli.output import emit, host_option, printable, stdout
 from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.host.transport import Completed, Host
@@ -207,16 +209,10 @@ def _render_status(obs: dict[str, Any]) -> None:
 
 
 @click.command("status")
-@click.option("--url", "urls", multiple=True, help="A server to check (repeatable; default: the last run's).")
-@click.option(
-    "--unit", "units", multiple=True, help="A systemd unit to check (repeatable; default: servelab*)."
-)
-@click.option("--log", "log", default=None, help="A server log to read (default: the last run's).")
-@click.option(
-    "--gpu-source",
-    default=None,
-    help="auto (default: a simulator among --url, else NVML, else nvidia-smi), nvml, nvidia-smi, or sim:URL.",
-)
+@option(A.Urls, "urls")
+@option(A.Units, "units")
+@option(A.StatusLog, "log", default=None)
+@option(A.GpuSource, default=None)
 @host_option
 @remote_python_option
 @click.option("--json", "as_json", is_flag=True, help="The observation as JSON (keys: docs/cli/status.md).")
@@ -257,9 +253,7 @@ def _render_doctor(rep: dict[str, Any]) -> None:
 
 
 @click.command("doctor")
-@click.option(
-    "--gpu-source", default=None, help="auto, nvml, nvidia-smi, or sim:URL (see `servelab status`)."
-)
+@option(A.GpuSource, default=None)
 @host_option
 @remote_python_option
 @click.option(

@@ -16,7 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from servelab import arguments as A
 from servelab.cli import aio
+from servelab.cli.args import option
 from servelab.cli.output import emit, fit_labels, host_option, printable, progress_enabled, stderr, stdout
 from servelab.config.loading import load_study
 from servelab.engines import registry
@@ -358,9 +360,9 @@ async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
 
 
 @click.command("tune")
-@click.argument("study_file", type=click.Path(dir_okay=False))
+@option(A.TuneStudyFile, type=click.Path(dir_okay=False))
 @click.option("--resume", is_flag=True, help="Continue the last unfinished run of this study.")
-@click.option("--retry-failed", is_flag=True, help="With --resume: try candidates that failed again.")
+@option(A.RetryFailed)
 @click.option(
     "--startup-timeout", type=float, default=None, help="Seconds a server may take to become ready."
 )

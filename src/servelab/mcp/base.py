@@ -9,12 +9,12 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import orjson
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from servelab.errors import ServelabError
 from servelab.mcp.studies import error_of, servelab_argv
@@ -119,11 +119,6 @@ def typed(model: type[T], doc: Any) -> T:
     return model.model_validate(
         redact(doc.model_dump(mode="json", by_alias=True) if isinstance(doc, BaseModel) else doc)
     )
-
-
-PlanRef = Annotated[str | None, Field(description="`workspace` (default) or a study: uid, name or `last`.")]
-Host = Annotated[str | None, Field(description="ssh://[user@]host[:port] or an ~/.ssh/config alias.")]
-StudyRef = Annotated[str, Field(description="A study: its uid (s-…), its name, or `last`.")]
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@ the server was started with --allow-install."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field
 
+from servelab import arguments as A
 from servelab.errors import ConfigError
 from servelab.mcp import models as M
 from servelab.mcp.base import Group, Options, as_tool_errors, call, flags
@@ -15,12 +16,12 @@ from servelab.mcp.studies import Studies
 
 def group(opts: Options, runs: Studies) -> Group:
     async def deploy_preview(
-        run: Annotated[str, Field(description="RUN, STUDY (its winner), STUDY:CANDIDATE or trial:ID.")],
-        target: Literal["systemd", "compose", "kubernetes"] = "systemd",
-        name: str | None = None,
-        port: int | None = None,
-        user: str | None = None,
-        env_file: Annotated[str | None, Field(description="Where the run's secrets come from.")] = None,
+        run: A.DeployRun,
+        target: A.DeployTarget = "systemd",
+        name: A.DeployName = None,
+        port: A.DeployPort = None,
+        user: A.DeployUser = None,
+        env_file: A.EnvFile = None,
         install: Annotated[
             bool, Field(description="Install it (only if the server allows installing).")
         ] = False,

@@ -3,10 +3,7 @@ run), each its command run as a child."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from pydantic import Field
-
+from servelab import arguments as A
 from servelab.errors import ConfigError
 from servelab.mcp import models as M
 from servelab.mcp.base import Group, Options, as_tool_errors, call, flags
@@ -36,22 +33,16 @@ def check_bench(opts: Options, levels: list[int], num_requests: int | None, dura
 
 def group(opts: Options, runs: Studies) -> Group:
     async def bench(
-        url: Annotated[str, Field(description="The OpenAI-compatible server's base URL.")],
-        model: Annotated[str, Field(description="The model as the server serves it.")],
-        concurrency: Annotated[
-            list[int] | None, Field(description="Closed-loop levels (default: one stream).")
-        ] = None,
-        num_requests: Annotated[
-            int | None, Field(description="Requests per level (capped by the server).")
-        ] = None,
-        duration: Annotated[
-            float | None, Field(description="Seconds per level (capped by the server).")
-        ] = None,
-        input_len: int | None = None,
-        output_len: int | None = None,
-        api: Literal["completions", "chat"] | None = None,
-        slo: Annotated[str | None, Field(description="Latency limits, e.g. `tpot_ms:p50=150`.")] = None,
-        seed: int | None = None,
+        url: A.ServerUrl,
+        model: A.ServedModel,
+        concurrency: A.Concurrency = None,
+        num_requests: A.NumRequests = None,
+        duration: A.Duration = None,
+        input_len: A.InputLen = None,
+        output_len: A.OutputLen = None,
+        api: A.Api = None,
+        slo: A.Slo = None,
+        seed: A.Seed = None,
     ) -> M.BenchView:
         """Benchmark a running server, level by level; the call is bounded by the server's caps (levels,
         concurrency, a level's requests and duration)."""
@@ -75,7 +66,7 @@ def group(opts: Options, runs: Studies) -> Group:
         return await call(M.BenchView, ["bench", *args])
 
     async def runs_show(
-        run: Annotated[str, Field(description="A bench run: uid, id or `last`.")] = "last",
+        run: A.BenchRun = "last",
     ) -> M.RunView:
         """One stored bench run with every level, as `servelab runs show` prints it."""
         return await call(M.RunView, ["runs", "show", run])

@@ -4,21 +4,19 @@ signatures knowledge base `logs_diagnose` classifies with, as a resource."""
 from __future__ import annotations
 
 from importlib import resources
-from typing import Annotated
 
-from pydantic import Field
-
+from servelab import arguments as A
 from servelab.mcp import models as M
-from servelab.mcp.base import Group, Host, Options, Resource, call, flags
+from servelab.mcp.base import Group, Options, Resource, call, flags
 from servelab.mcp.studies import Studies
 
 
 async def status(
-    url: Annotated[list[str] | None, Field(description="Servers to probe (default: the last run's).")] = None,
-    unit: Annotated[list[str] | None, Field(description="systemd units (default: servelab*).")] = None,
-    log: Annotated[str | None, Field(description="A server log to read.")] = None,
-    gpu_source: Annotated[str | None, Field(description="auto, nvml, nvidia-smi or sim:URL.")] = None,
-    host: Host = None,
+    url: A.Urls = None,
+    unit: A.Units = None,
+    log: A.StatusLog = None,
+    gpu_source: A.GpuSource = None,
+    host: A.Host = None,
 ) -> M.StatusView:
     """What is true right now: GPUs, servers, services, leftovers, unfinished studies, a verdict."""
     return await call(
@@ -26,17 +24,17 @@ async def status(
     )
 
 
-async def doctor(gpu_source: str | None = None, host: Host = None) -> M.DoctorView:
+async def doctor(gpu_source: A.GpuSource = None, host: A.Host = None) -> M.DoctorView:
     """Host checks with their fixes (nvidia_uvm, /dev/shm, P2P, PCIe link, power limits, ECC, …)."""
     return await call(M.DoctorView, ["doctor", *flags(gpu_source=gpu_source, host=host)])
 
 
 async def logs_diagnose(
-    file: Annotated[str | None, Field(description="The server log (or give unit).")] = None,
-    engine: str | None = None,
-    unit: str | None = None,
-    lines: int | None = None,
-    host: Host = None,
+    file: A.LogFile = None,
+    engine: A.LogEngine = None,
+    unit: A.LogUnit = None,
+    lines: A.LogLines = None,
+    host: A.Host = None,
 ) -> M.DiagnosisView:
     """Classify a failed server's log with the signatures knowledge base: class, evidence, advice."""
     return await call(
@@ -51,14 +49,12 @@ async def logs_diagnose(
 
 
 async def logs_parse(
-    engine: Annotated[str, Field(description="The engine that wrote the log: vllm, sglang, …")],
-    file: str | None = None,
-    server_info: Annotated[
-        str | None, Field(description="JSON saved from the engine's info endpoint.")
-    ] = None,
-    unit: str | None = None,
-    lines: int | None = None,
-    host: Host = None,
+    engine: A.ParseEngine,
+    file: A.LogFile = None,
+    server_info: A.ServerInfo = None,
+    unit: A.LogUnit = None,
+    lines: A.LogLines = None,
+    host: A.Host = None,
 ) -> M.LogsParseView:
     """The configuration a server log shows it runs (effective), with the log line for each key."""
     return await call(

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from servelab import arguments as A
 from servelab.mcp import models as M
-from servelab.mcp.base import Group, Host, Options, PlanRef, Resource, as_tool_errors, call, flags, typed
+from servelab.mcp.base import Group, Options, Resource, as_tool_errors, call, flags, typed
 from servelab.mcp.studies import Studies
 from servelab.plan.formats import export_markdown, export_todowrite, import_todowrite
 from servelab.plan.items import STATUSES, Plan
@@ -32,7 +33,7 @@ def _plan_view(p: Plan) -> dict[str, Any]:
     return {"plan": p.name, "items": [i.to_dict() for i in p.items], "counts": counts}
 
 
-def plan_get(plan: PlanRef = None) -> M.PlanView:
+def plan_get(plan: A.PlanRef = None) -> M.PlanView:
     """The plan (the agent's todo list, kept in servelab beside the state it is about)."""
     from servelab.store import open_store
     from servelab.store.plans import PlanRepo
@@ -43,7 +44,7 @@ def plan_get(plan: PlanRef = None) -> M.PlanView:
 
 def plan_update(
     todos: Annotated[list[M.Todo], Field(description="todowrite's list: {id?, content, status, priority}.")],
-    plan: PlanRef = None,
+    plan: A.PlanRef = None,
     prune: Annotated[bool, Field(description="Cancel open items the list does not mention.")] = False,
 ) -> M.PlanUpdateView:
     """Merge a todowrite list into the plan (servelab's rules hold: one item in progress per worker, an
@@ -74,7 +75,7 @@ def plan_update(
 
 
 async def plan_check(
-    url: list[str] | None = None, unit: list[str] | None = None, plan: PlanRef = None, host: Host = None
+    url: A.PlanUrls = None, unit: A.PlanUnits = None, plan: A.PlanRef = None, host: A.Host = None
 ) -> M.PlanCheckView:
     """Hold every open item against what is observed now (default: the servers and units the items
     name) and flag the assumptions the state contradicts."""

@@ -12,13 +12,13 @@ import anyio
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+from servelab import arguments as A
 from servelab.errors import ServelabError
 from servelab.mcp import models as M
 from servelab.mcp.base import (
     Group,
     Options,
     Resource,
-    StudyRef,
     as_tool_errors,
     call,
     flags,
@@ -32,9 +32,9 @@ from servelab.paths import data_home
 
 
 async def report(
-    study: StudyRef = "last",
-    html: Annotated[str | None, Field(description="Write the HTML report here.")] = None,
-    md: Annotated[str | None, Field(description="Write the Markdown report here.")] = None,
+    study: A.ReportStudy = "last",
+    html: A.ReportHtml = None,
+    md: A.ReportMd = None,
 ) -> M.ReportView:
     """Write a study's findings report (HTML and Markdown; default: under $SERVELAB_HOME/reports/)."""
     if html is None and md is None:
@@ -78,7 +78,7 @@ def _report_markdown(ref: str) -> str:
 
 def group(opts: Options, runs: Studies) -> Group:
     async def tune_start(
-        study_file: Annotated[str, Field(description="The study TOML (docs/study.md).")],
+        study_file: A.TuneStudyFile,
     ) -> M.TuneStarted:
         """Start a study in the background (a `servelab tune` process holding its lease); returns its id
         at once. Poll `tune_progress`."""
@@ -86,7 +86,7 @@ def group(opts: Options, runs: Studies) -> Group:
             child = await anyio.to_thread.run_sync(lambda: runs.start(study_file))
         return _started(child)
 
-    async def tune_progress(study: StudyRef, ctx: Context) -> M.TuneProgress:
+    async def tune_progress(study: A.StudyRef, ctx: Context) -> M.TuneProgress:
         """What runs now, trials and levels done, the ETA and what was found so far (read from the store)."""
         from servelab.store import open_store
 
@@ -101,7 +101,7 @@ def group(opts: Options, runs: Studies) -> Group:
             )
         return typed(M.TuneProgress, got)
 
-    async def tune_stop(study: StudyRef) -> M.TuneStopped:
+    async def tune_stop(study: A.StudyRef) -> M.TuneStopped:
         """Stop a study this server started: SIGINT, its own clean teardown; what finished is stored and
         `tune_resume` continues it."""
         from servelab.store import open_store
@@ -124,11 +124,11 @@ def group(opts: Options, runs: Studies) -> Group:
         )
 
     async def tune_resume(
-        study: StudyRef,
+        study: A.StudyRef,
         study_file: Annotated[
             str | None, Field(description="Default: the file the study was run from.")
         ] = None,
-        retry_failed: bool = False,
+        retry_failed: A.RetryFailed = False,
     ) -> M.TuneStarted:
         """Continue an interrupted study in the background (`servelab tune --resume`)."""
         from servelab.store import open_store

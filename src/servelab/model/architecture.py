@@ -5,12 +5,19 @@ Decode time is mostly bytes read per step, so the inventory keeps what each part
 dense MLP, each routed expert, shared experts, lm_head) rather than one total. Families covered: dense
 GQA (Llama, Qwen3), MoE with shared experts and first-k-dense layers (Qwen3-MoE, Mixtral, gpt-oss,
 MiniMax, Qwen3.5 with linear attention), MLA (DeepSeek-V3, Kimi-K2.5), GLM-5's `glm_moe_dsa` (MLA plus
-a top-k sparse-attention indexer), and MTP/next-n layers.
+a top-k sparse-attention indexer), Llama 4 (MoE interleaved with dense layers, a shared expert
+per MoE layer), Qwen3-Next (gated DeltaNet linear attention), and MTP/next-n layers.
+
+Multimodal configs are read through their `text_config`: the counts are the language model's and the
+vision tower is excluded (it is under 1 B parameters for every bundled multimodal model; the published
+figures these counts are checked against, `data/model_configs/published.toml`, are stated the same way).
+Facts about an architecture that its config.json does not state live in `data/model_families.toml`.
 """
 
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -99,6 +106,12 @@ class Architecture:
         )
         return self.mtp_layers * (self.attn_params + mlp + 2 * self.hidden_size**2)
 
+    def active_params_counting(self, embedding: bool) -> float:
+        """Active parameters the way a publisher counts them: with the input embedding or without it
+        (Meta, Qwen and Mistral count it; OpenAI, Z.ai and DeepSeek do not)."""
+        extra = self.embed_params if embedding and not self.tie_embeddings else 0.0
+        return self.active_params + extra
+
     @property
     def total_params(self) -> float:
         """Published-style total: layers + embeddings + lm_head, without MTP modules."""
@@ -119,6 +132,50 @@ class Architecture:
         )
 
 
+@dataclass(frozen=True)
+class FamilyFacts:
+    """What `data/model_families.toml` says of one model_type (defaults: nothing implicit)."""
+
+    implicit_shared_experts: int = 0
+    dense_intermediate_field: str = "intermediate_size"
+    attn_output_gate: bool = False
+
+
+@cache
+def _families() -> dict[str, FamilyFacts]:
+    text = resources.files("servelab.data").joinpath("model_families.toml").read_text()
+    return {k: FamilyFacts(**v) for k, v in tomllib.loads(text).items()}
+
+
+def family_facts(model_type: str) -> FamilyFacts:
+    return _families().get(model_type, FamilyFacts())
+
+
+def _moe_layer_indices(
+    n_layers: int,
+    explicit: object,
+    freq: object,
+    interleave_step: int,
+    first_dense: int,
+    mlp_only: set[int],
+) -> list[int]:
+    """Which decoder layers are MoE: an explicit list (`moe_layers`, a `moe_layer_freq` mask), else
+    Llama 4's `interleave_moe_layer_step` (every step-th layer, the last of each step), else the
+    first-k-dense / `moe_layer_freq` / `decoder_sparse_step` / `mlp_only_layers` rules."""
+    if isinstance(explicit, list) and explicit:
+        return sorted({int(i) for i in explicit if 0 <= int(i) < n_layers})
+    if isinstance(freq, list):
+        return [i for i, f in enumerate(freq[:n_layers]) if f]
+    if interleave_step > 0:
+        return [i for i in range(n_layers) if (i + 1) % interleave_step == 0]
+    every = int(freq) if isinstance(freq, (int, float)) and freq else 1
+    return [
+        i
+        for i in range(n_layers)
+        if i >= first_dense and i not in mlp_only and (i - first_dense) % every == 0
+    ]
+
+
 def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     for n in names:
         if cfg.get(n) is not None:
@@ -134,6 +191,7 @@ def parse_config(
     if "quantization_config" in config and "quantization_config" not in cfg:
         cfg["quantization_config"] = config["quantization_config"]
     model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
+    facts = family_facts(model_type)
     missing = [f for f in REQUIRED if cfg.get(f) is None]
     is_mla = cfg.get("kv_lora_rank") is not None
     if is_mla:
@@ -176,7 +234,7 @@ def parse_config(
             index_flops = 2.0 * ih * idim
         attention_kind, kv_heads = "mla", 1
     else:
-        gate = 2 if cfg.get("attn_output_gate") else 1
+        gate = 2 if cfg.get("attn_output_gate", facts.attn_output_gate) else 1
         attn = h * nh * hd * gate + 2 * h * nkv * hd + nh * hd * h
         kv_elems = 2 * nkv * hd
         attn_flops = attn_prefill = 4.0 * nh * hd
@@ -204,24 +262,28 @@ def parse_config(
 
     # --- MLP / MoE ---
     top_k = int(_get(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0)
-    dense_inter = int(cfg.get("intermediate_size") or 0)
+    dense_inter = int(_get(cfg, facts.dense_intermediate_field, "intermediate_size", default=0) or 0)
     if n_experts:
         moe_inter = int(_get(cfg, "moe_intermediate_size", "intermediate_size"))
-        first_dense = int(cfg.get("first_k_dense_replace") or 0)
-        freq = int(_get(cfg, "moe_layer_freq", "decoder_sparse_step", default=1) or 1)
-        mlp_only = set(cfg.get("mlp_only_layers") or [])
-        moe_layers = [
-            i
-            for i in range(n_layers)
-            if i >= first_dense and i not in mlp_only and (i - first_dense) % freq == 0
-        ]
-        n_moe = len(moe_layers)
+        n_moe = len(
+            _moe_layer_indices(
+                n_layers,
+                cfg.get("moe_layers"),
+                _get(cfg, "moe_layer_freq", "decoder_sparse_step", default=1),
+                int(cfg.get("interleave_moe_layer_step") or 0),
+                int(cfg.get("first_k_dense_replace") or 0),
+                {int(i) for i in cfg.get("mlp_only_layers") or []},
+            )
+        )
         n_dense = n_layers - n_moe
         expert = 3.0 * h * moe_inter
         shared_inter = int(
             _get(cfg, "shared_expert_intermediate_size", "shared_intermediate_size", default=0) or 0
         )
-        shared_inter += int(cfg.get("n_shared_experts") or 0) * moe_inter
+        n_shared = int(cfg.get("n_shared_experts") or 0) or (
+            0 if shared_inter else facts.implicit_shared_experts
+        )
+        shared_inter += n_shared * moe_inter
         shared = 3.0 * h * shared_inter + (h if cfg.get("shared_expert_intermediate_size") else 0)
         router = float(h * n_experts)
         if dense_inter == 0 or n_dense == 0:

@@ -110,7 +110,7 @@ def _v(value: Any) -> str:
 
 
 def summary_section(model: dict[str, Any]) -> str:
-    st, win = model["study"], model["winner"]
+    st = model["study"]
     slo = "; ".join(f"{h(s['metric'])} {h(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"
     if model.get("max_startup_s"):
         slo += f"; start-up ≤ {model['max_startup_s']:g} s"
@@ -120,8 +120,7 @@ def summary_section(model: dict[str, Any]) -> str:
         "<ul>",
         f"<li>study <code>{h(st['uid'])}</code>, {h(st['status'])}; started {h(st['created_at'])}, finished "
         f"{h(st['finished_at'] or '-')}</li>",
-        f"<li>objective {h(st['objective'])}, {h(st['repeats'])} repeat(s) per candidate, baseline "
-        f"{h(st['baseline'] or '-')}</li>",
+        f"<li>{h(st['repeats'])} repeat(s) per candidate, baseline {h(st['baseline'] or '-')}</li>",
         f"<li>model {h(st['model'])}; engine {h(st['engine']['name'])} {h(st['engine'].get('personality') or '')}"
         "</li>",
         f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt_level(v) for v in st['load']['levels']))}; workload "
@@ -132,20 +131,12 @@ def summary_section(model: dict[str, Any]) -> str:
     if st.get("command"):
         out.append(f"<p>Run it again:</p><pre>{h(st['command'])}</pre>")
     out.append('<h2 id="winner">The winner</h2>')
-    if win["label"]:
-        half = f" ± {fmt(win['half_width'])}" if win["half_width"] is not None else ""
-        out.append(
-            f'<p><strong class="winner">{h(win["label"])}</strong>: {h(win["objective"])} '
-            f"{fmt(win['value'])}{half} at level {fmt(win['level'], 0)}.</p>"
-        )
-        if win.get("runner_up"):
-            out.append(
-                f"<p>Margin over the runner-up {h(win['runner_up'])}: {fmt(win['margin'])} "
-                f"({fmt(win['margin_pct'])} %); the margin {h(win['noise'])}.</p>"
-            )
-        out.append(f"<p>Why: {h(win['why'])}</p>")
-    else:
-        out.append(f"<p>{h(win['why'] or 'no candidate met every SLO')}</p>")
+    out.append('<ul class="top">')
+    for t in model["top"]:
+        cls = ' class="winner"' if t["winner"] else ""
+        best = f"<strong{cls}>{h(t['best'])}</strong>" if t["best"] else ""
+        out.append(f"<li><strong>{h(t['head'])}</strong>: {best}{h(t['rest'])}</li>")
+    out.append("</ul>")
     return "\n".join(out)
 
 

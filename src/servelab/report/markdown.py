@@ -78,15 +78,14 @@ def level_row(lv: dict[str, Any]) -> list[str]:
 def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figure] | None = None) -> str:
     """The Markdown text; figures are referenced as `assets/NAME.svg` (see `write`)."""
     figs = figures(model) if figs is None else figs
-    st, win = model["study"], model["winner"]
+    st = model["study"]
     L: list[str] = [f"# Findings: {md(st['name'])}", ""]
     if st["description"]:
         L += [md(st["description"]), ""]
     L += [
         f"- study `{st['uid']}`, {md(st['status'])}; started {md(st['created_at'])}, "
         f"finished {md(st['finished_at'] or '-')}",
-        f"- objective {md(st['objective'])}, {st['repeats']} repeat(s) per candidate, baseline "
-        f"{md(st['baseline'] or '-')}",
+        f"- {st['repeats']} repeat(s) per candidate, baseline {md(st['baseline'] or '-')}",
         f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
         + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
         f"- load: {md(st['load']['mode'])} {', '.join(fmt_level(v) for v in st['load']['levels'])}; workload "
@@ -100,21 +99,10 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
         L += ["Run it again:", "", md_code(st["command"]), ""]
 
     L += ["## The winner", ""]
-    if win["label"]:
-        L += [
-            f"**{md(win['label'])}**: {md(win['objective'])} {_pm(win['value'], win['half_width'])} at level "
-            f"{fmt_level(win['level'])}.",
-            "",
-        ]
-        if win.get("runner_up"):
-            L += [
-                f"Margin over the runner-up {md(win['runner_up'])}: {fmt(win['margin'])} "
-                f"({fmt(win['margin_pct'])} %); the margin {md(win['noise'])}.",
-                "",
-            ]
-        L += [f"Why: {md(win['why'])}", ""]
-    else:
-        L += [md(win["why"] or "no candidate met every SLO"), ""]
+    for t in model["top"]:
+        best = f"**{md(t['best'])}**" if t["best"] else ""
+        L.append(f"- **{md(t['head'])}**: {best}{md(t['rest'])}")
+    L.append("")
 
     if model.get("search"):
         from servelab.report.search import search_lines
