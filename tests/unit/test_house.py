@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
     "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
+    "servelab.startup": CONTRACT,  # a launch's start-up phases as a type: engines read, store keeps, fronts show
     "servelab.arguments": CONTRACT,  # the options a CLI command and its MCP tool share, declared once
     # 1. knowledge: pure models of models, engines, plans and the simulated server
     **_room(
@@ -84,6 +85,7 @@ LAYERS: dict[str, int] = {
             "sglang",
             "signatures",
             "sim",
+            "startup",
             "transformers",
             "vllm",
         ],
@@ -221,6 +223,7 @@ LAYERS: dict[str, int] = {
             "plots",
             "runreport",
             "search",
+            "startup",
             "text",
             "top",
         ],

@@ -6,7 +6,7 @@ import importlib.util
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import click
@@ -296,11 +296,24 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     for line in notes:
         out.print(_safe(line))
     out.print(_safe(data["ranking"]["verdict"]))
+    _render_startup(data["candidates"], shown, out)
     if data.get("search"):
         from servelab.report.search import search_lines
 
         for line in search_lines(data["search"]):
             out.print(_safe(line))
+
+
+def _render_startup(cands: Sequence[Mapping[str, object]], shown: dict[str, str], out: Console) -> None:
+    """Each trial's start-up, phase by phase (`runs study`: its candidates carry their trials)."""
+    from servelab.report.startup import startup_rows
+
+    rows = startup_rows(cands)
+    if not rows:
+        return
+    out.print("start-up, seconds from launch (the engine's own figure for the phase in brackets):")
+    for r in rows:
+        out.print(_safe("  " + r.sentence(shown.get(r.label, r.label))))
 
 
 def _show_search_plan(data: dict[str, Any]) -> None:

@@ -313,6 +313,9 @@ class SLOSpec(Strict):
     itl_ms: dict[str, float] = Field(default_factory=dict)
     e2e_ms: dict[str, float] = Field(default_factory=dict)
     min_success_rate: float = Field(default=0.99, ge=0, le=1)
+    # Launch to ready, in seconds: a candidate that starts slower is a finding (`startup_over_bound`), not
+    # measured; None: no bound.
+    max_startup_s: float | None = Field(default=None, gt=0)
 
     @field_validator("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
     @classmethod

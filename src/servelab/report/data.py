@@ -143,6 +143,7 @@ def build(
         "host": _host(spec, candidates, host, contexts or []),
         "candidates": candidates,
         "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
+        "max_startup_s": slo.max_startup_s if slo else None,
         "pareto": curves,
         # output tok/s per GPU against tok/s per user: the levels no other level beats on both
         "pareto_front": [p.to_json() for p in front],
@@ -392,6 +393,7 @@ def _trial(t: StoredTrial) -> dict[str, Any]:
         "verify_ok": None if verify is None else bool(verify.get("ok")),
         "teardown": _teardown_text(t.teardown),
         "levels_done": len(t.levels or []),
+        "startup": None if t.startup is None else t.startup.model_dump(mode="json"),
     }
 
 

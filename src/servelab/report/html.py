@@ -11,6 +11,9 @@ from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.markdown import LEVEL_HEAD, run_head_lines
 from servelab.report.runreport import RunReport
+from servelab.report.startup import HEAD as STARTUP_HEAD
+from servelab.report.startup import NOTE as STARTUP_NOTE
+from servelab.report.startup import startup_rows
 from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
 
 CSS = """
@@ -111,6 +114,8 @@ def _v(value: Any) -> str:
 def summary_section(model: dict[str, Any]) -> str:
     st = model["study"]
     slo = "; ".join(f"{h(s['metric'])} {h(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"
+    if model.get("max_startup_s"):
+        slo += f"; start-up ≤ {model['max_startup_s']:g} s"
     out = [
         f"<h1>Findings: {h(st['name'])}</h1>",
         f'<p class="note">{h(st["description"])}</p>' if st["description"] else "",
@@ -310,6 +315,17 @@ def tried_section(cands: list[dict[str, Any]], ui: bool = False) -> str:
             3,
         ),
     ]
+    if starts := startup_rows(cands):
+        out += [
+            '<h3 id="startup">Start-up</h3>',
+            f'<p class="note">{h(STARTUP_NOTE)}</p>',
+            table(
+                list(STARTUP_HEAD),
+                [[h(r.label), str(r.repeat), *(h(x) for x in r.cells())] for r in starts],
+                "startup",
+                3,
+            ),
+        ]
     out += [candidate_detail(c, ui) for c in cands]
     return "\n".join(out)
 

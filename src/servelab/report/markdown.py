@@ -13,6 +13,9 @@ from typing import Any
 from servelab.load import in_flight_text
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.runreport import RunReport
+from servelab.report.startup import HEAD as STARTUP_HEAD
+from servelab.report.startup import NOTE as STARTUP_NOTE
+from servelab.report.startup import startup_rows
 from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
 
 LEVEL_HEAD = (
@@ -92,7 +95,8 @@ def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figur
         f"- load: {md(st['load']['mode'])} {', '.join(fmt_level(v) for v in st['load']['levels'])}; workload "
         f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens",
         "- SLOs: "
-        + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"),
+        + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none")
+        + (f"; start-up ≤ {model['max_startup_s']:g} s" if model.get("max_startup_s") else ""),
         "",
     ]
     if st.get("command"):
@@ -203,6 +207,9 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
             ]
         )
     L += _table(("candidate", "settings", "outcome", "objective", "at level", "predicted tok/s"), rows)
+    if starts := startup_rows(cands):
+        L += ["### Start-up", "", md(STARTUP_NOTE), ""]
+        L += _table(STARTUP_HEAD, [[md(r.label), str(r.repeat), *r.cells()] for r in starts])
     for c in cands:
         L += [f"### {md(c['label'])}", "", f"Outcome: **{md(c['outcome'])}**.", ""]
         s = c.get("score") or {}
