@@ -42,13 +42,26 @@ def tiny_dense() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_qwen3_moe: Path) -> Iterator[engines.ServerHandle]:
+def vllm_server(
+    tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[engines.ServerHandle]:
     # Server on core 0, benchmark clients on the other cores (see CLIENT_CPUS).
     # Prefix caching off: the benchmark tools repeat their seeded prompts, and cache hits would make
-    # TTFT depend on which tool ran first.
+    # TTFT depend on which tool ran first. Its compile cache in a directory of this run, empty at launch:
+    # the launch is cold whatever ~/.cache holds, and test_startup_vllm_cpu reads it as its cold launch
+    # (`extra`: the environment and what the launch found), then launches the same server warm.
+    from servelab.engines.startup import cache_at_launch
+
+    env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+    found = cache_at_launch("vllm", env)
     with engines.vllm_server(
-        tiny_qwen3_moe, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS, no_enable_prefix_caching=True
+        tiny_qwen3_moe,
+        served_model_name=VLLM_MODEL_NAME,
+        cpus=SERVER_CPUS,
+        env=env,
+        no_enable_prefix_caching=True,
     ) as handle:
+        handle.extra.update(env=env, cache_at_launch=found)
         yield handle
 
 

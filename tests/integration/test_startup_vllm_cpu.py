@@ -1,6 +1,8 @@
 """vLLM-CPU's start-up phases read from its real log lines, cold then warm (issue 31): the same tiny model
 launched twice with its compile cache (VLLM_CACHE_ROOT) in a temporary directory; the first launch finds
-it empty and compiles, the second finds it filled. Two real launches, nothing else. (vLLM-CPU 0.32 cannot
+it empty and compiles, the second finds it filled. The first is the run's shared vLLM server (its cache
+is a directory of this run, empty at its launch: tests/integration/conftest.py); the second is launched
+here with the same arguments, so that it looks for the graphs the first one compiled. (vLLM-CPU 0.32 cannot
 load its own AOT compile cache back: `Compiling model again due to a load failure`; both logs, as this
 test saw them, are tests/fixtures/logs/vllm_cpu_startup_{cold,warm}.log.)"""
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.integration.conftest import SERVER_CPUS
+from tests.integration.conftest import SERVER_CPUS, VLLM_MODEL_NAME
 from tests.support import engines
 
 from servelab.engines.startup import cache_at_launch, parse
@@ -17,17 +19,21 @@ from servelab.engines.startup import cache_at_launch, parse
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("vllm")]
 
 
-def test_vllm_cpu_cold_then_warm(tmp_path: Path, tiny_qwen3_moe: Path) -> None:
-    env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    cpus = set(SERVER_CPUS) if SERVER_CPUS else None
-    seen = []
-    for _ in range(2):
-        launch = cache_at_launch("vllm", env)
-        with engines.vllm_server(
-            tiny_qwen3_moe, env=env, cpus=cpus, max_num_seqs=4, no_enable_prefix_caching=True
-        ) as h:
-            seen.append(parse("vllm", h.log_path.read_text(), h.startup_s, launch))
-    cold, warm = seen
+def test_vllm_cpu_cold_then_warm(vllm_server: engines.ServerHandle, tiny_qwen3_moe: Path) -> None:
+    env = vllm_server.extra["env"]
+    cold = parse(
+        "vllm", vllm_server.log_path.read_text(), vllm_server.startup_s, vllm_server.extra["cache_at_launch"]
+    )
+    launch = cache_at_launch("vllm", env)
+    with engines.vllm_server(
+        tiny_qwen3_moe,
+        served_model_name=VLLM_MODEL_NAME,
+        cpus=SERVER_CPUS,
+        env=env,
+        no_enable_prefix_caching=True,
+    ) as h:
+        warm = parse("vllm", h.log_path.read_text(), h.startup_s, launch)
+    seen = [cold, warm]
     assert (cold.cache, warm.cache) == ("cold", "warm")
     assert "empty at launch" in cold.cache_evidence[0] and "held entries at launch" in warm.cache_evidence[0]
     for s in seen:
