@@ -57,6 +57,7 @@ LAYERS: dict[str, int] = {
             "architecture",
             "calibrate",
             "comm",
+            "context",
             "explain",
             "factors",
             "hardware",
