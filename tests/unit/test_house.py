@@ -144,6 +144,7 @@ LAYERS: dict[str, int] = {
             "client",
             "config",
             "export",
+            "fit",
             "level",
             "load",
             "remote",
