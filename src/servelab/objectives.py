@@ -110,6 +110,24 @@ class E2eMedian(_LatencyMedian):
     of = "e2e"
 
 
+class Energy(Objective):
+    """Joules of GPU energy per output token at a level (`LevelSummary.energy.j_per_output_token`): the
+    power of the candidate's GPUs integrated over the level, over its output tokens (servelab.energy)."""
+
+    name = "energy"
+    direction = "min"
+    predicted_as = "gpu_s_per_m_output_tokens"  # at a fixed power, energy follows GPU-seconds per token
+
+
+class Cost(Objective):
+    """Dollars per million output tokens at a level (`LevelSummary.cost.usd_per_m_output_tokens`): the
+    candidate's GPUs at their price per GPU-hour, over the level's output throughput (servelab.energy)."""
+
+    name = "cost"
+    direction = "min"
+    predicted_as = "gpu_s_per_m_output_tokens"  # at a fixed price, cost follows GPU-seconds per token
+
+
 class Capacity(Objective):
     """The highest load each candidate sustains under the study's SLO (its own capacity search)."""
 

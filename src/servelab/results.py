@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servelab.energy import LevelCost, LevelEnergy
+
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 STATS: tuple[str, ...] = ("mean", "std", "min", "max", "p50", "p90", "p95", "p99")
@@ -202,6 +204,8 @@ class LevelSummary(_Model):
     request_goodput: float | None = None  # requests/s meeting every SLO
     slo_attainment: float | None = None
     sessions: SessionsSummary | None = None  # `--workload sessions` only
+    energy: LevelEnergy | None = None  # the GPUs' energy over the level (None: no power was seen)
+    cost: LevelCost | None = None  # its price per million output tokens (None: no price, no tokens)
 
     @model_validator(mode="before")
     @classmethod
@@ -249,6 +253,10 @@ class LevelSummary(_Model):
                 update[name] = v * speed
         if self.sessions is not None:
             update["sessions"] = self.sessions.in_gpu_time(speed)
+        if self.energy is not None:
+            update["energy"] = self.energy.in_gpu_time(speed)
+        if self.cost is not None:
+            update["cost"] = self.cost.in_gpu_time(speed)
         return self.model_copy(update=update)
 
     def digest(self) -> dict[str, Any]:
@@ -265,7 +273,16 @@ class LevelSummary(_Model):
             "total_token_throughput": self.total_token_throughput,
             "request_throughput": self.request_throughput,
             "goodput": self.goodput,
+            # the `energy` and `cost` objectives (servelab.objectives): J per output token, $ per M
+            "energy": self.energy.j_per_output_token if self.energy else None,
+            "cost": self.cost.usd_per_m_output_tokens if self.cost else None,
         }
+        if self.energy is not None:
+            d["energy_j"] = self.energy.energy_j
+            d["j_per_output_token"] = self.energy.j_per_output_token
+            d["j_per_output_token_above_idle"] = self.energy.j_per_output_token_above_idle
+        if self.cost is not None:
+            d["usd_per_m_output_tokens"] = self.cost.usd_per_m_output_tokens
         for metric in LATENCY_METRICS:
             for stat in ("mean", "p50", "p90", "p95", "p99"):
                 d[f"{metric}_{stat}"] = self.stat(metric, stat)
@@ -513,6 +530,11 @@ class LevelSeries(_Model):
     interval_s: float = 0.0
     gpu_source: str | None = None
     points: list[SeriesPoint] = Field(default_factory=list)
+
+    def power_trace(self) -> list[tuple[float, float]]:
+        """(t_s, watts of all the GPUs sampled) for every point with a power reading: `gpu_power_w` (a
+        mean per GPU) × `gpus` (one when not told). What `servelab.energy.level_energy` integrates."""
+        return [(p.t_s, p.gpu_power_w * (p.gpus or 1)) for p in self.points if p.gpu_power_w is not None]
 
     def in_gpu_time(self, speed: float) -> LevelSeries:
         """The series on a clock `speed` times slower (the simulated GPU's): times × speed; gauges, and

@@ -60,5 +60,6 @@ def test_64k_prompts_cost_the_client_what_1k_prompts_do(tmp_path: Path) -> None:
     assert cpu_long <= 1.5 * cpu_short, (cpu_short, cpu_long, short["client"], long["client"])
     # Not more client-bound than the short prompts in the same run: a long prompt must not stall the
     # client's event loop (an absolute 5 ms limit flagged a loaded CI box's hiccup at both lengths alike).
-    lag_short, lag_long = (lv["client"]["loop_lag_ms"]["p99"] for lv in (short, long))
+    # (each length's calmer run, as for the CPU: a burst beside one run of one length decides nothing)
+    lag_short, lag_long = (min(lv["client"]["loop_lag_ms"]["p99"] for lv in levels[n]) for n in levels)
     assert lag_long <= max(5.0, 2.0 * lag_short), (lag_short, lag_long, long["client"]["warnings"])

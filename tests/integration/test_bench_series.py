@@ -174,8 +174,28 @@ def test_report_of_the_run(sim_bench: SimBench, tmp_path: Path) -> None:
     for t, lv in zip(model["timelines"], levels, strict=True):
         streamed = sum(b["output_throughput"] * t["bin_s"] for b in t["client"])
         assert streamed == pytest.approx(lv["summary"]["total_output_tokens"], rel=1e-6)
+    # output tok/s per GPU against tok/s per user: every level, over the GPUs of the layout the run stored
+    with open_store(sim_bench.home / "servelab.db") as store:
+        layout = BenchRepo(store).load(uid).context.layout
+    assert layout.gpus and model["run"]["gpus"] == layout.gpus and "layout" in model["run"]["gpus_from"]
+    pts = model["pareto_points"]
+    assert [(p["output_tps_per_gpu"], p["tps_per_user"]) for p in pts] == [
+        pytest.approx(
+            (lv["summary"]["output_throughput"] / layout.gpus, 1000 / lv["summary"]["tpot_ms"]["p50"])
+        )
+        for lv in levels
+    ]
+    front = model["pareto_front"]
+    assert front and all(p in pts for p in front)
+    assert not any(  # no level at least as good on both axes and better on one
+        q["output_tps_per_gpu"] >= p["output_tps_per_gpu"]
+        and q["tps_per_user"] >= p["tps_per_user"]
+        and (q["output_tps_per_gpu"] > p["output_tps_per_gpu"] or q["tps_per_user"] > p["tps_per_user"])
+        for p in front
+        for q in pts
+    )
     files = {p.name for p in (tmp_path / "r" / "run_files").iterdir()}
-    assert {"throughput.svg", "ttft.svg", "tpot.svg", "cdf-ttft.svg", "cdf-tpot.svg"} <= files
+    assert {"throughput.svg", "pareto.svg", "ttft.svg", "tpot.svg", "cdf-ttft.svg", "cdf-tpot.svg"} <= files
     assert {"timeline-1-queue.svg", "timeline-1-throughput.svg", "timeline-1-power.svg"} <= files
     assert "run_files/timeline-1-queue.svg" in (tmp_path / "r" / "run.md").read_text()
     # `last` stays the study's: this store has none

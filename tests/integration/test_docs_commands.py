@@ -9,6 +9,7 @@ placeholders and literal file names, in one working directory per command and a 
   examples/glm5-pcie.toml: a reduced copy of examples/glm5-pcie.toml (candidates tp8-cutlass and
   tp8-trtllm, concurrency 1 and 4, one request per stream, one repeat), tuned once into the store;
   examples/glm5-ray.toml: the shipped file as it is (the docs only dry-run it);
+  examples/glm5-energy.toml, examples/glm5-cost.toml: the shipped files as they are (seconds each);
   examples/glm5-search.toml: the shipped search reduced as tests/integration/test_tune_search.py does, to
   a budget of 6 trials;
   S: 30 (seconds); PORT: a free port;
@@ -130,6 +131,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         reduced_study((ROOT / "examples/glm5-pcie.toml").read_text())
     )
     shutil.copy(ROOT / "examples/glm5-ray.toml", work / "examples/glm5-ray.toml")  # dry runs only
+    for name in ("glm5-energy.toml", "glm5-cost.toml"):  # small enough to run as shipped
+        shutil.copy(ROOT / "examples" / name, work / "examples" / name)
     (work / "examples/glm5-search.toml").write_text(reduced_search(budget=6))
     sim = simruns.start_sim(root / "logs", *simruns.SIM_ARGS, speed=SPEED)
     try:

@@ -1,6 +1,7 @@
 """`servelab report --html` on a study run against the simulator, opened in headless Chromium (Debian's
 `chromium`, driven by Playwright; scripts/test.sh installs it): the page loads with no console errors and
-fetches nothing, the plots render with a size, and the tables hold the numbers the store holds.
+fetches nothing, the plots render with a size (the Pareto chart's front with its members labelled), and the
+tables hold the numbers the store holds.
 A full-page screenshot goes to artifacts/ (gitignored) for a person to look at."""
 
 from __future__ import annotations
@@ -115,6 +116,22 @@ def level_cells(page: Any, label: str) -> dict[str, list[tuple[str, float]]]:
     return out
 
 
+def check_pareto(page: Any, members: list[str]) -> None:
+    """The Pareto chart is drawn with a size, its front joined by one line, and each member of the front the
+    report's JSON names is labelled on it, visibly, inside the chart."""
+    check_plots(page, ("pareto",), at_least=len(members))
+    assert members
+    assert page.locator("svg#fig-pareto polyline.front").count() == 1
+    labels = page.locator("svg#fig-pareto g.point-label")
+    assert sorted(labels.evaluate_all("els => els.map(e => e.textContent)")) == sorted(members)
+    svg_box = page.locator("svg#fig-pareto").bounding_box()
+    assert svg_box
+    for i in range(labels.count()):
+        box = labels.nth(i).bounding_box()
+        assert labels.nth(i).is_visible() and box and box["width"] > 10, (members[i], box)
+        assert svg_box["x"] <= box["x"] and box["x"] + box["width"] <= svg_box["x"] + svg_box["width"] + 0.5
+
+
 def save_screenshot(page: Any, name: str) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
@@ -142,7 +159,7 @@ def test_html_report_in_chromium(tmp_path: Path) -> None:
         page.wait_for_load_state("load")
         assert console == []
         assert all(u.startswith(("file:", "data:")) for u in requests), requests  # opens without a network
-        check_plots(page, ("throughput", "latency", "ttft", "decode"))
+        check_plots(page, ("throughput", "latency", "pareto", "ttft", "decode"))
         # the anomalous candidate is ringed on the throughput curve
         assert page.locator("svg#fig-throughput circle.anomaly").count() >= 1
         assert page.locator("svg#fig-latency polyline.front").count() == 1
@@ -178,6 +195,7 @@ def check_run_report(page: Any, bench: SimBench, tmp_path: Path) -> None:
     stored numbers."""
     report = tmp_path / "run.html"
     servelab("report", bench.uid, "--html", str(report), home=bench.home)
+    model = json.loads(servelab("report", bench.uid, "--json", home=bench.home).stdout)
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(report.as_uri())
@@ -190,6 +208,7 @@ def check_run_report(page: Any, bench: SimBench, tmp_path: Path) -> None:
         check_plots(
             page, tuple(f"timeline-{i}-{k}" for k in ("throughput", "latency", "queue", "usage", "power"))
         )
+    check_pareto(page, [f"level {p['level']:g}" for p in model["pareto_front"]])
     queue = page.locator("svg#fig-timeline-1-queue g.series[data-name='waiting'] circle")
     assert queue.count() >= 10
     cells = level_cells(page, bench.uid)
@@ -208,6 +227,7 @@ def test_error_bars_log_axis_and_whole_legends_are_visible(
     report of the shared bench run (`check_run_report`)."""
     report = tmp_path / "findings.html"
     servelab("report", sim_study.uid, "--html", str(report), home=sim_study.home)
+    model = json.loads(servelab("report", sim_study.uid, "--json", home=sim_study.home).stdout)
     console: list[str] = []
     with browser_page(console) as page:
         page.goto(report.as_uri())
@@ -233,6 +253,10 @@ def test_error_bars_log_axis_and_whole_legends_are_visible(
             for i in range(items.count()):
                 box = items.nth(i).bounding_box()
                 assert box and box["x"] + box["width"] <= svg_box["x"] + svg_box["width"] + 0.5, (fig, i, box)
+        # the Pareto chart, its front's members named on it and in the report's top
+        check_pareto(page, [f"{p['candidate']} @ {p['level']:g}" for p in model["pareto_front"]])
+        top = page.locator("ul.top").inner_text()
+        assert all(f"{p['candidate']} @ {p['level']:g}" in top for p in model["pareto_front"]), top
         save_screenshot(page, "report-error-bars.png")
         check_run_report(page, sim_bench, tmp_path)
     assert console == [], console

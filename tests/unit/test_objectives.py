@@ -18,6 +18,8 @@ def test_the_registry_is_the_study_objectives_in_their_order() -> None:
         "ttft_ms_p50",
         "tpot_ms_p50",
         "e2e_ms_p50",
+        "energy",
+        "cost",
         "capacity",
     ]
     assert OBJECTIVES["tpot_ms_p50"] == "min" and O.objective("tpot_ms_p50").sign == -1.0

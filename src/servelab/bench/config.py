@@ -70,6 +70,11 @@ class BenchConfig(SessionOptions):
     trace_limit: int | None = Field(default=None, ge=1)
     # Requests whose prompt + max_tokens exceed the server's context (bench/fit.py): send | skip | clip.
     over_context: Literal["send", "skip", "clip"] = "send"
+    # What a GPU-hour (and a kWh) costs, and who said so ("flag", "study"); None: the GPU kind's catalog
+    # default, when the catalog has one (servelab.energy, docs/metrics.md "Money").
+    gpu_hour_usd: float | None = Field(default=None, gt=0)
+    kwh_usd: float | None = Field(default=None, gt=0)
+    price_source: Literal["flag", "study"] = "flag"
     # What the run is of, where the server cannot say (a study's candidate, `--gpu/--tp/...`).
     context: RunContext = Field(default_factory=RunContext)
 

@@ -13,17 +13,16 @@ from servelab.bench import sessions as SE
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
+from servelab.bench.costs import level_costs
 from servelab.bench.load import LevelSpec, PreparedRequest, Watch, frozen_heap, run_level, warmup
 from servelab.bench.probe import Capabilities, fetch
 from servelab.bench.prompts import session_builder
 from servelab.bench.scrape import LevelScrape, parse_prometheus, pick
 from servelab.bench.telemetry import GpuSource
+from servelab.energy import Price
 from servelab.events import BenchObserver, LevelFinished, LevelStarted, RequestDone
 from servelab.load import kind_of
-from servelab.results import (
-    Level,
-    RequestRecord,
-)
+from servelab.results import Level, RequestRecord, RunContext
 from servelab.store.bench import BenchRepo
 
 
@@ -45,6 +44,9 @@ async def run_one_level(
     gpus: GpuSource | None = None,
     plan: SE.SessionPlan | None = None,
     caps: Capabilities | None = None,
+    idle_w: float | None = None,
+    price: Price | None = None,
+    context: RunContext | None = None,
 ) -> Level:
     level_id = repo.create_level(run_id, li, spec.mode, spec.value, spec.max_concurrency)
     n_warm = cfg.warmup_count(spec)
@@ -95,6 +97,10 @@ async def run_one_level(
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
+    regular = len(scrape.samples)  # the samples on the fixed schedule (the saturation check's)
+    if sampler is not None and status == "completed":
+        # a closing sample at the level's end: the series (and the energy integrated over it) reaches it
+        await _sample(metrics_client, scrape, gpus)
     if scrape.available:
         after = await _snapshot(metrics_client) if status == "completed" else None
         scrape.after = after or {}
@@ -112,13 +118,15 @@ async def run_one_level(
     if plan is not None:
         summary = summary.model_copy(update={"sessions": SE.summarize_sessions(records, plan, server)})
     series = scrape.series(t_start, cfg.scrape_interval_s, gpus.name if gpus else None)
+    energy, cost = level_costs(summary, series, idle_w, price, context or cfg.context)
+    summary = summary.model_copy(update={"energy": energy, "cost": cost})
     repo.finish_level(level_id, status, summary, server, client_stats, series=series)
     saturation = None
     if not kind_of(spec.mode).closed_loop and plan is None and records:
         saturation = S.detect(
             records,
             S.asked_rate(spec.mode, spec.value, records),
-            scrape.samples,
+            scrape.samples[:regular],
             cfg.scrape_interval_s,
             monitor.lateness if monitor else (),
             monitor.stopped_early if monitor else None,
@@ -211,18 +219,23 @@ async def _sampler(
     while True:
         due += interval
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        status, body = await fetch(client, "/metrics")
-        if status == 200:
-            at, reading = time.perf_counter(), None
-            if gpus is not None:
-                with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
-                    reading = await gpus.read()
-            # appended together, after the last await: a sampler stopped mid-read leaves no half sample
-            scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
-            scrape.sample_at.append(at)
-            scrape.gpu_samples.append(reading)
-        else:
-            scrape.errors += 1
+        await _sample(client, scrape, gpus)
+
+
+async def _sample(client: Client, scrape: LevelScrape, gpus: GpuSource | None = None) -> None:
+    """One `/metrics` sample and the GPU reading taken with it (a failed scrape is counted, not kept)."""
+    status, body = await fetch(client, "/metrics")
+    if status == 200:
+        at, reading = time.perf_counter(), None
+        if gpus is not None:
+            with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
+                reading = await gpus.read()
+        # appended together, after the last await: a sampler stopped mid-read leaves no half sample
+        scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
+        scrape.sample_at.append(at)
+        scrape.gpu_samples.append(reading)
+    else:
+        scrape.errors += 1
 
 
 async def _snapshot(client: Client) -> dict[str, float] | None:

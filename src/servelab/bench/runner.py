@@ -21,6 +21,7 @@ from servelab.bench import traces as T
 from servelab.bench import workload as W
 from servelab.bench.client import Client
 from servelab.bench.config import BenchConfig
+from servelab.bench.costs import idle_power, price_for
 from servelab.bench.level import RecordMaker, all_failed, run_one_level
 from servelab.bench.load import LevelSpec
 from servelab.bench.probe import calibrate_tokens_per_word, direct_path, learn_context, probe
@@ -161,6 +162,9 @@ class BenchSession:
             context = context.merged(RunContext(path=await direct_path(cfg.url)))
         self.context = context
         self.gpus = await source_for(self.metrics_client, cfg.url, context)
+        # the GPUs' power before the first level (the energy's idle baseline), and the run's price
+        self.idle_w = await idle_power(self.gpus) if self.gpus is not None else None
+        self.price = price_for(cfg, context)
         config = (
             cfg.model_dump(exclude={"context"})
             | {
@@ -197,6 +201,9 @@ class BenchSession:
             gpus=self.gpus,
             plan=self.plans[len(self.levels)] if self.plans else None,
             caps=self.caps,
+            idle_w=self.idle_w,
+            price=self.price,
+            context=self.context,
         )
         self.levels.append(level)
         if level.saturation is not None and level.saturation.saturated:

@@ -23,10 +23,11 @@ from servelab.bench.runner import BenchResult, find_capacity, run_bench
 from servelab.bench.traces import formats as trace_formats
 from servelab.cli import aio
 from servelab.cli.args import option
+from servelab.cli.costs import price_options, render_costs
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
 from servelab.events import BenchEvent, LevelFinished, LevelStarted, RequestDone, RunFinished, RunStarted
-from servelab.results import Host, Layout, RunContext
+from servelab.results import Host, Layout, LevelSummary, RunContext
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 
@@ -205,6 +206,7 @@ def render(data: dict[str, Any]) -> None:
             parts = [f"{k}={v:,.0f}" for k, v in d.items()]
             parts += [f"mean {k.upper()} {v:,.1f} ms" for k, v in sm.get("server_mean_ms", {}).items()]
             stdout.print(f"{lv['label']} server: " + ", ".join(parts), markup=False)
+    render_costs([(lv["label"], LevelSummary.model_validate(lv["summary"])) for lv in data["levels"]])
     for lv in data["levels"]:
         if lv["summary"].get("sessions"):
             render_sessions(lv["label"], lv["summary"]["sessions"])
@@ -564,6 +566,7 @@ def _run(
     show_default=True,
     help="--find-capacity: probes at most.",
 )
+@price_options
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (documented in docs/cli/bench.md)."
 )
@@ -663,6 +666,8 @@ def bench(**opts: Any) -> None:
             time_scale=opts["time_scale"],
             trace_limit=opts["trace_limit"],
             over_context=opts["over_context"],
+            gpu_hour_usd=opts["gpu_hour_usd"],
+            kwh_usd=opts["kwh_usd"],
             context=context,
         )
     except ValidationError as exc:

@@ -6,7 +6,7 @@ import importlib.util
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import click
@@ -19,6 +19,7 @@ from rich.text import Text
 from servelab import arguments as A
 from servelab.cli import aio
 from servelab.cli.args import option
+from servelab.cli.costs import price_options
 from servelab.cli.output import emit, fit_labels, host_option, printable, progress_enabled, stderr, stdout
 from servelab.config.loading import load_study
 from servelab.engines import registry
@@ -295,11 +296,24 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     for line in notes:
         out.print(_safe(line))
     out.print(_safe(data["ranking"]["verdict"]))
+    _render_startup(data["candidates"], shown, out)
     if data.get("search"):
         from servelab.report.search import search_lines
 
         for line in search_lines(data["search"]):
             out.print(_safe(line))
+
+
+def _render_startup(cands: Sequence[Mapping[str, object]], shown: dict[str, str], out: Console) -> None:
+    """Each trial's start-up, phase by phase (`runs study`: its candidates carry their trials)."""
+    from servelab.report.startup import startup_rows
+
+    rows = startup_rows(cands)
+    if not rows:
+        return
+    out.print("start-up, seconds from launch (the engine's own figure for the phase in brackets):")
+    for r in rows:
+        out.print(_safe("  " + r.sentence(shown.get(r.label, r.label))))
 
 
 def _show_search_plan(data: dict[str, Any]) -> None:
@@ -371,6 +385,7 @@ async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
     metavar="HOST:PORT",
     help="The Ray cluster's head (default: [executor] address, $RAY_ADDRESS, else 'auto').",
 )
+@price_options
 @click.option("--json", "as_json", is_flag=True)
 def tune_cmd(
     study_file: str,
@@ -382,10 +397,12 @@ def tune_cmd(
     host: str | None,
     executor: str | None,
     ray_address: str | None,
+    gpu_hour_usd: float | None,
+    kwh_usd: float | None,
     as_json: bool,
 ) -> None:
     """Launch, verify, benchmark and rank every candidate of STUDY_FILE (see docs/study.md)."""
-    study = load_study(study_file)
+    study = load_study(study_file).priced(gpu_hour_usd, kwh_usd)
     target = transport.target_of(host, study.host.ssh)
     if target is not None:
         transport.SshTarget.parse(target)  # a bad --host fails the dry run as it would the real one

@@ -313,6 +313,9 @@ class SLOSpec(Strict):
     itl_ms: dict[str, float] = Field(default_factory=dict)
     e2e_ms: dict[str, float] = Field(default_factory=dict)
     min_success_rate: float = Field(default=0.99, ge=0, le=1)
+    # Launch to ready, in seconds: a candidate that starts slower is a finding (`startup_over_bound`), not
+    # measured; None: no bound.
+    max_startup_s: float | None = Field(default=None, gt=0)
 
     @field_validator("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
     @classmethod
@@ -344,6 +347,22 @@ class SLOSpec(Strict):
             if getattr(self, m)
         ]
         return ",".join(parts) or None
+
+
+class CostSpec(Strict):
+    """`[cost]`: what the study's GPUs cost, for the `cost` objective and the $ per million output tokens
+    shown beside every level (docs/metrics.md, Money). Without it the GPU kind's dated on-demand price in
+    the hardware catalog is used, marked as a default wherever it is shown; `tune --gpu-hour-usd` wins."""
+
+    gpu_hour_usd: float | None = Field(
+        default=None, gt=0, le=1000, description="the price of one GPU for one hour, US dollars (e.g. 2.5)"
+    )
+    kwh_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description="electricity, US dollars per kWh (e.g. 0.15): the energy's cost",
+    )
 
 
 class AnomalySpec(Strict):

@@ -4,7 +4,7 @@ the candidates its matrix and search space make, and each candidate's engine opt
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from servelab.config.sections import (
     OBJECTIVES,
     AnomalySpec,
     CandidateSpec,
+    CostSpec,
     EngineSpec,
     ExecutorSpec,
     HostSpec,
@@ -60,9 +61,11 @@ class Study(Strict):
     repeats: int = Field(default=1, ge=1, le=20)
     verify_output: bool = True
     anomalies: AnomalySpec = Field(default_factory=AnomalySpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
     _explicit: int = PrivateAttr(default=0)  # how many candidates the file lists before the matrix's
     _gridded: int = PrivateAttr(default=0)  # how many of the candidates the search space's grid made
     _space_checks: list[CandidateSpec] = PrivateAttr(default_factory=list)  # points a search is checked on
+    _price_source: Literal["flag", "study"] = PrivateAttr(default="study")  # who set [cost]
 
     @field_validator("objective")
     @classmethod
@@ -101,6 +104,24 @@ class Study(Strict):
                 'objective = "capacity" searches over load.concurrency or load.rate levels, not a trace'
             )
         return self
+
+    def priced(self, gpu_hour_usd: float | None, kwh_usd: float | None) -> Study:
+        """This study with `tune --gpu-hour-usd` / `--kwh-usd` over its [cost] (the price then says it came
+        from the flag); itself when neither is given."""
+        if gpu_hour_usd is None and kwh_usd is None:
+            return self
+        cost = self.cost.model_copy(
+            update={k: v for k, v in (("gpu_hour_usd", gpu_hour_usd), ("kwh_usd", kwh_usd)) if v is not None}
+        )
+        out = self.model_copy(update={"cost": cost})
+        if gpu_hour_usd is not None:
+            out._price_source = "flag"
+        return out
+
+    @property
+    def price_source(self) -> Literal["flag", "study"]:
+        """Who gave `cost.gpu_hour_usd`: the study file, or `tune --gpu-hour-usd`."""
+        return self._price_source
 
     def objective_type(self) -> Objective:
         """The study's objective as its type (servelab.objectives)."""

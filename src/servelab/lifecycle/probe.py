@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import orjson
 
 from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
+from servelab.engines.startup import StartupReader
 from servelab.errors import LaunchFailed
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
@@ -59,12 +60,16 @@ def _fatal_in(text: str, engine: str | None) -> Diagnosis | None:
 
 
 class LogWatcher:
-    """Reads the log as it grows and scans only the new part (plus an overlap) for fatal signatures."""
+    """Reads the log as it grows and scans only the new part (plus an overlap) for fatal signatures; each
+    new line also goes to the start-up reader (`startup`) with the seconds since `started_mono` it was
+    seen at."""
 
-    def __init__(self, path: Path, engine: str | None) -> None:
+    def __init__(self, path: Path, engine: str | None, started_mono: float | None = None) -> None:
         self.path, self.engine = path, engine
         self.offset = 0
         self.carry = ""
+        self.started_mono = started_mono
+        self.startup = StartupReader(engine)
 
     def fatal(self) -> Diagnosis | None:
         try:
@@ -80,7 +85,10 @@ class LogWatcher:
         if cut == 0:
             return None
         self.offset += cut
-        text = self.carry + new[:cut].decode("utf-8", "replace")
+        fresh = new[:cut].decode("utf-8", "replace")
+        seen = None if self.started_mono is None else round(time.monotonic() - self.started_mono, 3)
+        self.startup.feed(fresh, seen)
+        text = self.carry + fresh
         self.carry = text[-LOG_SCAN_OVERLAP:]
         return _fatal_in(text, self.engine)
 

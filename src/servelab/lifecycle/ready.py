@@ -22,6 +22,7 @@ from servelab.host import processes
 from servelab.host.ports import Listener
 from servelab.lifecycle.handle import ServerHandle, connects, dial_host
 from servelab.lifecycle.probe import LogWatcher, Probe, diagnose_log, failed, tail_lines
+from servelab.startup import StartupPhases
 
 
 @dataclass
@@ -37,8 +38,10 @@ class ReadyReport:
     models: list[str] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    startup: StartupPhases | None = None  # the phases read from the engine's log (None: no log read)
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {} if self.startup is None else {"startup": self.startup.model_dump(mode="json")}
         return {
             "url": self.url,
             "served_model": self.served_model,
@@ -49,7 +52,7 @@ class ReadyReport:
             "models": list(self.models),
             "listeners": [x.to_dict() for x in self.listeners],
             "notes": list(self.notes),
-        }
+        } | extra
 
 
 def _exited(server: ServerHandle, engine: str | None, rc: int) -> LaunchFailed:
@@ -102,7 +105,7 @@ async def wait_ready(
     class `startup_timeout`) after `timeout_s`. Never tears down: the caller's `finally` does."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    watcher = LogWatcher(server.log_path, engine)
+    watcher = LogWatcher(server.log_path, engine, server.started_mono)
     probe = Probe(server, readiness, api_key, request_timeout_s, engine)
     try:
         while True:
@@ -123,6 +126,7 @@ async def wait_ready(
                     raise _exited(server, engine, rc)
                 ours, notes = _guard_port(server)
                 now = time.monotonic()
+                watcher.fatal()  # the lines logged since the last look: seen by now at the latest
                 return ReadyReport(
                     url=server.url,
                     served_model=server.spec.served_model,
@@ -133,6 +137,7 @@ async def wait_ready(
                     models=probe.models,
                     listeners=ours,
                     notes=notes,
+                    startup=watcher.startup.result(now - server.started_mono),
                 )
             await asyncio.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
     finally:

@@ -30,6 +30,8 @@ class Gpu:
     kind: str = "gpu"  # "gpu" | "cpu"
     cores: int = 0  # CPU hosts: cores the engine runs on
     silicon_system: str = ""  # aiconfigurator-core's name for this GPU's measured system (model/silicon.py)
+    gpu_hour_usd: float = 0.0  # a typical on-demand cloud price per GPU-hour, USD (0: none in the catalog)
+    price_date: str = ""  # when that price was read (YYYY-MM-DD)
 
     @property
     def is_cpu(self) -> bool:
@@ -109,6 +111,18 @@ def get_gpu(name: str) -> Gpu:
             hint="known GPUs: " + ", ".join(gpu_names()),
         )
     return Gpu(name=key, **spec)  # type: ignore[arg-type]
+
+
+def default_price(name: str) -> tuple[float, str] | None:
+    """The catalog's price per GPU-hour of the GPU kind `name` and its source as shown, "catalog default
+    (DATE)"; None for a kind the catalog has no price for (or does not know)."""
+    try:
+        g = get_gpu(name)
+    except NotFoundError:
+        return None
+    if g.gpu_hour_usd <= 0:
+        return None
+    return g.gpu_hour_usd, f"catalog default ({g.price_date})"
 
 
 def get_interconnect(name: str) -> Interconnect:

@@ -338,6 +338,16 @@ class Prediction:
     # where each decode-step term comes from: "formula", or the measured table and how it was read
     sources: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def gpu_s_per_m_output_tokens(self) -> float | None:
+        """GPU-seconds a million output tokens take on the GPUs of every replica: what the `energy` and
+        `cost` objectives follow (at a fixed power and a fixed price per GPU-hour)."""
+        if not self.output_throughput:
+            return None
+        lay = self.layout
+        gpus = (lay.get("tp") or 1) * (lay.get("pp") or 1) * (lay.get("dp_attention") or 1) * self.replicas
+        return gpus / self.output_throughput * 1e6
+
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 

@@ -11,6 +11,12 @@ from typing import Any
 
 from servelab import analyze
 from servelab import load as load_kinds
+from servelab.config.sections import CostSpec
+from servelab.model.hardware import default_price
+from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, layout_gpus, throughput_front
+from servelab.report.pareto import front as pareto_front
+from servelab.report.pareto import point as pareto_point
+from servelab.report.top import Winner, top_lines
 from servelab.results import LevelSummary
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
@@ -107,20 +113,69 @@ def build(
     model_view = (
         _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
     )
+    curves = pareto(candidates, slo)
+    front = throughput_front([ParetoPoint.of(d) for d in curves["per_gpu"]])
+    winner = _winner(ranking, candidates)
+    measured = any(
+        lv.get(k) is not None
+        for c in candidates
+        for lv in c["levels"]
+        for k in ("j_per_output_token", "usd_per_m_output_tokens")
+    )
+    cost = CostSpec.model_validate(spec.get("cost") or {})
+    gpu = (spec.get("host") or {}).get("gpu")
+    study = _study(st, spec, baseline) | {"price_note": price_note(cost, gpu) if measured else None}
+    # every other declared objective at each candidate's ranked level: (candidate, level, value)
+    others = {
+        o: [
+            (c["label"], float(lv["level"]), float(lv[o]))
+            for c in candidates
+            for lv in c["levels"]
+            if (c.get("score") or {}).get("level") is not None
+            and float(lv["level"]) == float(c["score"]["level"])
+            and lv.get(o) is not None
+        ]
+        for o in study["objectives"][1:]
+    }
     return {
         "format": "servelab-report/1",
-        "study": _study(st, spec, baseline),
+        "study": study,
         "host": _host(spec, candidates, host, contexts or []),
         "candidates": candidates,
         "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
-        "pareto": pareto(candidates, slo),
+        "max_startup_s": slo.max_startup_s if slo else None,
+        "pareto": curves,
+        # output tok/s per GPU against tok/s per user: the levels no other level beats on both
+        "pareto_front": [p.to_json() for p in front],
+        # J per output token against output tok/s (every level with energy): its front, fewest joules at
+        # the most throughput
+        "energy_front": energy_front(candidates),
         "ranking": ranking,
         "search": result.get("search"),
-        "winner": _winner(ranking, candidates),
+        "winner": winner,
+        # the report's top: one line per declared objective, then the front's members (report.top)
+        "top": [t.to_json() for t in top_lines(study["objectives"], winner, others, front)],
         "explain": model_view,
         "plan_state": plan_state(candidates),
         "plan": plan or {"available": False, "note": "not loaded", "items": []},
     }
+
+
+def price_note(cost: CostSpec, gpu: str | None) -> str | None:
+    """What the report's J/out tok and $/M out tok columns are, and the price the second is at: the
+    study's [cost] (or `tune --gpu-hour-usd`), else the GPU kind's dated catalog default, said to be one
+    (None: no price)."""
+    if cost.gpu_hour_usd is not None:
+        price, source = cost.gpu_hour_usd, "the study's [cost] or tune --gpu-hour-usd"
+    elif gpu and (found := default_price(gpu)) is not None:
+        price, source = found[0], f"{found[1]} — a default; give the study a [cost] gpu_hour_usd"
+    else:
+        return None
+    kwh = f", electricity ${cost.kwh_usd:g}/kWh" if cost.kwh_usd else ""
+    return (
+        "J/out tok: joules of GPU energy per output token; $/M out tok: dollars per million output tokens "
+        f"at ${price:g} per GPU-hour ({source}){kwh}."
+    )
 
 
 def _baseline_label(spec: dict[str, Any]) -> str | None:
@@ -156,6 +211,8 @@ def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None) -> dict[
         "source": src,
         "description": (spec.get("study") or {}).get("description") or "",
         "objective": spec.get("objective"),
+        # every objective the study declared: a search's (the first ranks the winner), else the one
+        "objectives": list((spec.get("search") or {}).get("objectives") or [spec.get("objective")]),
         "repeats": spec.get("repeats", 1),
         "baseline": baseline,
         "model": (spec.get("model") or {}).get("path"),
@@ -336,6 +393,7 @@ def _trial(t: StoredTrial) -> dict[str, Any]:
         "verify_ok": None if verify is None else bool(verify.get("ok")),
         "teardown": _teardown_text(t.teardown),
         "levels_done": len(t.levels or []),
+        "startup": None if t.startup is None else t.startup.model_dump(mode="json"),
     }
 
 
@@ -350,13 +408,20 @@ def _teardown_text(td: Any) -> str | None:
 
 def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
     """Throughput against TPOT p50 over every measured level; the front of the levels that meet the SLOs
-    (no other SLO-meeting point has more throughput at a lower TPOT)."""
+    (no other SLO-meeting point has more throughput at a lower TPOT). `per_gpu`: every measured level as a
+    `report.pareto.ParetoPoint` (output tok/s per GPU, tok/s per user), each candidate's tok/s divided by
+    the GPUs of its layout."""
     points = []
+    per_gpu: list[ParetoPoint] = []
     for c in cands:
         if c["status"] not in ("measured", "anomalous"):
             continue
+        s = c["settings"]
+        gpus = layout_gpus(s.get("tp"), s.get("pp"), s.get("dp"))
         for lv in c["levels"]:
             x, y = lv.get("output_throughput"), lv.get("tpot_ms_p50")
+            if (pp := pareto_point(c["label"], lv["level"], x, y, gpus)) is not None:
+                per_gpu.append(pp)
             if x is None or y is None:
                 continue
             ok = not analyze.slo_failures(lv, slo) if slo is not None else True
@@ -382,12 +447,51 @@ def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
         )
     ]
     front.sort(key=lambda p: p["output_throughput"])
-    return {"points": points, "front": front}
+    # output tok/s per GPU against tok/s per user: every measured level, SLOs or not (the trade-off itself;
+    # the TPOT limit is a line on that chart); its front is `build`'s "pareto_front"
+    return {"points": points, "front": front, "per_gpu": [p.to_json() for p in per_gpu]}
 
 
-def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict[str, Any]:
+def energy_points(cands: list[dict[str, Any]]) -> list[EnergyPoint]:
+    """Every measured level with both its output throughput and its J per output token."""
+    return [
+        EnergyPoint(
+            c["label"], float(lv["level"]), float(lv["output_throughput"]), float(lv["j_per_output_token"])
+        )
+        for c in cands
+        if c["status"] in ("measured", "anomalous")
+        for lv in c["levels"]
+        if lv.get("output_throughput") is not None and lv.get("j_per_output_token") is not None
+    ]
+
+
+def energy_front(cands: list[dict[str, Any]]) -> list[dict[str, str | float]]:
+    """The levels no other level beats on both: more output tok/s for fewer J per output token."""
+    points = energy_points(cands)
+    members = pareto_front(
+        points, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
+    )
+    return [p.to_json() for p in members]
+
+
+def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winner:
     if not ranking:
-        return {"label": None, "why": "no ranking yet: the study has not finished", "significant": None}
+        return Winner(
+            label=None,
+            runner_up=None,
+            runner_up_value=None,
+            node_spread=None,
+            margin=None,
+            margin_pct=None,
+            significant=None,
+            noise="",
+            noise_method=None,
+            objective=None,
+            value=None,
+            half_width=None,
+            level=None,
+            why="no ranking yet: the study has not finished",
+        )
     w = ranking.get("winner")
     score = next((c["score"] for c in cands if c["label"] == w), None) or {}
     sig = ranking.get("significant")
@@ -398,25 +502,56 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> dict
     }[sig]
     judged = ranking.get("noise") or {}
     method = judged.get("method")
+    if sig is None and judged.get("reason") and judged.get("reason") != "one trial each":
+        noise = f"cannot be judged against the noise ({judged['reason']})"
     if sig is not None:  # say how: a cluster bootstrap over the trials' requests, or the t-interval
         method = method or analyze.T_METHOD
-        ci = judged.get("difference_ci95")
-        where = f", 95 % interval of the difference [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else ""
+        ci, hw, failed = (judged.get(k) for k in ("difference_ci95", "half_width", "runner_up_failed_at"))
+        where = (
+            f", 95 % interval of the difference [{ci[0]:+.3g}, {ci[1]:+.3g}]"
+            if ci
+            else f", 95 % interval of the difference ±{hw:.3g}"
+            if hw is not None
+            else f", the runner-up failed at {failed:g}"
+            if failed is not None
+            else ""
+        )
         noise = f"{noise} (judged by {method}{where})"
-    return {
-        "label": w,
-        "runner_up": ranking.get("runner_up"),
-        "margin": ranking.get("margin"),
-        "margin_pct": ranking.get("margin_pct"),
-        "significant": sig,
-        "noise": noise,
-        "noise_method": method,
-        "objective": ranking.get("objective"),
-        "value": score.get("value"),
-        "half_width": score.get("half_width"),
-        "level": score.get("level"),
-        "why": ranking.get("verdict"),
-    }
+    runner_up = ranking.get("runner_up")
+    return Winner(
+        label=w,
+        runner_up=runner_up,
+        runner_up_value=next(
+            ((c["score"] or {}).get("value") for c in cands if runner_up and c["label"] == runner_up), None
+        ),
+        node_spread=_node_spread(judged.get("node_spread"), ranking.get("margin")),
+        margin=ranking.get("margin"),
+        margin_pct=ranking.get("margin_pct"),
+        significant=sig,
+        noise=noise,
+        noise_method=method,
+        objective=ranking.get("objective"),
+        value=score.get("value"),
+        half_width=score.get("half_width"),
+        level=score.get("level"),
+        why=ranking.get("verdict"),
+    )
+
+
+def _node_spread(ns: Any, margin: Any) -> str | None:
+    """On a cluster, the margin against the node-to-node spread measured on the baseline, in words."""
+    if not isinstance(ns, dict):
+        return None
+    if not ns.get("measured"):
+        return "the node-to-node spread was not measured (the baseline ran on one node)"
+    spread = float(ns.get("spread") or 0.0)
+    pct = f" ({ns['spread_pct']:.1f} %)" if ns.get("spread_pct") is not None else ""
+    if margin is not None and abs(float(margin)) <= spread:
+        return (
+            f"but the margin is not larger than the node-to-node spread {spread:,.4g}{pct} measured on the "
+            "baseline: no winner is called on it"
+        )
+    return f"it exceeds the node-to-node spread {spread:,.4g}{pct} measured on the baseline"
 
 
 def plan_state(cands: list[dict[str, Any]]) -> dict[str, list[str]]:

@@ -3,12 +3,17 @@ files beside the Markdown."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from servelab.load import kind_of
+from servelab.report.data import energy_points
+from servelab.report.pareto import ENERGY_AXES, ParetoPoint, front, members_text
 from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
 from servelab.report.runreport import RunReport, Timeline
+
+P = TypeVar("P")
 
 PLOTTED = ("measured", "anomalous", "failed", "running")
 
@@ -71,6 +76,110 @@ def _limit(model: dict[str, Any], metric: str) -> list[tuple[float, str]]:
     ]
 
 
+def pareto_chart(
+    points: Sequence[P],
+    *,
+    x: Callable[[P], float],
+    y: Callable[[P], float],
+    group: Callable[[P], str],
+    label: Callable[[P], str],
+    title: str,
+    x_label: str,
+    y_label: str,
+    ident: str,
+    maximise: tuple[bool, bool] = (True, True),
+    vlines: Sequence[tuple[float, str]] = (),
+) -> tuple[str, list[P]]:
+    """Any two figures of the same points against each other: one line per `group` (a candidate's levels),
+    the Pareto front (`maximise`: per axis, whether higher is better) joined by a thick grey line, and each
+    of its members named on the chart by `label`. Returns the SVG and the front's members (in x order)."""
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for p in points:
+        groups.setdefault(group(p), []).append((x(p), y(p)))
+    members = front(points, x, y, maximise=maximise)
+    svg = line_chart(
+        title,
+        [Series(name, pts) for name, pts in groups.items()],
+        x_label=x_label,
+        y_label=y_label,
+        front=[(x(p), y(p)) for p in members],
+        vlines=vlines,
+        labels=[(x(p), y(p), label(p)) for p in members],
+        label_toward=maximise,
+        ident=ident,
+    )
+    return svg, members
+
+
+def _per_gpu_figure(
+    points: list[ParetoPoint],
+    names: dict[str, str],
+    label: Callable[[ParetoPoint], str],
+    vlines: Sequence[tuple[float, str]] = (),
+    note: str = "",
+) -> Figure:
+    """Output tok/s per GPU against tok/s per user, the front named (a study's candidates, or a run's levels)."""
+    svg, members = pareto_chart(
+        points,
+        x=lambda p: p.tps_per_user,
+        y=lambda p: p.output_tps_per_gpu,
+        group=lambda p: names.get(p.candidate, p.candidate),
+        label=label,
+        title="Throughput per GPU against speed per user",
+        x_label="tok/s per user (1000 / TPOT p50)",
+        y_label="output tok/s per GPU",
+        ident="fig-pareto",
+        vlines=vlines,
+    )
+    return Figure(
+        "pareto",
+        "Output tok/s per GPU against tok/s per user, with the Pareto front",
+        "Output tokens per second per GPU (the throughput over the GPUs the server held) against tokens per "
+        "second per user (1000 / the median TPOT) at every measured level; the grey line joins the Pareto "
+        "front, the levels no other beats on both, each named on the chart: "
+        + members_text(members, label)
+        + "."
+        + note,
+        svg,
+    )
+
+
+def _energy_figure(model: dict[str, Any]) -> list[Figure]:
+    """J per output token against output tok/s, the front named; none when no level has energy."""
+    points = energy_points(model["candidates"])
+    if not points:
+        return []
+    svg, members = pareto_chart(
+        points,
+        x=lambda p: p.output_throughput,
+        y=lambda p: p.j_per_output_token,
+        group=lambda p: p.candidate,
+        label=lambda p: p.name,
+        title="Energy per token against throughput",
+        x_label="output tok/s",
+        y_label="J per output token",
+        ident="fig-energy",
+        maximise=ENERGY_AXES,
+    )
+    return [
+        Figure(
+            "energy",
+            "J per output token against output throughput, with the Pareto front",
+            "GPU energy per output token (the power of the server's GPUs integrated over each level) against "
+            "output tokens per second at every measured level; the grey line joins the levels no other beats on "
+            "both (more throughput for fewer joules), each named on the chart: "
+            + (
+                "; ".join(
+                    f"{p.name} ({p.output_throughput:,.0f} tok/s, {p.j_per_output_token:.3g} J/token)"
+                    for p in members
+                )
+            )
+            + ".",
+            svg,
+        )
+    ]
+
+
 def figures(model: dict[str, Any]) -> list[Figure]:
     cands = [c for c in model["candidates"] if c["status"] in PLOTTED and c["levels"]]
     mode = model["study"]["load"]["mode"]
@@ -123,6 +232,17 @@ def figures(model: dict[str, Any]) -> list[Figure]:
             + _log_note(tpot_svg),
             tpot_svg,
         ),
+        _per_gpu_figure(
+            [ParetoPoint.of(d) for d in model["pareto"]["per_gpu"]],
+            {c["label"]: c["label"] + (" (winner)" if c.get("winner") else "") for c in model["candidates"]},
+            lambda p: p.name,
+            [
+                (1000.0 / s["limit"], f"SLO TPOT p50 {s['limit']:g} ms")
+                for s in model.get("slo") or []
+                if s["metric"] == "tpot_ms" and s["stat"] == "p50" and s["limit"] > 0
+            ],
+        ),
+        *_energy_figure(model),
         Figure(
             "ttft",
             "TTFT p99 against load",
@@ -205,6 +325,14 @@ def run_figures(model: RunReport) -> list[Figure]:
                 log_x=True,
                 ident="fig-throughput",
             ),
+        )
+    )
+    out.append(
+        _per_gpu_figure(
+            model.pareto_points,
+            {model.run.uid: "this run's levels"},
+            lambda p: f"level {p.level:g}",
+            note=f" GPUs counted: {model.run.gpus}, from {model.run.gpus_from}.",
         )
     )
     for key, name in (("ttft", "TTFT"), ("tpot", "TPOT")):

@@ -11,6 +11,9 @@ from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.markdown import LEVEL_HEAD, run_head_lines
 from servelab.report.runreport import RunReport
+from servelab.report.startup import HEAD as STARTUP_HEAD
+from servelab.report.startup import NOTE as STARTUP_NOTE
+from servelab.report.startup import startup_rows
 from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
 
 CSS = """
@@ -92,6 +95,8 @@ def level_rows(levels: list[dict[str, Any]]) -> list[list[str]]:
                 num(lv.get("total_token_throughput"), 1, "total_token_throughput"),
                 num(lv.get("goodput"), 1, "goodput"),
                 num(lv.get("gpu_power_w"), 0, "gpu_power_w"),
+                num(lv.get("j_per_output_token"), 3, "j_per_output_token"),
+                num(lv.get("usd_per_m_output_tokens"), 3, "usd_per_m_output_tokens"),
                 h(errors),
             ]
         )
@@ -107,16 +112,17 @@ def _v(value: Any) -> str:
 
 
 def summary_section(model: dict[str, Any]) -> str:
-    st, win = model["study"], model["winner"]
+    st = model["study"]
     slo = "; ".join(f"{h(s['metric'])} {h(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"
+    if model.get("max_startup_s"):
+        slo += f"; start-up ≤ {model['max_startup_s']:g} s"
     out = [
         f"<h1>Findings: {h(st['name'])}</h1>",
         f'<p class="note">{h(st["description"])}</p>' if st["description"] else "",
         "<ul>",
         f"<li>study <code>{h(st['uid'])}</code>, {h(st['status'])}; started {h(st['created_at'])}, finished "
         f"{h(st['finished_at'] or '-')}</li>",
-        f"<li>objective {h(st['objective'])}, {h(st['repeats'])} repeat(s) per candidate, baseline "
-        f"{h(st['baseline'] or '-')}</li>",
+        f"<li>{h(st['repeats'])} repeat(s) per candidate, baseline {h(st['baseline'] or '-')}</li>",
         f"<li>model {h(st['model'])}; engine {h(st['engine']['name'])} {h(st['engine'].get('personality') or '')}"
         "</li>",
         f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt_level(v) for v in st['load']['levels']))}; workload "
@@ -127,20 +133,12 @@ def summary_section(model: dict[str, Any]) -> str:
     if st.get("command"):
         out.append(f"<p>Run it again:</p><pre>{h(st['command'])}</pre>")
     out.append('<h2 id="winner">The winner</h2>')
-    if win["label"]:
-        half = f" ± {fmt(win['half_width'])}" if win["half_width"] is not None else ""
-        out.append(
-            f'<p><strong class="winner">{h(win["label"])}</strong>: {h(win["objective"])} '
-            f"{fmt(win['value'])}{half} at level {fmt(win['level'], 0)}.</p>"
-        )
-        if win.get("runner_up"):
-            out.append(
-                f"<p>Margin over the runner-up {h(win['runner_up'])}: {fmt(win['margin'])} "
-                f"({fmt(win['margin_pct'])} %); the margin {h(win['noise'])}.</p>"
-            )
-        out.append(f"<p>Why: {h(win['why'])}</p>")
-    else:
-        out.append(f"<p>{h(win['why'] or 'no candidate met every SLO')}</p>")
+    out.append('<ul class="top">')
+    for t in model["top"]:
+        cls = ' class="winner"' if t["winner"] else ""
+        best = f"<strong{cls}>{h(t['best'])}</strong>" if t["best"] else ""
+        out.append(f"<li><strong>{h(t['head'])}</strong>: {best}{h(t['rest'])}</li>")
+    out.append("</ul>")
     return "\n".join(out)
 
 
@@ -317,6 +315,17 @@ def tried_section(cands: list[dict[str, Any]], ui: bool = False) -> str:
             3,
         ),
     ]
+    if starts := startup_rows(cands):
+        out += [
+            '<h3 id="startup">Start-up</h3>',
+            f'<p class="note">{h(STARTUP_NOTE)}</p>',
+            table(
+                list(STARTUP_HEAD),
+                [[h(r.label), str(r.repeat), *(h(x) for x in r.cells())] for r in starts],
+                "startup",
+                3,
+            ),
+        ]
     out += [candidate_detail(c, ui) for c in cands]
     return "\n".join(out)
 
@@ -338,6 +347,8 @@ def performance_section(model: dict[str, Any]) -> str:
         '<p class="note">Latencies in ms, throughputs in tokens per second (± the 95 % confidence half-width '
         "where the study repeated a candidate).</p>",
     ]
+    if model["study"].get("price_note"):
+        out.append(f'<p class="note" data-key="price">{h(model["study"]["price_note"])}</p>')
     for c in model["candidates"]:
         if c["levels"]:
             out += [f"<h3>{h(c['label'])}: every level</h3>", levels_table(c["label"], c["levels"])]

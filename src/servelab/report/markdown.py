@@ -13,6 +13,9 @@ from typing import Any
 from servelab.load import in_flight_text
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.runreport import RunReport
+from servelab.report.startup import HEAD as STARTUP_HEAD
+from servelab.report.startup import NOTE as STARTUP_NOTE
+from servelab.report.startup import startup_rows
 from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
 
 LEVEL_HEAD = (
@@ -31,6 +34,8 @@ LEVEL_HEAD = (
     "total tok/s",
     "goodput tok/s",
     "GPU W",
+    "J/out tok",
+    "$/M out tok",
     "errors",
 )
 
@@ -68,6 +73,8 @@ def level_row(lv: dict[str, Any]) -> list[str]:
         fmt(lv.get("total_token_throughput")),
         fmt(lv.get("goodput")),
         fmt(lv.get("gpu_power_w"), 0),
+        fmt(lv.get("j_per_output_token"), 3),
+        fmt(lv.get("usd_per_m_output_tokens"), 3),
         errors,
     ]
 
@@ -75,42 +82,31 @@ def level_row(lv: dict[str, Any]) -> list[str]:
 def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figure] | None = None) -> str:
     """The Markdown text; figures are referenced as `assets/NAME.svg` (see `write`)."""
     figs = figures(model) if figs is None else figs
-    st, win = model["study"], model["winner"]
+    st = model["study"]
     L: list[str] = [f"# Findings: {md(st['name'])}", ""]
     if st["description"]:
         L += [md(st["description"]), ""]
     L += [
         f"- study `{st['uid']}`, {md(st['status'])}; started {md(st['created_at'])}, "
         f"finished {md(st['finished_at'] or '-')}",
-        f"- objective {md(st['objective'])}, {st['repeats']} repeat(s) per candidate, baseline "
-        f"{md(st['baseline'] or '-')}",
+        f"- {st['repeats']} repeat(s) per candidate, baseline {md(st['baseline'] or '-')}",
         f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
         + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
         f"- load: {md(st['load']['mode'])} {', '.join(fmt_level(v) for v in st['load']['levels'])}; workload "
         f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens",
         "- SLOs: "
-        + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"),
+        + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none")
+        + (f"; start-up ≤ {model['max_startup_s']:g} s" if model.get("max_startup_s") else ""),
         "",
     ]
     if st.get("command"):
         L += ["Run it again:", "", md_code(st["command"]), ""]
 
     L += ["## The winner", ""]
-    if win["label"]:
-        L += [
-            f"**{md(win['label'])}**: {md(win['objective'])} {_pm(win['value'], win['half_width'])} at level "
-            f"{fmt_level(win['level'])}.",
-            "",
-        ]
-        if win.get("runner_up"):
-            L += [
-                f"Margin over the runner-up {md(win['runner_up'])}: {fmt(win['margin'])} "
-                f"({fmt(win['margin_pct'])} %); the margin {md(win['noise'])}.",
-                "",
-            ]
-        L += [f"Why: {md(win['why'])}", ""]
-    else:
-        L += [md(win["why"] or "no candidate met every SLO"), ""]
+    for t in model["top"]:
+        best = f"**{md(t['best'])}**" if t["best"] else ""
+        L.append(f"- **{md(t['head'])}**: {best}{md(t['rest'])}")
+    L.append("")
 
     if model.get("search"):
         from servelab.report.search import search_lines
@@ -211,6 +207,9 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
             ]
         )
     L += _table(("candidate", "settings", "outcome", "objective", "at level", "predicted tok/s"), rows)
+    if starts := startup_rows(cands):
+        L += ["### Start-up", "", md(STARTUP_NOTE), ""]
+        L += _table(STARTUP_HEAD, [[md(r.label), str(r.repeat), *r.cells()] for r in starts])
     for c in cands:
         L += [f"### {md(c['label'])}", "", f"Outcome: **{md(c['outcome'])}**.", ""]
         s = c.get("score") or {}
@@ -285,6 +284,8 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
+    if model["study"].get("price_note"):
+        L += [md(model["study"]["price_note"]), ""]
     for c in model["candidates"]:
         if not c["levels"]:
             continue

@@ -176,10 +176,15 @@ def line_chart(
     log_y: bool | None = False,
     hlines: Sequence[tuple[float, str]] = (),
     front: Sequence[tuple[float, float]] = (),
+    vlines: Sequence[tuple[float, str]] = (),
+    labels: Sequence[tuple[float, float, str]] = (),
+    label_toward: tuple[bool, bool] = (True, True),
     ident: str = "plot",
 ) -> str:
     """One line per series with a marker per point; error bars where a series has them; anomalies ringed
-    in red; horizontal limits (SLOs) dashed; `front` drawn as a thick grey step line (the Pareto front).
+    in red; horizontal and vertical limits (SLOs) dashed; `front` drawn as a thick grey line through its
+    points in order (the Pareto front); `labels` name points on the chart (a front's members), each to the
+    right (or left) of and above (or below) its point as `label_toward` says.
 
     `log_y=None` decides by the data (`spans_decades`); a logarithmic y axis says so in its label and in
     the SVG's `data-y-scale`."""
@@ -193,7 +198,7 @@ def line_chart(
             [f'<text x="{W // 2}" y="{H // 2}" text-anchor="middle" fill="#666">no measurements</text>'],
             ident,
         )
-    xs = [p[0] for p in pts] + [p[0] for p in front]
+    xs = [p[0] for p in pts] + [p[0] for p in front] + [v for v, _ in vlines]
     ys = [p[1] for p in pts] + [p[1] for p in front] + [v for v, _ in hlines]
     bars = [(x, y, e) for s in series for x, y, e in s.errors if e and math.isfinite(e) and e > 0]
     if log_y is None:
@@ -238,6 +243,13 @@ def line_chart(
             f'stroke-dasharray="6 4"/><text x="{W - MR - 4}" y="{_num(fy(v) - 4)}" text-anchor="end" '
             f'fill="{ANOMALY}">{h(label)}</text></g>'
         )
+    for v, label in vlines:
+        px = _num(fx(v))
+        body.append(
+            f'<g class="limit"><line x1="{px}" y1="{MT}" x2="{px}" y2="{H - MB}" stroke="{ANOMALY}" '
+            f'stroke-dasharray="6 4"/><text x="{_num(fx(v) + 4)}" y="{MT + 12}" fill="{ANOMALY}">{h(label)}'
+            "</text></g>"
+        )
     if front:
         path = " ".join(f"{_num(fx(x))},{_num(fy(y))}" for x, y in front)
         body.append(
@@ -281,6 +293,19 @@ def line_chart(
                 f'stroke="{ANOMALY}" stroke-width="2"><title>{h(s.name)}: {h(why)}</title></circle>'
             )
         body.append("</g>")
+    right, up = label_toward
+    for x, y, text in labels:
+        # beside the point on the side `label_toward` names: a front's better side, where no point lies;
+        # at the plot's edge turned to the other side, and vertically too (off the line from that corner)
+        wide = 7 + 6 * len(text)
+        turned = fx(x) + wide > W - MR if right else fx(x) - wide < ML
+        anchor = "start" if right != turned else "end"
+        dy = -8 if up != turned else 15
+        dx = 7 if anchor == "start" else -7
+        body.append(
+            f'<g class="point-label" data-name="{h(text)}"><text x="{_num(fx(x) + dx)}" y="{_num(fy(y) + dy)}" '
+            f'text-anchor="{anchor}" font-size="10" fill="{FRONT}">{h(text)}</text></g>'
+        )
     if any(s.marks for s in series):
         legend.append(("anomaly", ANOMALY, False))
     if front:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from servelab.bench.metrics import tpot_s
+from servelab.report.pareto import ParetoPoint, point, throughput_front
 from servelab.results import LevelSeries, RequestRecord, Run
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
@@ -46,6 +47,8 @@ class RunHead(_M):
     layout: str | None
     mode: str  # concurrency | rate
     warnings: list[str]
+    gpus: int  # what a per-GPU figure divides by: the layout's tp × pp × dp, else the host's GPUs, else 1
+    gpus_from: str  # where `gpus` came from, in words
 
 
 class LevelRow(_M):
@@ -72,6 +75,8 @@ class LevelRow(_M):
     e2e_ms_p50: float | None
     e2e_ms_p99: float | None
     gpu_power_w: float | None  # mean over the level's samples (None: no GPU telemetry)
+    j_per_output_token: float | None = None  # LevelSummary.energy (None: no power seen)
+    usd_per_m_output_tokens: float | None = None  # LevelSummary.cost (None: no price)
 
 
 class Cdf(_M):
@@ -118,6 +123,9 @@ class RunReport(_M):
     levels: list[LevelRow]
     cdfs: list[LevelCdfs] = Field(default_factory=list)
     timelines: list[Timeline] = Field(default_factory=list)
+    # output tok/s per GPU against tok/s per user: every level, and the levels no other beats on both
+    pareto_points: list[ParetoPoint] = Field(default_factory=list)
+    pareto_front: list[ParetoPoint] = Field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -136,6 +144,7 @@ def build(run: Run, records: dict[int, list[RequestRecord]]) -> RunReport:
     speed = run.clock.speed
     ctx = run.context
     lay = ", ".join(f"{k}={v}" for k, v in ctx.layout.model_dump().items() if v is not None) or None
+    gpus, gpus_from = _gpus(ctx.layout.gpus, ctx.host.num_gpus)
     head = RunHead(
         uid=run.uid,
         status=run.status,
@@ -154,6 +163,8 @@ def build(run: Run, records: dict[int, list[RequestRecord]]) -> RunReport:
         layout=lay,
         mode=str(run.config.get("mode") or (run.levels[0].mode if run.levels else "concurrency")),
         warnings=run.warnings,
+        gpus=gpus,
+        gpus_from=gpus_from,
     )
     levels: list[LevelRow] = []
     cdfs: list[LevelCdfs] = []
@@ -184,6 +195,8 @@ def build(run: Run, records: dict[int, list[RequestRecord]]) -> RunReport:
                 e2e_ms_p50=s.e2e_ms.p50,
                 e2e_ms_p99=s.e2e_ms.p99,
                 gpu_power_w=sum(power) / len(power) if power else None,
+                j_per_output_token=s.energy.j_per_output_token if s.energy else None,
+                usd_per_m_output_tokens=s.cost.usd_per_m_output_tokens if s.cost else None,
             )
         )
         recs = records.get(lv.index, [])
@@ -196,7 +209,28 @@ def build(run: Run, records: dict[int, list[RequestRecord]]) -> RunReport:
             )
         )
         timelines.append(timeline(lv.index, levels[-1].label, recs, lv.series, lv.wall_series, speed))
-    return RunReport(run=head, levels=levels, cdfs=cdfs, timelines=timelines)
+    points = [
+        p
+        for lv in levels
+        if (p := point(run.uid, lv.level, lv.output_throughput, lv.tpot_ms_p50, gpus)) is not None
+    ]
+    return RunReport(
+        run=head,
+        levels=levels,
+        cdfs=cdfs,
+        timelines=timelines,
+        pareto_points=points,
+        pareto_front=throughput_front(points),
+    )
+
+
+def _gpus(layout: int | None, host: int | None) -> tuple[int, str]:
+    """The GPUs the run's server held, and where that count came from."""
+    if layout:
+        return layout, "the run's layout (tp × pp × dp)"
+    if host:
+        return host, "the host's GPU count (the run recorded no layout)"
+    return 1, "not recorded: taken as 1"
 
 
 def cdf(metric: str, values: list[float], n: int = CDF_POINTS) -> Cdf:

@@ -65,6 +65,19 @@ ROLE_FIELDS = frozenset({"pid", "engine_pid", "rank"})
 DELAYS = ("0", "load", "compile", "kv", "graph", "engine", "warmup")
 
 
+@dataclass(frozen=True)
+class CompileCache:
+    """The engine's compile cache (`[<p>.startup.compile_cache]`): kept under `$<env>/<subdir>` only where
+    the variable is set (no env: none). A launch that finds it filled loads its graphs in `load_share` of the
+    compile time and prints `warm_line`; one that finds it empty compiles, prints `cold_line` and fills it."""
+
+    env: str = ""
+    subdir: str = ""
+    load_share: float = 1.0
+    warm_line: str = ""
+    cold_line: str = ""
+
+
 class PersonalityError(ValueError):
     """A personalities file that does not describe a personality (the key path says where)."""
 
@@ -221,6 +234,7 @@ class Personality:
     compile_s: float
     compile_needs_cuda_graph: bool
     nsa_radix_crash_sm: tuple[int, ...]
+    compile_cache: CompileCache
     log: LogStyle
     periodic: LogLine
     processes: Processes
@@ -279,6 +293,15 @@ class _Table:
     def str_map(self, key: str) -> dict[str, str]:
         t = self.table(key)
         return {k: t.text(k) for k in t.data}
+
+
+def _compile_cache(st: _Table) -> CompileCache:
+    if "compile_cache" not in st.data:
+        return CompileCache()
+    c = st.table("compile_cache")
+    return CompileCache(
+        c.text("env"), c.text("subdir"), c.number("load_share"), c.text("warm_line"), c.text("cold_line")
+    )
 
 
 def _fields(template: str) -> set[str]:
@@ -406,6 +429,7 @@ def _personality(name: str, t: _Table) -> Personality:
         compile_s=st.number("compile_s"),
         compile_needs_cuda_graph=st.flag("compile_needs_cuda_graph"),
         nsa_radix_crash_sm=tuple(int(x) for x in st.array("nsa_radix_crash_sm")),
+        compile_cache=_compile_cache(st),
         log=log,
         periodic=periodic,
         processes=processes,

@@ -10,10 +10,12 @@ the engine core prints when it dies after start-up.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,24 @@ def architecture_class(config: dict[str, Any] | None, model_type: str) -> str:
     return arch_class_for_type(model_type)
 
 
+@functools.cache
+def _filled_at_start(path: Path) -> bool:
+    """Whether the compile cache held anything when this server started (asked once: it fills it)."""
+    return path.is_dir() and any(path.iterdir())
+
+
+def compile_cache(srv: SimState) -> Path | None:
+    """The personality's compile cache directory where its variable names one (else it keeps none)."""
+    cc = srv.persona.compile_cache
+    root = os.environ.get(cc.env) if cc.env else None
+    return Path(root) / cc.subdir if root else None
+
+
+def compile_warm(srv: SimState) -> bool:
+    path = compile_cache(srv)
+    return path is not None and _filled_at_start(path)
+
+
 def delays(srv: SimState) -> dict[str, float]:
     """Each start-up phase's duration in model seconds (the `delay` column of the log lines)."""
     s, a, p = srv.cfg.setup, srv.cfg.engine, srv.persona
@@ -96,7 +116,7 @@ def delays(srv: SimState) -> dict[str, float]:
         "0": 0.0,
         "engine": 2.0 + 0.5 * (s.layout.tp * s.layout.pp - 1),
         "load": load,
-        "compile": p.compile_time(a.cuda_graph),
+        "compile": p.compile_time(a.cuda_graph) * (p.compile_cache.load_share if compile_warm(srv) else 1.0),
         "kv": 2.0,
         "graph": graph,
         "warmup": 1.5,
@@ -210,6 +230,20 @@ def set_memory(srv: SimState, per_gpu_bytes: float) -> None:
         srv.gpu_mem_mib[i] = min(per_gpu_bytes, cap) / MIB if i < used else 0.0
 
 
+def _compile_line(srv: SimState, who: str, ctx: Mapping[str, object]) -> None:
+    """The compile cache's line: graphs loaded back (warm) or compiled and stored (cold)."""
+    path = compile_cache(srv)
+    if path is None or not ctx["compile_s"]:
+        return
+    cc = srv.persona.compile_cache
+    if compile_warm(srv):
+        srv.log.emit(who, cc.warm_line.format(**ctx))
+        return
+    srv.log.emit(who, cc.cold_line.format(**ctx))
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cache_key").write_text(f"{srv.cfg.engine.model}\n")
+
+
 async def _sleep_model(srv: SimState, seconds: float) -> None:
     if seconds > 0 and not srv.cfg.fast_start:
         await asyncio.sleep(seconds / srv.cfg.speed)
@@ -272,6 +306,9 @@ async def run_startup(srv: SimState) -> int:
         if text == "@warnings":
             for w in cfg.engine_warnings:
                 srv.log.emit(who, w, level="WARNING")
+            continue
+        if text == "@compile":
+            _compile_line(srv, who, ctx)
             continue
         if text == "@ready":
             srv.ready = True

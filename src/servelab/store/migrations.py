@@ -275,4 +275,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE study_trials ADD COLUMN rung INTEGER;
         """,
     ),
+    (
+        "0014_startup",
+        """
+        -- A trial's start-up read from its engine's log (servelab.startup.StartupPhases: each phase's line,
+        -- seconds from launch and the engine's own figure, the total to ready, cold or warm compile
+        -- cache); NULL for an attached server and for trials stored before it.
+        ALTER TABLE study_trials ADD COLUMN startup_json TEXT;
+        """,
+    ),
 ]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from servelab.errors import NotFoundError
 from servelab.redact import redact
 from servelab.results import Node
+from servelab.startup import StartupPhases
 from servelab.store.db import Store, utcnow
 
 TERMINAL_TRIAL = ("measured", "not_applied", "failed")
@@ -31,6 +32,7 @@ _TRIAL_JSON = (
     "levels",
     "teardown",
     "node",
+    "startup",
 )
 
 
@@ -99,6 +101,7 @@ class StoredTrial(BaseModel):
     levels: list[dict[str, Any]] | None
     teardown: dict[str, Any] | None
     node: Node | None  # the cluster node it ran on (stored as `Node.model_dump`)
+    startup: StartupPhases | None  # its launch, phase by phase (None: attached, or stored before 0014)
 
 
 def _j(obj: Any) -> str:

@@ -12,6 +12,7 @@ from servelab.applied import Mismatch
 from servelab.engines.base import Diagnosis, EffectiveConfig, LaunchSpec
 from servelab.events import BenchEvent
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
+from servelab.startup import StartupPhases
 
 if TYPE_CHECKING:
     from servelab.verify import VerifyResult
@@ -171,6 +172,9 @@ class TrialObserver:
 
     def ready(self, url: str, ready_s: float) -> None:
         """The server is ready (an attached one: at once)."""
+
+    def startup(self, phases: StartupPhases) -> None:
+        """The launched server's start-up, phase by phase (before `ready`)."""
 
     def applied(self, check: AppliedCheck) -> None:
         """Requested vs effective configuration."""

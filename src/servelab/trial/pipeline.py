@@ -23,6 +23,7 @@ numbers are `results.LevelSummary.digest()` (`Digest`, what `analyze` compares),
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from servelab.bench.runner import find_capacity, run_bench
 from servelab.config.study import Study
 from servelab.engines import signatures
 from servelab.engines.base import Diagnosis, Engine, LaunchSpec, Settings
+from servelab.engines.startup import cache_at_launch, with_launch
 from servelab.errors import ConfigError, EngineError, ServerError
 from servelab.host import transport
 from servelab.host.ops import FREE_PORT, FreePortRequest
@@ -47,6 +49,7 @@ from servelab.lifecycle.handle import ServerHandle
 from servelab.lifecycle.serving import serving
 from servelab.load import TraceLoad
 from servelab.results import NetPath, RunContext
+from servelab.startup import StartupPhases
 from servelab.store.db import Store
 from servelab.trial.outcome import (
     DEATH_CLASSES,
@@ -179,6 +182,9 @@ class Trial:
             nonlocal outcome
             outcome = self._finish(self._not_started(exc, log_path))
 
+        # The compile cache as this launch finds it (on this machine; elsewhere only the log can tell).
+        cache = cache_at_launch(self.engine.name, {**os.environ, **launch.env}) if self.host is None else None
+
         try:
             async with serving(
                 launch,
@@ -192,12 +198,20 @@ class Trial:
                 on_launch=on_launch,
                 on_not_ready=on_not_ready,
                 host=self.host,
-            ) as (server, _ready):
+            ) as (server, ready):
                 target = Target(
                     server.url, launch.served_model, api_key=api_key, server=server, log_path=log_path
                 )
                 ready_s = time.monotonic() - t0
-                outcome = self._finish(await self._measure(target, settings, ready_s, baseline, done))
+                startup = with_launch(ready.startup, cache) if ready.startup is not None else None
+                if startup is not None:
+                    self.observer.startup(startup)
+                over = self._over_bound(startup, ready_s)
+                if over is not None:
+                    self.observer.ready(target.url, ready_s)
+                    outcome = self._finish(TrialOutcome("failed", "start", over, ready_s=ready_s))
+                else:
+                    outcome = self._finish(await self._measure(target, settings, ready_s, baseline, done))
         except EngineError as exc:
             if outcome is None:  # refused before anything started (a busy port, no executable)
                 outcome = self._finish(self._not_started(exc, log_path))
@@ -207,6 +221,20 @@ class Trial:
                 self.observer.torn_down(report)
         outcome.teardown = report
         return outcome
+
+    def _over_bound(self, startup: StartupPhases | None, ready_s: float) -> Finding | None:
+        """The study's `[slo] max_startup_s`, failed: a finding about the candidate (not measured)."""
+        bound = self.study.slo.max_startup_s
+        took = startup.total_s if startup is not None and startup.total_s is not None else ready_s
+        if bound is None or took <= bound:
+            return None
+        phases = f"; {startup.summary()}" if startup is not None else ""
+        return Finding(
+            "startup_over_bound",
+            f"ready after {took:.1f} s, over [slo] max_startup_s = {bound:g} s{phases}",
+            "start-up is slower than the study allows: look at its slowest phase (a cold compile cache, "
+            "CUDA-graph capture, weight loading) or raise [slo] max_startup_s",
+        )
 
     def _not_started(self, exc: EngineError, log_path: Path) -> TrialOutcome:
         diag = exc.diagnosis if isinstance(exc.diagnosis, Diagnosis) else None

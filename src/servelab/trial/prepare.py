@@ -140,6 +140,10 @@ def bench_config(
             tool_turns=w.tool_turns,
             tool_result_len=w.tool_result_len,
             api_key=api_key,
+            gpu_hour_usd=study.cost.gpu_hour_usd,
+            kwh_usd=study.cost.kwh_usd,
+            price_source=study.price_source,
+            scrape_interval_s=scrape_interval(study),
             context=context or RunContext(),
         )
     except ValidationError as exc:
@@ -166,6 +170,13 @@ def verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
     if not isinstance(opts, dict):
         raise ConfigError("engine.options.verify must be a table, e.g. { reference = 'hf:PATH' }")
     return kw | opts
+
+
+def scrape_interval(study: Study) -> float:
+    """Seconds between a level's /metrics and GPU samples on the client's clock: 1 s for a real server
+    (bench's default); a simulator's faster clock every 2 s of its GPU's time, so a level lasting a fraction
+    of a second on the client's clock still has power samples to integrate (at least 0.1 s apart)."""
+    return max(0.1, min(1.0, 2.0 / sim_speed(study)))
 
 
 def sim_speed(study: Study) -> float:

@@ -18,9 +18,11 @@ from servelab.trial.prepare import bench_config, settings_for
 
 
 def spec_hash(study: Study) -> str:
+    # Where the trials run is not what is studied: a study resumes on another executor. A study without
+    # [cost] hashes as it did before the table existed.
+    unset = {"cost"} if study.cost.gpu_hour_usd is None and study.cost.kwh_usd is None else set()
     return hashlib.sha256(
-        # Where the trials run is not what is studied: a study resumes on another executor.
-        orjson.dumps(study.model_dump(mode="json", exclude={"executor"}), option=orjson.OPT_SORT_KEYS)
+        orjson.dumps(study.model_dump(mode="json", exclude={"executor", *unset}), option=orjson.OPT_SORT_KEYS)
     ).hexdigest()[:16]
 
 

@@ -28,6 +28,7 @@ from servelab.events import (
 from servelab.executors.base import Placement
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.results import Node
+from servelab.startup import StartupPhases
 from servelab.store.studies import StoredTrial, StudyRepo
 from servelab.trial.outcome import AppliedCheck, Finding, LevelResult, TrialObserver, TrialOutcome
 from servelab.tune.plansync import PlanSync
@@ -64,6 +65,9 @@ class TrialRecorder(TrialObserver):
     def launched(self, server: ServerHandle) -> None:
         self.repo.update_trial(self.tid, pid=server.pid)
         crashpoint.reached("launched")
+
+    def startup(self, phases: StartupPhases) -> None:
+        self.repo.update_trial(self.tid, startup=phases.model_dump(mode="json"))
 
     def ready(self, url: str, ready_s: float) -> None:
         self.repo.update_trial(self.tid, ready_s=ready_s, status="verifying")

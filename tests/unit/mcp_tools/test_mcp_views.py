@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from servelab.cli.main import cli
 from servelab.cli.output import dumps_json
+from servelab.energy import LevelCost, LevelEnergy
 from servelab.engines.base import Diagnosis, EffectiveConfig
 from servelab.host.ports import free_port
 from servelab.mcp import models as M
@@ -184,6 +185,34 @@ def test_a_nested_key_is_checked_too(schemas: dict[str, dict[str, Any]]) -> None
     }  # fmt: skip
     with pytest.raises(jsonschema.ValidationError, match="required"):
         jsonschema.validate(layouts, schemas["compare_layouts"])
+
+
+def test_runs_show_declares_a_levels_energy_and_cost(schemas: dict[str, dict[str, Any]]) -> None:
+    """`summary.energy` and `summary.cost` (servelab.energy) are in the tool's schema with their units'
+    names: a document with them passes, one with a figure of the wrong type or missing does not."""
+    run = json.loads(dumps_json(_run(simulated=True).to_json()))
+    summary = run["levels"][0]["summary"]
+    summary["energy"] = LevelEnergy(
+        energy_j=2100.0, window_s=10.0, mean_power_w=210.0, j_per_output_token=3.0, idle_w=60.0, samples=10
+    ).model_dump(mode="json")
+    summary["cost"] = LevelCost(
+        usd_per_m_output_tokens=6.5, gpu_hour_usd=3.0, gpus=8, price_source="catalog default (2025-10-01)"
+    ).model_dump(mode="json")
+    jsonschema.validate(run, schemas["runs_show"])
+    text = json.dumps(schemas["runs_show"])
+    for key in (
+        "j_per_output_token",
+        "j_per_output_token_above_idle",
+        "usd_per_m_output_tokens",
+        "price_source",
+    ):
+        assert f'"{key}"' in text, key
+    summary["energy"]["energy_j"] = "a lot"
+    with pytest.raises(jsonschema.ValidationError, match="a lot"):
+        jsonschema.validate(run, schemas["runs_show"])
+    del summary["energy"]["energy_j"]  # a figure every energy has
+    with pytest.raises(jsonschema.ValidationError, match="energy_j"):
+        jsonschema.validate(run, schemas["runs_show"])
 
 
 def _call(opts: Options, tool: str, args: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | None]:

@@ -75,7 +75,7 @@ def test_write_puts_valid_svgs_beside_the_markdown(golden_store: Store, tmp_path
     written = markdown.write(fixed_model(golden_store), out)
     text = out.read_text()
     svgs = [p for p in written if p.suffix == ".svg"]
-    assert {p.name for p in svgs} == {"throughput.svg", "latency.svg", "ttft.svg", "decode.svg"}
+    assert {p.name for p in svgs} == {"throughput.svg", "latency.svg", "pareto.svg", "ttft.svg", "decode.svg"}
     for p in svgs:
         assert f"](findings_files/{p.name})" in text
         root = ET.fromstring(p.read_text())  # well-formed XML, drawable

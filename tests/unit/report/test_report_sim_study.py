@@ -138,3 +138,68 @@ def test_simulator_measured_vs_predicted_says_it_is_the_same_model(written: dict
     part = md_text[md_text.index("### Decode step: measured against predicted") :]
     assert part.index("times every request with this same performance model") < part.index("level by level")
     assert "times every request with this same performance model" in written["html"]
+
+
+def test_the_pareto_front_is_named_and_no_stored_level_beats_it(written: dict[str, Any]) -> None:
+    """The front of output tok/s per GPU against tok/s per user, checked against the levels the study stored
+    (each candidate's throughput over the GPUs of its stored layout): every member is a stored level no
+    other stored level beats on both, every other level is beaten by one, and the Markdown names each
+    member at the top, in the chart's caption and on the chart."""
+    from servelab.store.db import open_store
+    from servelab.store.studies import StudyRepo
+
+    uid = written["model"]["study"]["uid"]
+    with open_store(written["home"] / "servelab.db") as store:
+        repo = StudyRepo(store)
+        cands = repo.candidates(repo.resolve(uid).id)
+    points: dict[tuple[str, float], tuple[float, float]] = {}
+    for c in cands:
+        spec = c.spec or {}
+        gpus = int(spec.get("tp") or 1) * int(spec.get("pp") or 1) * int(spec.get("dp") or 1)
+        assert gpus == 8  # both candidates are TP8
+        for lv in (c.outcome or {})["levels"]:
+            points[(c.label, float(lv["level"]))] = (lv["output_throughput"] / gpus, 1000 / lv["tpot_ms_p50"])
+    # TP8 at levels 1, 16 and 256; the collapsing flag stopped after the levels that showed its collapse
+    assert sum(label == "tp8" for label, _lv in points) == 3 and len(points) > 3
+
+    def beaten(g: float, u: float) -> bool:
+        return any(g2 >= g and u2 >= u and (g2 > g or u2 > u) for g2, u2 in points.values())
+
+    front = written["model"]["pareto_front"]
+    members = {(m["candidate"], m["level"]) for m in front}
+    assert len(front) >= 2 and len(members) == len(front)
+    for m in front:
+        g, u = points[(m["candidate"], m["level"])]
+        assert m["output_tps_per_gpu"] == pytest.approx(g) and m["tps_per_user"] == pytest.approx(u)
+        assert m["gpus"] == 8 and not beaten(g, u)
+    assert all(beaten(*gu) for key, gu in points.items() if key not in members)
+    assert [m["tps_per_user"] for m in front] == sorted(m["tps_per_user"] for m in front)
+
+    md_text = written["md"]
+    top = md_text[md_text.index("## The winner") : md_text.index("## Host")]
+    caption = next(
+        line for line in md_text.splitlines() if line.startswith("*Output tokens per second per GPU")
+    )
+    chart = {
+        g.get("data-name") for g in written["svg"]["pareto"].iter(f"{NS}g") if g.get("class") == "point-label"
+    }
+    for m in front:
+        name = f"{m['candidate']} @ {m['level']:g}"
+        assert name in top and name in caption and name in chart, name
+    assert len(chart) == len(front)
+
+
+def test_the_top_says_each_thing_once(written: dict[str, Any]) -> None:
+    """One line per declared objective and one for the Pareto front; the winner's figures said once."""
+    md_text = written["md"]
+    top = md_text[md_text.index("## The winner") + len("## The winner") : md_text.index("## Host")]
+    lines = [line for line in top.splitlines() if line.strip()]
+    win = written["model"]["winner"]
+    assert written["model"]["study"]["objectives"] == ["output_throughput"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"- **output\\_throughput (higher is better)**: **{win['label']}**, ")
+    assert lines[1].startswith("- **Pareto front (output tok/s per GPU against tok/s per user)**: ")
+    assert "Margin over" not in md_text and "Why:" not in top
+    assert top.count(win["label"]) == 1 + sum(
+        m["candidate"] == win["label"] for m in written["model"]["pareto_front"]
+    )
