@@ -50,6 +50,7 @@ def stored(home: Path, uid: str) -> dict[int, list[dict[str, object]]]:
                     "output_tokens": r.output_tokens,
                     "requested_output_tokens": r.requested_output_tokens,
                     "token_source": r.token_source,
+                    "error_message": r.error_message,
                 }
                 for r in repo.requests(ids[lv.index])
             ]

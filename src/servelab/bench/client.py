@@ -29,6 +29,29 @@ def _delta_text(choice: dict[str, Any]) -> str:
     return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
 
 
+MESSAGE_MAX = 1000  # a server's error text is kept whole up to this many characters
+
+
+def server_message(body: bytes) -> str:
+    """The server's own words in an error answer: the `message` of an OpenAI-style JSON error body
+    (`{"error": {"message": ...}}` as vLLM writes it, `{"object": "error", "message": ...}` as SGLang does,
+    FastAPI's `{"detail": ...}`), else the body as text."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        inner = obj.get("error")
+        for holder in (inner, obj) if isinstance(inner, dict) else (obj,):
+            for key in ("message", "detail"):
+                text = holder.get(key)
+                if isinstance(text, str) and text:
+                    return text[:MESSAGE_MAX]
+        if isinstance(inner, str) and inner:
+            return inner[:MESSAGE_MAX]
+    return body[:MESSAGE_MAX].decode("utf-8", "replace")
+
+
 @dataclass(slots=True)
 class StreamResult:
     """The client-side view of one request: timings (perf_counter seconds) and what came back."""
@@ -383,7 +406,7 @@ class _Conn(asyncio.Protocol):
         if self._body_parts:
             res.body = b"".join(self._body_parts)
         if res.status != 200:
-            self._finish(f"http_{res.status}", res.body[:300].decode("utf-8", "replace"))
+            self._finish(f"http_{res.status}", server_message(res.body))
             return
         if self._mode == "raw":
             self._finish(None, None)

@@ -68,6 +68,8 @@ class BenchConfig(SessionOptions):
     trace_format: str | None = None
     time_scale: float = Field(default=1.0, gt=0)
     trace_limit: int | None = Field(default=None, ge=1)
+    # Requests whose prompt + max_tokens exceed the server's context (bench/fit.py): send | skip | clip.
+    over_context: Literal["send", "skip", "clip"] = "send"
     # What a GPU-hour (and a kWh) costs, and who said so ("flag", "study"); None: the GPU kind's catalog
     # default, when the catalog has one (servelab.energy, docs/metrics.md "Money").
     gpu_hour_usd: float | None = Field(default=None, gt=0)
@@ -113,6 +115,11 @@ class BenchConfig(SessionOptions):
             raise ValueError("request rates must be positive")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}")
+        if self.workload == "sessions" and self.over_context != "send":
+            raise ValueError(
+                "--over-context skip|clip cannot change a session's turns (every later turn resends them): "
+                "the turns over the context are counted and named before the level"
+            )
         if self.workload == "sharegpt" and not self.dataset:
             raise ValueError("the sharegpt workload needs --dataset FILE")
         if self.max_concurrency is not None and self.mode != "rate":

@@ -44,6 +44,7 @@ COLUMNS: tuple[str, ...] = (
     "output_tokens",
     "requested_output_tokens",
     "token_source",
+    "error_message",  # the server's own words for a failure (its JSON error's message)
 )
 
 
@@ -96,6 +97,7 @@ def rows(run: Run, repo: BenchRepo) -> Iterator[dict[str, Any]]:
                 "output_tokens": r.output_tokens,
                 "requested_output_tokens": r.requested_output_tokens,
                 "token_source": r.token_source,
+                "error_message": r.error_message,
             }
 
 

@@ -119,7 +119,7 @@ def summarize(
     errors = Counter(r.error_kind or "unknown" for r in failed)
     examples: dict[str, str] = {}
     for r in failed:
-        examples.setdefault(r.error_kind or "unknown", (r.error_message or "")[:300])
+        examples.setdefault(r.error_kind or "unknown", (r.error_message or "")[:1000])  # the server's words
 
     mismatched = [
         r

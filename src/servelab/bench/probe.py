@@ -38,6 +38,7 @@ class Capabilities:
     usage_returned: bool = True
     served_models: list[str] = field(default_factory=list)
     engine: str | None = None
+    max_model_len: int | None = None  # the model's context, as /v1/models states it (vLLM, SGLang)
 
 
 def request_body(cfg: BenchConfig, caps: Capabilities, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def request_path(cfg: BenchConfig) -> str:
     return "/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"
 
 
-async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
+async def _probe_models(client: Client, cfg: BenchConfig) -> tuple[list[str], int | None]:
     res = await client.get("/v1/models", timeout_s=15)
     if res.error_kind == "connect_error" or res.status == 0:
         raise ServerError(f"cannot reach {cfg.url}: {res.error_message}")
@@ -77,7 +78,8 @@ async def _probe_models(client: Client, cfg: BenchConfig) -> list[str]:
         raise ServerError(f"{cfg.url}/v1/models did not return an OpenAI model list") from exc
     if limits and isinstance(limits[0], int) and not isinstance(limits[0], bool):
         _check_context(cfg, limits[0])
-    return models
+        return models, limits[0]
+    return models, None
 
 
 def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
@@ -110,7 +112,7 @@ def _check_context(cfg: BenchConfig, max_model_len: int) -> None:
 async def probe(client: Client, cfg: BenchConfig, warnings: list[str]) -> Capabilities:
     """Find out what the server accepts: exact output lengths, streamed usage."""
     caps = Capabilities()
-    caps.served_models = await _probe_models(client, cfg)
+    caps.served_models, caps.max_model_len = await _probe_models(client, cfg)
     if caps.served_models and cfg.model not in caps.served_models:
         raise ServerError(
             f"the server does not serve model {cfg.model!r}; it serves {', '.join(caps.served_models)}",

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from servelab.bench import capacity as C
+from servelab.bench import fit as F
 from servelab.bench import metrics as M
 from servelab.bench import sessions as SE
 from servelab.bench import traces as T
@@ -129,15 +130,28 @@ class BenchSession:
         # Sessions build their conversations per level (each turn waits for the reply before it);
         # every other workload is one pool of prepared requests.
         self.plans: list[SE.SessionPlan] = []
+        # Every request against the server's context, before anything is sent (bench/fit.py).
+        overhead, per_word = (round(fit[0]), fit[1]) if fit else (0, 1.0)
+        counting = W._counting(counter, fit is not None)
+        limit, fitted = caps.max_model_len, None
+        if limit is not None and self.trace is not None:
+            self.trace, fitted = F.fit_trace(self.trace, limit, overhead, cfg.over_context, counting)
         if cfg.workload == "sessions":
             self.plans = [
                 SE.plan_for_level(cfg, int(sp.value), li, counter, fit) for li, sp in enumerate(specs)
             ]
             self.wl = wl = SE.workload_of(self.plans, counter, fit is not None)
+            if limit is not None:
+                fitted = F.fit_sessions(self.plans, limit, overhead, counting)
         else:
             self.wl = wl = await build_workload(
                 cfg, counter, fit, pool_size(cfg, count), cfg.seed, self.trace
             )
+            if limit is not None and self.trace is None:
+                self.wl, fitted = F.fit_workload(wl, limit, overhead, cfg.over_context, counter, per_word)
+                wl = self.wl
+        if fitted is not None and (said := fitted.warning()) is not None:
+            warnings.append(said)
         warm_wl = await build_workload(cfg, counter, fit, 16, cfg.seed + 104729)
         if cfg.workload == "sharegpt" or self.trace is not None:
             warm_wl = W.synthetic(16, W.LengthSpec(64), W.LengthSpec(16), cfg.seed + 104729, counter)
@@ -159,6 +173,7 @@ class BenchSession:
                 "tokens_per_word_fit": fit,
             }
             | ({"trace_info": T.describe(self.trace)} if self.trace is not None else {})
+            | ({"context_fit": asdict(fitted)} if fitted is not None else {})
         )
         self.run_id, self.uid = self.repo.create_run(cfg.url, cfg.model, cfg.api, config, wl.hash, context)
         self.repo.set_run_info(self.run_id, warnings=warnings)
@@ -259,6 +274,8 @@ async def run_bench(cfg: BenchConfig, store: Store, observe: BenchObserver | Non
     try:
         specs = cfg.level_specs(session.trace)
         await session.start(specs)
+        if session.trace is not None:  # its rows over the context may have been skipped
+            specs = cfg.level_specs(session.trace)
 
         async def fixed(s: BenchSession) -> None:
             for li, spec in enumerate(specs):

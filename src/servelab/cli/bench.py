@@ -482,6 +482,14 @@ def _run(
     help="Replay the trace this many times faster (2: twice as fast).",
 )
 @click.option("--trace-limit", type=int, help="Replay only the trace's first N requests.")
+@click.option(
+    "--over-context",
+    type=click.Choice(["send", "skip", "clip"]),
+    default="send",
+    show_default=True,
+    help="Requests whose prompt + max_tokens exceed the server's context: send them anyway (they are "
+    "refused, and counted before the level), skip them, or clip their prompts to fit.",
+)
 @option(A.Seed, default=0, show_default=True)
 @option(A.Slo)
 @click.option(
@@ -657,6 +665,7 @@ def bench(**opts: Any) -> None:
             trace_format=opts["trace_format"],
             time_scale=opts["time_scale"],
             trace_limit=opts["trace_limit"],
+            over_context=opts["over_context"],
             gpu_hour_usd=opts["gpu_hour_usd"],
             kwh_usd=opts["kwh_usd"],
             context=context,

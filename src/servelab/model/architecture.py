@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from servelab.errors import ConfigError, NotFoundError
+from servelab.model.context import ContextFacts, facts_of
 from servelab.model.quant import QuantScheme, scheme_from_config
 
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -67,6 +68,7 @@ class Architecture:
     router_params: float  # per MoE layer
     mtp_layers: int
     native_quant: QuantScheme
+    context: ContextFacts = field(default_factory=ContextFacts)  # its length, as stated (model/context.py)
 
     @property
     def embed_params(self) -> float:
@@ -332,6 +334,7 @@ def parse_config(
         router_params=float(router),
         mtp_layers=mtp,
         native_quant=scheme_from_config(cfg, hf_quant),
+        context=facts_of(cfg, model_type),
     )
 
 

@@ -475,6 +475,19 @@ def render(model: dict[str, Any]) -> str:
     return page(f"servelab findings: {model['study']['name']}", study_body(model))
 
 
+def failures_html(model: RunReport) -> list[str]:
+    """Each kind of failure of each level, in the server's own words (nothing when none failed)."""
+    items = [
+        f"<li>{h(lv.label)}: {h(k)} ×{lv.errors.get(k, 0)}: <q>{h(ex)}</q></li>"
+        for lv in model.levels
+        for k, ex in lv.error_examples.items()
+    ]
+    if not items:
+        return []
+    head = '<h2 id="failures">Failures</h2><p class="note">Each kind, in the server\'s own words:</p>'
+    return [head, "<ul>", *items, "</ul>"]
+
+
 def render_run(model: RunReport) -> str:
     """The report of one bench run as one self-contained HTML document."""
     figs = run_figures(model)
@@ -487,6 +500,7 @@ def render_run(model: RunReport) -> str:
         '<h2 id="levels">Every level</h2>',
         '<p class="note">Latencies in ms, throughputs in tokens per second.</p>',
         levels_table(r.uid, [lv.model_dump() for lv in model.levels]),
+        *failures_html(model),
         '<h2 id="plots">Plots</h2>',
         figures_html(figs),
         '<h2 id="over-time">The server over time</h2>',

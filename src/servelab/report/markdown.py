@@ -436,6 +436,10 @@ def render_run(model: RunReport, assets: str = "report_files", figs: list[Figure
         L += ["Warnings:", ""] + [f"- {md(w)}" for w in model.run.warnings] + [""]
     L += ["## Every level", "", "Latencies in ms, throughputs in tokens per second.", ""]
     L += _table(LEVEL_HEAD, [level_row(lv.model_dump()) for lv in model.levels])
+    failures = [(lv, k, ex) for lv in model.levels for k, ex in lv.error_examples.items()]
+    if failures:
+        L += ["## Failures", "", "Each kind of failure, in the server's own words (one example each):", ""]
+        L += [f"- {md(lv.label)}: {md(k)} ×{lv.errors.get(k, 0)}: {md(ex)}" for lv, k, ex in failures] + [""]
     L += ["## Plots", ""]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]

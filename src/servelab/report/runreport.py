@@ -61,6 +61,7 @@ class LevelRow(_M):
     completed: int
     failed: int
     errors: dict[str, int]
+    error_examples: dict[str, str] = {}  # kind -> the server's own words for one such failure
     request_throughput: float
     output_throughput: float
     total_token_throughput: float
@@ -180,6 +181,7 @@ def build(run: Run, records: dict[int, list[RequestRecord]]) -> RunReport:
                 completed=s.completed,
                 failed=s.failed,
                 errors=dict(s.errors),
+                error_examples=dict(s.error_examples),
                 request_throughput=s.request_throughput,
                 output_throughput=s.output_throughput,
                 total_token_throughput=s.total_token_throughput,

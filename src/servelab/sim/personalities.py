@@ -21,6 +21,7 @@ from pathlib import Path
 from string import Formatter
 from typing import Any, NamedTuple
 
+from servelab.model.context import PICKS, ContextFacts, ContextRule, derive
 from servelab.sim.engine_args import FLAG_DIALECTS, EngineArgs
 
 
@@ -100,7 +101,7 @@ class Defaults:
     max_running: Tiers
     max_batched_tokens: Tiers
     mem_fraction: float | None  # None: the performance model's fraction for this engine
-    max_model_len: int
+    max_model_len: int | None  # None: derived from the model's config by the personality's [context]
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,29 @@ class EngineDead:
 
 
 @dataclass(frozen=True)
+class Refusals:
+    """The 400s a request longer than the context gets, in the engine's words ({max_model_len},
+    {prompt}, {max_tokens}, {total})."""
+
+    prompt: str  # the prompt alone reaches the context
+    total: str  # prompt + max_tokens exceed it
+    total_may_equal: bool  # prompt + max_tokens == the context is accepted (vLLM) or refused (SGLang)
+
+    def refusal(self, max_model_len: int, prompt: int, max_tokens: int) -> str | None:
+        """The engine's error text for this request, or None when it is accepted."""
+        total = prompt + max_tokens
+        values = {"max_model_len": max_model_len, "prompt": prompt, "max_tokens": max_tokens, "total": total}
+        if prompt >= max_model_len:
+            return self.prompt.format(**values)
+        if total > max_model_len or (total == max_model_len and not self.total_may_equal):
+            return self.total.format(**values)
+        return None
+
+
+REFUSAL_FIELDS = frozenset({"max_model_len", "prompt", "max_tokens", "total"})
+
+
+@dataclass(frozen=True)
 class Personality:
     """One engine the simulator imitates, as personalities.toml describes it."""
 
@@ -217,6 +241,15 @@ class Personality:
     routes: dict[str, str]
     metrics: Metrics
     engine_dead: EngineDead
+    refusals: Refusals
+    context: ContextRule | None = None  # how the engine derives its context (None: defaults.max_model_len)
+
+    def max_model_len(self, facts: ContextFacts) -> tuple[int, str]:
+        """The engine's default context for a model whose config states `facts`, and how it was found."""
+        if self.defaults.max_model_len is not None:
+            return self.defaults.max_model_len, "the personality's default"
+        assert self.context is not None  # the parser demands one or the other
+        return derive(self.context, facts)
 
     def compile_time(self, cuda_graph: bool) -> float:
         return self.compile_s if (cuda_graph or not self.compile_needs_cuda_graph) else 0.0
@@ -333,8 +366,17 @@ def _personality(name: str, t: _Table) -> Personality:
         max_running=_tiers(d, "max_running"),
         max_batched_tokens=_tiers(d, "max_batched_tokens"),
         mem_fraction=None if mem == "model" else d.number("mem_fraction"),
-        max_model_len=d.integer("max_model_len"),
+        max_model_len=d.integer("max_model_len") if "max_model_len" in d.data else None,
     )
+    context = _context(t.table("context")) if "context" in t.data else None
+    if context is None and defaults.max_model_len is None:
+        raise PersonalityError(
+            f"{t.where}: give [context] (how the engine derives it) or defaults.max_model_len"
+        )
+    rf = t.table("refusals")
+    refusals = Refusals(rf.text("prompt"), rf.text("total"), rf.flag("total_may_equal"))
+    _check_fields(refusals.prompt, REFUSAL_FIELDS, f"{rf.where}.prompt")
+    _check_fields(refusals.total, REFUSAL_FIELDS, f"{rf.where}.total")
     st = t.table("startup")
     per = t.table("periodic")
     periodic = LogLine(per.text("who"), "0", per.text("text"))
@@ -394,7 +436,32 @@ def _personality(name: str, t: _Table) -> Personality:
         routes=routes,
         metrics=Metrics(m.text("labels"), tuple(rows), success),
         engine_dead=EngineDead(ed.text("prefix"), ed.integer("exit_code")),
+        refusals=refusals,
+        context=context,
     )
+
+
+def _context(c: _Table) -> ContextRule:
+    def words(key: str) -> tuple[str, ...]:
+        items = c.array(key)
+        if not all(isinstance(x, str) for x in items):
+            raise PersonalityError(f"{c.where}.{key}: expected an array of strings, got {items!r}")
+        return tuple(items)
+
+    rule = ContextRule(
+        keys=words("keys"),
+        pick=c.text("pick"),
+        unscaled_rope=words("unscaled_rope"),
+        unscaled_if_original=c.flag("unscaled_if_original"),
+        yarn_from_original=c.flag("yarn_from_original"),
+        prescaled_model_types=words("prescaled_model_types"),
+        fallback=c.integer("fallback"),
+    )
+    if rule.pick not in PICKS:
+        raise PersonalityError(f"{c.where}.pick: {rule.pick!r} is not one of {', '.join(PICKS)}")
+    if not rule.keys:
+        raise PersonalityError(f"{c.where}.keys: empty")
+    return rule
 
 
 def parse_personalities(text: str, where: str = "personalities.toml") -> dict[str, Personality]:

@@ -65,7 +65,7 @@ def effective(cfg: SimConfig) -> dict[str, Any]:
         "max_running": a.max_num_seqs or int(d.max_running.pick(gpu_gb)),
         "max_batched_tokens": a.max_batched_tokens or int(d.max_batched_tokens.pick(gpu_gb)),
         "mem_fraction": a.mem_fraction or model_fraction,
-        "max_model_len": a.max_model_len or d.max_model_len,
+        "max_model_len": a.max_model_len or cfg.resolved_persona().max_model_len(s.arch.context)[0],
         "quantization": a.quantization,
         "attention_backend": "nsa" if s.arch.index_topk else "flashinfer",
     }
@@ -534,17 +534,16 @@ class SimServer:
         max_tokens = payload.get("max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = payload.get("max_tokens")
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+        ):
+            raise HttpError(400, f"max_tokens must be at least 1, got {max_tokens!r}.")
+        # the engine's own words for a request longer than its context (personalities.toml [refusals])
+        refused = self.persona.refusals.refusal(max_model_len, prompt, max_tokens or 0)
+        if refused is not None:
+            raise HttpError(400, refused)
         if max_tokens is None:
             max_tokens = (max_model_len - prompt) if chat else 16
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise HttpError(400, f"max_tokens must be at least 1, got {max_tokens!r}.")
-        if prompt + max_tokens > max_model_len:
-            raise HttpError(
-                400,
-                f"This model's maximum context length is {max_model_len} tokens. However, you "
-                f"requested {prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} "
-                f"in the completion). Please reduce the length of the messages or completion.",
-            )
         min_tokens = payload.get("min_tokens") or 0
         ignore_eos = bool(payload.get("ignore_eos", False))
         n_out, reason = self.sampler.draw(max_tokens, int(min_tokens), ignore_eos)

@@ -76,6 +76,11 @@ max_batched_tokens = [[0, 1000], [70, 3000], [200, 5000]]
 mem_fraction = 0.5
 max_model_len = 4096
 
+[fakeserve.refusals]
+prompt = "fakeserve: {prompt} tokens do not fit in {max_model_len}"
+total = "fakeserve: {prompt} + {max_tokens} = {total} tokens do not fit in {max_model_len}"
+total_may_equal = true
+
 [fakeserve.startup]
 compile_s = 3.0
 compile_needs_cuda_graph = false
