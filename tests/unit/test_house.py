@@ -76,6 +76,7 @@ LAYERS: dict[str, int] = {
             "external",
             "flags",
             "llamacpp",
+            "lognorm",
             "logparse",
             "options",
             "registry",

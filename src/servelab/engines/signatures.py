@@ -1,8 +1,11 @@
 """Match a server log against the failure knowledge base (`signatures.toml`) and say what went wrong.
 
 The table is data so that a new failure is one entry, not a code change. Matching rules:
+- the log is first read like a clean one (`lognorm.normalise`: ANSI codes, docker/journald/process prefixes,
+  lost newlines and hard-wrapped lines undone);
 - each signature is a regex searched line by line; a signature may be limited to some engines and to the
-  start-up or serving phase (split at the engine's first "ready" line);
+  start-up or serving phase (serving: after the engine's first "ready" line, or near a line only a serving
+  engine prints, `[serving_markers]`);
 - fatal matches beat non-fatal ones (a slow-MoE warning never hides a crash); then the class with the higher
   priority wins (a root cause such as `nccl_shm` beats the generic "Engine core initialization failed");
   then the earliest line (the first error is usually the cause);
@@ -12,6 +15,7 @@ The table is data so that a new failure is one entry, not a code change. Matchin
 
 from __future__ import annotations
 
+import bisect
 import re
 import tomllib
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from importlib import resources
 from typing import Any
 
 from servelab.engines.base import Diagnosis
+from servelab.engines.lognorm import normalise
 from servelab.engines.logparse import redact_line
 from servelab.errors import ConfigError
 
@@ -55,6 +60,8 @@ class KnowledgeBase:
     signatures: tuple[Signature, ...]
     classes: dict[str, dict[str, Any]]
     ready_markers: dict[str, tuple[re.Pattern[str], ...]]
+    serving_markers: dict[str, tuple[re.Pattern[str], ...]]
+    serving_window: tuple[int, int]  # lines before, lines after a match in which a serving marker counts
 
 
 def _compile(pattern: str, where: str) -> re.Pattern[str]:
@@ -101,7 +108,14 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
         engine: tuple(_compile(p, f"ready_markers.{engine}") for p in pats)
         for engine, pats in data.get("ready_markers", {}).items()
     }
-    return KnowledgeBase(tuple(sigs), classes, markers)
+    serving = data.get("serving_markers", {})
+    window = serving.get("window", [0, 0])
+    serving_markers = {
+        engine: tuple(_compile(p, f"serving_markers.{engine}") for p in pats)
+        for engine, pats in serving.items()
+        if engine != "window"
+    }
+    return KnowledgeBase(tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])))
 
 
 @cache
@@ -162,12 +176,38 @@ def _applies(sig: Signature, engines: tuple[str, ...] | None) -> bool:
     return not sig.engines or engines is None or any(e in sig.engines for e in engines)
 
 
-def _first_match(sig: Signature, text: str, ready: int) -> int | None:
+class _Phases:
+    """Where in the server's life each line of a log is: serving after the ready line, or near a serving marker."""
+
+    def __init__(self, text: str, engines: tuple[str, ...] | None, kb: KnowledgeBase) -> None:
+        self.ready = _ready_pos(text, engines, kb)
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        names = engines if engines is not None else tuple(kb.serving_markers)
+        self.serving_lines = sorted(
+            {
+                self._line(m.start())
+                for name in names
+                for marker in kb.serving_markers.get(name, ())
+                for m in marker.finditer(text)
+            }
+        )
+        self.before, self.after = kb.serving_window
+
+    def _line(self, pos: int) -> int:
+        return bisect.bisect_right(self.starts, pos) - 1
+
+    def serving(self, pos: int) -> bool:
+        if pos >= self.ready:
+            return True
+        line = self._line(pos)
+        i = bisect.bisect_left(self.serving_lines, line - self.before)
+        return i < len(self.serving_lines) and self.serving_lines[i] <= line + self.after
+
+
+def _first_match(sig: Signature, text: str, phases: _Phases) -> int | None:
     for m in sig.pattern.finditer(text):
         pos = m.start()
-        if sig.phase == "startup" and pos >= ready:
-            return None  # matches are in order: every later one is after ready too
-        if sig.phase == "serving" and pos < ready:
+        if sig.phase != "any" and phases.serving(pos) != (sig.phase == "serving"):
             continue
         if sig.unless is not None and sig.unless.search(text, 0, pos):
             continue
@@ -176,17 +216,18 @@ def _first_match(sig: Signature, text: str, ready: int) -> int | None:
 
 
 def _best(text: str, engine: str | None, *, fatal_only: bool) -> tuple[Signature, int] | None:
+    """The best match in `text` (already normalised); `engine` None: guessed from the text."""
     kb = knowledge_base()
     engines = _engines_for(engine)
     if engines is None:
         guessed = guess_engine(text)
         engines = _engines_for(guessed) if guessed else None
-    ready = _ready_pos(text, engines, kb)
+    phases = _Phases(text, engines, kb)
     best: tuple[tuple[int, int, int], Signature, int] | None = None
     for sig in kb.signatures:
         if (fatal_only and not sig.fatal) or not _applies(sig, engines):
             continue
-        pos = _first_match(sig, text, ready)
+        pos = _first_match(sig, text, phases)
         if pos is None:
             continue
         key = (int(sig.fatal), sig.priority, -pos)
@@ -199,6 +240,8 @@ def diagnose(text: str, engine: str | None = None) -> Diagnosis:
     """The most specific known failure in `text`; class `unknown` with the tail that matters otherwise.
 
     `engine` limits engine-specific signatures (None: guessed from the log, else all apply)."""
+    engine = engine or guess_engine(text)
+    text = normalise(text)
     found = _best(text, engine, fatal_only=False)
     if found is None:
         kb = knowledge_base()
@@ -221,7 +264,9 @@ def healthy(text: str) -> Diagnosis | None:
     server came up (`[healthy]` in the knowledge base). None otherwise. Kept apart from `diagnose`, whose
     `unknown` callers read as "failed for a reason we do not know" (a start that timed out, a server that
     stopped answering)."""
-    if _best(text, None, fatal_only=False) is not None:
+    engine = guess_engine(text)
+    text = normalise(text)
+    if _best(text, engine, fatal_only=False) is not None:
         return None
     if "Traceback (most recent call last)" in text or any(_ERRORISH.search(ln) for ln in text.splitlines()):
         return None
@@ -239,6 +284,8 @@ def healthy(text: str) -> Diagnosis | None:
 
 def fatal_in(text: str, engine: str | None = None) -> Diagnosis | None:
     """The most specific fatal failure in `text`, or None: lets the lifecycle stop waiting for readiness early."""
+    engine = engine or guess_engine(text)
+    text = normalise(text)
     found = _best(text, engine, fatal_only=True)
     if found is None:
         return None
@@ -266,8 +313,8 @@ def _strip(line: str) -> str:
 def important_tail(text: str, limit: int = _TAIL_LINES) -> tuple[str, ...]:
     """The last traceback's last two frames and its exception, then the last ERROR-ish lines (in log order).
 
-    With neither, the last non-empty lines."""
-    lines = text.splitlines()
+    With neither, the last non-empty lines. `text` is read like a clean log (`lognorm.normalise`)."""
+    lines = normalise(text).splitlines()
     picked: list[int] = []
     tb_starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
     if tb_starts:
