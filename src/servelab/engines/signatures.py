@@ -23,7 +23,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from servelab.engines.base import Diagnosis
+from servelab.engines.base import Diagnosis, Setting
 from servelab.engines.lognorm import normalise
 from servelab.engines.logparse import redact_line
 from servelab.errors import ConfigError
@@ -56,12 +56,46 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class SettingRule:
+    """Where a class's evidence line gives the setting to change (`[[setting]]`)."""
+
+    klass: str
+    name: str
+    multiple: int
+    pattern: re.Pattern[str]
+
+    def read(self, line: str) -> Setting | None:
+        m = self.pattern.search(line)
+        if m is None:
+            return None
+        groups = m.groupdict()
+        asked = int(groups["asked"])
+        if groups.get("fits") is not None:
+            fits = int(groups["fits"])
+            reason = f"{self.name} is {asked}; the log says {fits} fit in the KV cache"
+        else:
+            need, have = float(groups["need"]), float(groups["have"])
+            fits = int(asked * have / need)
+            reason = f"{self.name} is {asked}; its KV cache needs {need:g} GiB, {have:g} GiB are free"
+        value = max(self.multiple, fits // self.multiple * self.multiple)
+        return Setting(self.name, value, reason)
+
+
+@dataclass(frozen=True)
 class KnowledgeBase:
     signatures: tuple[Signature, ...]
     classes: dict[str, dict[str, Any]]
     ready_markers: dict[str, tuple[re.Pattern[str], ...]]
     serving_markers: dict[str, tuple[re.Pattern[str], ...]]
     serving_window: tuple[int, int]  # lines before, lines after a match in which a serving marker counts
+    settings: tuple[SettingRule, ...] = ()
+
+    def setting(self, klass: str, line: str) -> Setting | None:
+        """The setting to change that `line` (a `klass` evidence line) gives figures for, if any."""
+        for rule in self.settings:
+            if rule.klass == klass and (found := rule.read(line)) is not None:
+                return found
+        return None
 
 
 def _compile(pattern: str, where: str) -> re.Pattern[str]:
@@ -115,7 +149,19 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
         for engine, pats in serving.items()
         if engine != "window"
     }
-    return KnowledgeBase(tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])))
+    settings = []
+    for i, row in enumerate(data.get("setting", [])):
+        if row.get("class") not in classes:
+            raise ConfigError(f"setting #{i} names unknown class {row.get('class')!r}")
+        pattern = _compile(row["pattern"], f"setting #{i}")
+        if "asked" not in pattern.groupindex or not (
+            "fits" in pattern.groupindex or {"need", "have"} <= set(pattern.groupindex)
+        ):
+            raise ConfigError(f"setting #{i}: the pattern needs the groups asked and fits (or need and have)")
+        settings.append(SettingRule(row["class"], row["name"], int(row.get("multiple", 1)), pattern))
+    return KnowledgeBase(
+        tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])), tuple(settings)
+    )
 
 
 @cache
@@ -254,8 +300,13 @@ def diagnose(text: str, engine: str | None = None) -> Diagnosis:
             fatal=False,
         )
     sig, pos = found
+    line = _line_at(text, pos)
     return Diagnosis(
-        klass=sig.klass, evidence=_evidence(_line_at(text, pos)), advice=sig.advice, fatal=sig.fatal
+        klass=sig.klass,
+        evidence=_evidence(line),
+        advice=sig.advice,
+        fatal=sig.fatal,
+        setting=knowledge_base().setting(sig.klass, line),
     )
 
 
@@ -290,7 +341,11 @@ def fatal_in(text: str, engine: str | None = None) -> Diagnosis | None:
     if found is None:
         return None
     sig, pos = found
-    return Diagnosis(klass=sig.klass, evidence=_evidence(_line_at(text, pos)), advice=sig.advice, fatal=True)
+    line = _line_at(text, pos)
+    setting = knowledge_base().setting(sig.klass, line)
+    return Diagnosis(
+        klass=sig.klass, evidence=_evidence(line), advice=sig.advice, fatal=True, setting=setting
+    )
 
 
 # -- the tail that matters ---------------------------------------------------------------------------------

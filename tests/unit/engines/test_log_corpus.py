@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from servelab.cli.main import cli
 from servelab.engines import signatures
+from servelab.errors import ConfigError
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "real"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "engines.md"
@@ -115,3 +116,48 @@ def test_the_docs_list_every_class_with_its_advice() -> None:
         row = next((ln for ln in logs_md.splitlines() if ln.startswith(f"| `{klass}` |")), "")
         assert row, f"docs/cli/logs.md has no row for {klass}"
         assert str(kb.classes[klass]["advice"]) in row, klass
+
+
+# The KV cache diagnosis names max_model_len and a value that fits, from the figures in the log's line:
+# the tokens it says fit (v0, and V1's estimate), or the length scaled by the free/needed GiB (V1 before
+# the estimate), rounded down to a multiple of 256.
+KV_SETTINGS = {
+    "vllm_10517_kv_29k": (29000, 23552),  # 23648 fit
+    "vllm_gptfuzz-27_kv_4096": (4096, 1792),  # 1792 fit
+    "vllm_basalam-10_kv_colab": (4096, 3584),  # 3664 fit
+    "vllm_tpuinf-223_kv_131072": (131072, 5632),  # the estimated maximum model length is 5632
+    "vllm_16118_kv_1m": (1048576, 435456),  # 24.00 GiB needed, 9.97 GiB free: 1048576 * 9.97 / 24
+}
+
+
+@pytest.mark.parametrize("excerpt", sorted(KV_SETTINGS))
+def test_the_kv_cache_diagnosis_names_the_setting_to_change(excerpt: str) -> None:
+    asked, value = KV_SETTINGS[excerpt]
+    got = answer(f"{excerpt}.log")
+    assert got["class"] == "kv_cache_too_small"
+    assert got["setting"]["name"] == "max_model_len" and got["setting"]["value"] == value
+    assert f"is {asked};" in got["setting"]["reason"]
+    human = CliRunner().invoke(cli, ["logs", "diagnose", str(REAL / f"{excerpt}.log")])
+    assert f"try: max_model_len = {value}" in human.output
+
+
+def test_no_figures_no_setting() -> None:
+    got = answer("sglang_14948_retract_no_space.log")  # SGLang's line gives no lengths
+    assert got["class"] == "kv_cache_too_small" and "setting" not in got
+    assert "setting" not in answer("vllm_4327_fp8_sm86.log")
+
+
+def test_a_setting_rule_needs_its_figures() -> None:
+    table = {
+        "class": {"unknown": {}, "kv_cache_too_small": {}},
+        "setting": [
+            {"class": "kv_cache_too_small", "name": "max_model_len", "pattern": r"len (?P<asked>\d+)"}
+        ],
+    }
+    with pytest.raises(ConfigError, match="asked and fits"):
+        signatures.parse_table(table)
+    table["setting"][0]["pattern"] = r"len (?P<asked>\d+) fits (?P<fits>\d+)"
+    kb = signatures.parse_table(table)
+    found = kb.setting("kv_cache_too_small", "len 5000 fits 4100")
+    assert found is not None and (found.name, found.value) == ("max_model_len", 4100)
+    assert kb.setting("unknown", "len 5000 fits 4100") is None
