@@ -233,7 +233,7 @@ def test_every_fault_is_diagnosed_and_the_study_goes_on(tmp_path: Path) -> None:
     assert c["f-garbage"]["status"] == "failed"
     assert c["f-garbage"]["diagnosis"]["class"] == "wrong_output"
     assert c["f-die"]["status"] == "failed"
-    assert c["f-die"]["diagnosis"]["class"] == "engine_died_after_ready"
+    assert c["f-die"]["diagnosis"]["class"] == "illegal_memory_access"  # the root cause of the death
     assert c["f-die"]["died_during_benchmark"] is True
     drop = c["f-drop"]
     assert drop["status"] in ("anomalous", "failed")

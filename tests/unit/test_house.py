@@ -80,6 +80,7 @@ LAYERS: dict[str, int] = {
             "external",
             "flags",
             "llamacpp",
+            "lognorm",
             "logparse",
             "options",
             "registry",

@@ -98,6 +98,9 @@ def _render_diagnosis(data: dict[str, Any]) -> None:
     if data["evidence"]:
         stdout.print(f"[bold]evidence:[/bold] {escape(printable(data['evidence']))}")
     stdout.print(f"[bold]advice:[/bold] {escape(printable(data['advice']))}")
+    if data.get("setting"):
+        s = data["setting"]
+        stdout.print(f"[bold]try:[/bold] {s['name']} = {s['value']} ({escape(printable(s['reason']))})")
     if data.get("tail"):
         stdout.print("[bold]tail:[/bold]")
         for line in data["tail"]:

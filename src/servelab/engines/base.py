@@ -10,7 +10,7 @@ protocol so that an outside adapter without one still registers (its options are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 # The normalized keys of an effective (or requested) configuration. Adapters map their engine's own
@@ -168,6 +168,15 @@ class EffectiveConfig:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """The server setting that most likely caused a failure and a value to try, from the log's own figures."""
+
+    name: str  # as `logs parse` names it: max_model_len, ...
+    value: int  # the value to try
+    reason: str  # the figures it comes from
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     """A failure class from the signature knowledge base, with the line that matched and what to do."""
 
@@ -176,6 +185,7 @@ class Diagnosis:
     advice: str
     tail: tuple[str, ...] = ()  # the last lines that matter, when nothing matched (klass == "unknown")
     fatal: bool = False  # the server that printed it will not become ready (or serve again)
+    setting: Setting | None = None  # the setting to change, when the log's figures say
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -186,6 +196,8 @@ class Diagnosis:
         }
         if self.tail:
             d["tail"] = list(self.tail)
+        if self.setting is not None:
+            d["setting"] = asdict(self.setting)
         return d
 
 

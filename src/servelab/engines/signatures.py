@@ -1,8 +1,11 @@
 """Match a server log against the failure knowledge base (`signatures.toml`) and say what went wrong.
 
 The table is data so that a new failure is one entry, not a code change. Matching rules:
+- the log is first read like a clean one (`lognorm.normalise`: ANSI codes, docker/journald/process prefixes,
+  lost newlines and hard-wrapped lines undone);
 - each signature is a regex searched line by line; a signature may be limited to some engines and to the
-  start-up or serving phase (split at the engine's first "ready" line);
+  start-up or serving phase (serving: after the engine's first "ready" line, or near a line only a serving
+  engine prints, `[serving_markers]`);
 - fatal matches beat non-fatal ones (a slow-MoE warning never hides a crash); then the class with the higher
   priority wins (a root cause such as `nccl_shm` beats the generic "Engine core initialization failed");
   then the earliest line (the first error is usually the cause);
@@ -12,6 +15,7 @@ The table is data so that a new failure is one entry, not a code change. Matchin
 
 from __future__ import annotations
 
+import bisect
 import re
 import tomllib
 from dataclasses import dataclass
@@ -19,7 +23,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from servelab.engines.base import Diagnosis
+from servelab.engines.base import Diagnosis, Setting
+from servelab.engines.lognorm import normalise
 from servelab.engines.logparse import redact_line
 from servelab.errors import ConfigError
 
@@ -51,10 +56,46 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class SettingRule:
+    """Where a class's evidence line gives the setting to change (`[[setting]]`)."""
+
+    klass: str
+    name: str
+    multiple: int
+    pattern: re.Pattern[str]
+
+    def read(self, line: str) -> Setting | None:
+        m = self.pattern.search(line)
+        if m is None:
+            return None
+        groups = m.groupdict()
+        asked = int(groups["asked"])
+        if groups.get("fits") is not None:
+            fits = int(groups["fits"])
+            reason = f"{self.name} is {asked}; the log says {fits} fit in the KV cache"
+        else:
+            need, have = float(groups["need"]), float(groups["have"])
+            fits = int(asked * have / need)
+            reason = f"{self.name} is {asked}; its KV cache needs {need:g} GiB, {have:g} GiB are free"
+        value = max(self.multiple, fits // self.multiple * self.multiple)
+        return Setting(self.name, value, reason)
+
+
+@dataclass(frozen=True)
 class KnowledgeBase:
     signatures: tuple[Signature, ...]
     classes: dict[str, dict[str, Any]]
     ready_markers: dict[str, tuple[re.Pattern[str], ...]]
+    serving_markers: dict[str, tuple[re.Pattern[str], ...]]
+    serving_window: tuple[int, int]  # lines before, lines after a match in which a serving marker counts
+    settings: tuple[SettingRule, ...] = ()
+
+    def setting(self, klass: str, line: str) -> Setting | None:
+        """The setting to change that `line` (a `klass` evidence line) gives figures for, if any."""
+        for rule in self.settings:
+            if rule.klass == klass and (found := rule.read(line)) is not None:
+                return found
+        return None
 
 
 def _compile(pattern: str, where: str) -> re.Pattern[str]:
@@ -101,7 +142,26 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
         engine: tuple(_compile(p, f"ready_markers.{engine}") for p in pats)
         for engine, pats in data.get("ready_markers", {}).items()
     }
-    return KnowledgeBase(tuple(sigs), classes, markers)
+    serving = data.get("serving_markers", {})
+    window = serving.get("window", [0, 0])
+    serving_markers = {
+        engine: tuple(_compile(p, f"serving_markers.{engine}") for p in pats)
+        for engine, pats in serving.items()
+        if engine != "window"
+    }
+    settings = []
+    for i, row in enumerate(data.get("setting", [])):
+        if row.get("class") not in classes:
+            raise ConfigError(f"setting #{i} names unknown class {row.get('class')!r}")
+        pattern = _compile(row["pattern"], f"setting #{i}")
+        if "asked" not in pattern.groupindex or not (
+            "fits" in pattern.groupindex or {"need", "have"} <= set(pattern.groupindex)
+        ):
+            raise ConfigError(f"setting #{i}: the pattern needs the groups asked and fits (or need and have)")
+        settings.append(SettingRule(row["class"], row["name"], int(row.get("multiple", 1)), pattern))
+    return KnowledgeBase(
+        tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])), tuple(settings)
+    )
 
 
 @cache
@@ -162,12 +222,38 @@ def _applies(sig: Signature, engines: tuple[str, ...] | None) -> bool:
     return not sig.engines or engines is None or any(e in sig.engines for e in engines)
 
 
-def _first_match(sig: Signature, text: str, ready: int) -> int | None:
+class _Phases:
+    """Where in the server's life each line of a log is: serving after the ready line, or near a serving marker."""
+
+    def __init__(self, text: str, engines: tuple[str, ...] | None, kb: KnowledgeBase) -> None:
+        self.ready = _ready_pos(text, engines, kb)
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        names = engines if engines is not None else tuple(kb.serving_markers)
+        self.serving_lines = sorted(
+            {
+                self._line(m.start())
+                for name in names
+                for marker in kb.serving_markers.get(name, ())
+                for m in marker.finditer(text)
+            }
+        )
+        self.before, self.after = kb.serving_window
+
+    def _line(self, pos: int) -> int:
+        return bisect.bisect_right(self.starts, pos) - 1
+
+    def serving(self, pos: int) -> bool:
+        if pos >= self.ready:
+            return True
+        line = self._line(pos)
+        i = bisect.bisect_left(self.serving_lines, line - self.before)
+        return i < len(self.serving_lines) and self.serving_lines[i] <= line + self.after
+
+
+def _first_match(sig: Signature, text: str, phases: _Phases) -> int | None:
     for m in sig.pattern.finditer(text):
         pos = m.start()
-        if sig.phase == "startup" and pos >= ready:
-            return None  # matches are in order: every later one is after ready too
-        if sig.phase == "serving" and pos < ready:
+        if sig.phase != "any" and phases.serving(pos) != (sig.phase == "serving"):
             continue
         if sig.unless is not None and sig.unless.search(text, 0, pos):
             continue
@@ -176,17 +262,18 @@ def _first_match(sig: Signature, text: str, ready: int) -> int | None:
 
 
 def _best(text: str, engine: str | None, *, fatal_only: bool) -> tuple[Signature, int] | None:
+    """The best match in `text` (already normalised); `engine` None: guessed from the text."""
     kb = knowledge_base()
     engines = _engines_for(engine)
     if engines is None:
         guessed = guess_engine(text)
         engines = _engines_for(guessed) if guessed else None
-    ready = _ready_pos(text, engines, kb)
+    phases = _Phases(text, engines, kb)
     best: tuple[tuple[int, int, int], Signature, int] | None = None
     for sig in kb.signatures:
         if (fatal_only and not sig.fatal) or not _applies(sig, engines):
             continue
-        pos = _first_match(sig, text, ready)
+        pos = _first_match(sig, text, phases)
         if pos is None:
             continue
         key = (int(sig.fatal), sig.priority, -pos)
@@ -199,6 +286,8 @@ def diagnose(text: str, engine: str | None = None) -> Diagnosis:
     """The most specific known failure in `text`; class `unknown` with the tail that matters otherwise.
 
     `engine` limits engine-specific signatures (None: guessed from the log, else all apply)."""
+    engine = engine or guess_engine(text)
+    text = normalise(text)
     found = _best(text, engine, fatal_only=False)
     if found is None:
         kb = knowledge_base()
@@ -211,8 +300,13 @@ def diagnose(text: str, engine: str | None = None) -> Diagnosis:
             fatal=False,
         )
     sig, pos = found
+    line = _line_at(text, pos)
     return Diagnosis(
-        klass=sig.klass, evidence=_evidence(_line_at(text, pos)), advice=sig.advice, fatal=sig.fatal
+        klass=sig.klass,
+        evidence=_evidence(line),
+        advice=sig.advice,
+        fatal=sig.fatal,
+        setting=knowledge_base().setting(sig.klass, line),
     )
 
 
@@ -221,7 +315,9 @@ def healthy(text: str) -> Diagnosis | None:
     server came up (`[healthy]` in the knowledge base). None otherwise. Kept apart from `diagnose`, whose
     `unknown` callers read as "failed for a reason we do not know" (a start that timed out, a server that
     stopped answering)."""
-    if _best(text, None, fatal_only=False) is not None:
+    engine = guess_engine(text)
+    text = normalise(text)
+    if _best(text, engine, fatal_only=False) is not None:
         return None
     if "Traceback (most recent call last)" in text or any(_ERRORISH.search(ln) for ln in text.splitlines()):
         return None
@@ -239,11 +335,17 @@ def healthy(text: str) -> Diagnosis | None:
 
 def fatal_in(text: str, engine: str | None = None) -> Diagnosis | None:
     """The most specific fatal failure in `text`, or None: lets the lifecycle stop waiting for readiness early."""
+    engine = engine or guess_engine(text)
+    text = normalise(text)
     found = _best(text, engine, fatal_only=True)
     if found is None:
         return None
     sig, pos = found
-    return Diagnosis(klass=sig.klass, evidence=_evidence(_line_at(text, pos)), advice=sig.advice, fatal=True)
+    line = _line_at(text, pos)
+    setting = knowledge_base().setting(sig.klass, line)
+    return Diagnosis(
+        klass=sig.klass, evidence=_evidence(line), advice=sig.advice, fatal=True, setting=setting
+    )
 
 
 # -- the tail that matters ---------------------------------------------------------------------------------
@@ -266,8 +368,8 @@ def _strip(line: str) -> str:
 def important_tail(text: str, limit: int = _TAIL_LINES) -> tuple[str, ...]:
     """The last traceback's last two frames and its exception, then the last ERROR-ish lines (in log order).
 
-    With neither, the last non-empty lines."""
-    lines = text.splitlines()
+    With neither, the last non-empty lines. `text` is read like a clean log (`lognorm.normalise`)."""
+    lines = normalise(text).splitlines()
     picked: list[int] = []
     tb_starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
     if tb_starts:

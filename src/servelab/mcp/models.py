@@ -72,6 +72,14 @@ class LogsParseView(Doc):
     evidence: dict[str, str] = Field(description="For each key, the log line (or endpoint) that shows it.")
 
 
+class DiagnosisSetting(Doc):
+    """`Setting`: the server setting that most likely caused the failure, from the log's own figures."""
+
+    name: str = Field(description="The setting, as `servelab logs parse` names it (e.g. max_model_len).")
+    value: int = Field(description="The value to try.")
+    reason: str = Field(description="The log's figures it comes from.")
+
+
 class DiagnosisView(Doc):
     """`servelab logs diagnose --json`: `Diagnosis`, the failure class from the signatures knowledge base."""
 
@@ -83,6 +91,9 @@ class DiagnosisView(Doc):
     fatal: bool = Field(description="The server that printed it will not become ready (or serve again).")
     tail: list[str] = Field(
         default=[], description="The last lines that matter, when nothing matched (else empty)."
+    )
+    setting: DiagnosisSetting | None = Field(
+        default=None, description="The setting to change and a value to try, when the log's figures say."
     )
 
 

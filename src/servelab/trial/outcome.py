@@ -26,7 +26,14 @@ TrialStatus = Literal["measured", "not_applied", "failed"]
 # Where a trial ended: its command could not be built, it did not start, a setting was not applied,
 # verify-output failed, the benchmark failed (or the server died in it), or every step passed.
 Stage = Literal["command", "place", "start", "applied", "verify", "bench", "done"]
-DEATH_CLASSES = ("engine_died_after_ready", "oom_runtime")
+# Fatal classes a serving engine dies of (the illegal memory access is the usual root cause of a death).
+DEATH_CLASSES = (
+    "engine_died_after_ready",
+    "oom_runtime",
+    "illegal_memory_access",
+    "worker_timeout",
+    "nccl_timeout",
+)
 # A stored level's telemetry keys, beside its digest's (`LevelResult.stored`).
 TELEMETRY_KEYS = ("gpu_power_w", "gpu_util")
 

@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from servelab.cli.main import cli
 from servelab.cli.output import dumps_json
 from servelab.energy import LevelCost, LevelEnergy
-from servelab.engines.base import Diagnosis, EffectiveConfig
+from servelab.engines.base import Diagnosis, EffectiveConfig, Setting
+from servelab.engines.signatures import diagnose
 from servelab.host.ports import free_port
 from servelab.mcp import models as M
 from servelab.mcp.base import Options
@@ -53,6 +54,7 @@ MIRRORS: list[tuple[type[BaseModel], type[Any], dict[str, str | None]]] = [
     (M.PlanFinding, Finding, {}),
     (M.LogsParseView, EffectiveConfig, {}),
     (M.DiagnosisView, Diagnosis, {"klass": "class"}),
+    (M.DiagnosisSetting, Setting, {}),
     (M.LayoutRow, LayoutResult, {"study_candidates": None}),
 ]
 
@@ -67,7 +69,7 @@ def test_each_view_declares_its_dataclass_fields(
     }
     assert _keys(view) == fields
     assert view.model_config.get("extra") == "forbid"
-    optional = {"tail"} if dc is Diagnosis else set()  # to_dict leaves it out when empty
+    optional = {"tail", "setting"} if dc is Diagnosis else set()  # to_dict leaves them out when empty
     assert _required(view) == fields - optional, "every key the document always has is required"
 
 
@@ -143,6 +145,10 @@ def _documents() -> Iterator[tuple[str, dict[str, Any], str]]:
     yield "bench", _run(simulated=False).to_json(), "time_base"
     diag = Diagnosis("nccl_error", "NCCL error: unhandled system error", "check the fabric", fatal=True)
     yield "logs_diagnose", diag.to_dict(), "class"
+    kv_log = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "real" / "vllm_10517_kv_29k.log"
+    kv = diagnose(kv_log.read_text())  # a new class, with the setting to change from the log's figures
+    assert kv.klass == "kv_cache_too_small" and kv.setting is not None
+    yield "logs_diagnose", kv.to_dict(), "class"
     item = Item("1", "restart the server", created_at=utcnow(), updated_at=utcnow())
     yield "plan_get", {"plan": "workspace", "items": [item.to_dict()], "counts": {"pending": 1}}, "items"
     finding = Finding("1", "server_healthy", "warning", "it answers", {"server": {"up": True}})
