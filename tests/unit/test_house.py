@@ -253,6 +253,7 @@ LAYERS: dict[str, int] = {
             "aio",
             "args",
             "bench",
+            "benchviews",
             "calibrate",
             "costs",
             "db",

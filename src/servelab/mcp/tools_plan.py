@@ -28,9 +28,9 @@ def _plan_name(store: Any, ref: str | None) -> str:
     return WORKSPACE if ref in (None, "", WORKSPACE) else str(StudyRepo(store).resolve(str(ref)).uid)
 
 
-def _plan_view(p: Plan) -> dict[str, Any]:
+def _plan_view(p: Plan) -> M.PlanView:
     counts = {s: sum(1 for i in p.items if i.status == s) for s in STATUSES}
-    return {"plan": p.name, "items": [i.to_dict() for i in p.items], "counts": counts}
+    return typed(M.PlanView, {"plan": p.name, "items": [i.to_dict() for i in p.items], "counts": counts})
 
 
 def plan_get(plan: A.PlanRef = None) -> M.PlanView:
@@ -39,7 +39,7 @@ def plan_get(plan: A.PlanRef = None) -> M.PlanView:
     from servelab.store.plans import PlanRepo
 
     with as_tool_errors(), open_store() as store:
-        return typed(M.PlanView, _plan_view(PlanRepo(store).load(_plan_name(store, plan))))
+        return _plan_view(PlanRepo(store).load(_plan_name(store, plan)))
 
 
 def plan_update(

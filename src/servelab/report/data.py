@@ -114,6 +114,7 @@ def build(
         _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
     )
     curves = pareto(candidates, slo)
+    energy = energy_points(candidates)
     front = throughput_front([ParetoPoint.of(d) for d in curves["per_gpu"]])
     winner = _winner(ranking, candidates)
     measured = any(
@@ -149,7 +150,13 @@ def build(
         "pareto_front": [p.to_json() for p in front],
         # J per output token against output tok/s (every level with energy): its front, fewest joules at
         # the most throughput
-        "energy_front": energy_front(candidates),
+        "energy_points": [p.to_json() for p in energy],
+        "energy_front": [
+            p.to_json()
+            for p in pareto_front(
+                energy, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
+            )
+        ],
         "ranking": ranking,
         "search": result.get("search"),
         "winner": winner,
@@ -453,7 +460,9 @@ def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
 
 
 def energy_points(cands: list[dict[str, Any]]) -> list[EnergyPoint]:
-    """Every measured level with both its output throughput and its J per output token."""
+    """Every measured level with both its output throughput and its J per output token (the points of the
+    report's energy chart, `energy_points`; `energy_front` the levels no other beats on both: more output
+    tok/s for fewer J per output token)."""
     return [
         EnergyPoint(
             c["label"], float(lv["level"]), float(lv["output_throughput"]), float(lv["j_per_output_token"])
@@ -463,15 +472,6 @@ def energy_points(cands: list[dict[str, Any]]) -> list[EnergyPoint]:
         for lv in c["levels"]
         if lv.get("output_throughput") is not None and lv.get("j_per_output_token") is not None
     ]
-
-
-def energy_front(cands: list[dict[str, Any]]) -> list[dict[str, str | float]]:
-    """The levels no other level beats on both: more output tok/s for fewer J per output token."""
-    points = energy_points(cands)
-    members = pareto_front(
-        points, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
-    )
-    return [p.to_json() for p in members]
 
 
 def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winner:

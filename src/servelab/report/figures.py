@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from servelab.load import kind_of
-from servelab.report.data import energy_points
-from servelab.report.pareto import ENERGY_AXES, ParetoPoint, front, members_text
+from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, front, members_text
 from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
 from servelab.report.runreport import RunReport, Timeline
 
@@ -144,9 +143,8 @@ def _per_gpu_figure(
     )
 
 
-def _energy_figure(model: dict[str, Any]) -> list[Figure]:
+def _energy_figure(points: list[EnergyPoint]) -> list[Figure]:
     """J per output token against output tok/s, the front named; none when no level has energy."""
-    points = energy_points(model["candidates"])
     if not points:
         return []
     svg, members = pareto_chart(
@@ -242,7 +240,7 @@ def figures(model: dict[str, Any]) -> list[Figure]:
                 if s["metric"] == "tpot_ms" and s["stat"] == "p50" and s["limit"] > 0
             ],
         ),
-        *_energy_figure(model),
+        *_energy_figure([EnergyPoint.of(d) for d in model.get("energy_points") or []]),
         Figure(
             "ttft",
             "TTFT p99 against load",

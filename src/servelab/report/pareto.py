@@ -55,6 +55,16 @@ class EnergyPoint:
     def to_json(self) -> dict[str, str | float]:
         return asdict(self)
 
+    @classmethod
+    def of(cls, d: Mapping[str, str | float]) -> EnergyPoint:
+        """A point read back from its JSON (`to_json`)."""
+        return cls(
+            str(d["candidate"]),
+            float(d["level"]),
+            float(d["output_throughput"]),
+            float(d["j_per_output_token"]),
+        )
+
 
 @dataclass(frozen=True)
 class ParetoPoint:
