@@ -272,8 +272,8 @@ def check_args(args: Sequence[str], schema: FlagSchema, sets: Sequence[str] = ()
             problems.append(
                 FlagProblem(
                     name,
-                    f"{name}: servelab sets it for every launch (from the study's model, engine.host and "
-                    "engine.port); remove it from args",
+                    f"{name}: servelab sets it for every launch (the model, its served name, host and port "
+                    "come from the study's [model] and [engine]); remove it from args",
                 )
             )
             continue
@@ -292,50 +292,147 @@ def check_args(args: Sequence[str], schema: FlagSchema, sets: Sequence[str] = ()
 
 # -- llama.cpp: `llama-server --help` ------------------------------------------------------------------
 
-# One option line of llama.cpp's help: "-c,    --ctx-size N      size of the prompt context ..."
-_HELP_LINE = re.compile(r"^(-[-\w]+(?:,\s*-[-\w]+)*)(?:\s+(\S+))?\s{2,}(.*)$")
-_HELP_CHOICES = re.compile(r"\{([\w.-]+(?:\|[\w.-]+)+)\}")
-_HELP_VALUE_CHOICES = re.compile(r"(?:allowed values|values):\s*([\w.-]+(?:,\s*[\w.-]+)+)", re.I)
+_CHOICE_FORMS = (
+    re.compile(r"^\{([\w.-]+(?:,[\w.-]+)+)\}$"),  # {none,linear,yarn}
+    re.compile(r"^\[([\w.-]+(?:\|[\w.-]+)+)\]$"),  # [on|off|auto]
+    re.compile(r"^<([\w.-]+(?:\|[\w.-]+)+)>$"),  # <0|1>
+)
+_ALLOWED = re.compile(r"allowed values:\s*([\w.-]+(?:,\s*[\w.-]+)+)", re.I)
+_METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_QUOTED_WORD = re.compile(r"'[a-z]+'")
+
+
+def _help_choices(placeholder: str) -> tuple[str, ...] | None:
+    for rx in _CHOICE_FORMS:
+        if m := rx.match(placeholder):
+            return tuple(re.split(r"[,|]", m.group(1)))
+    return None
+
+
+def _help_flag(head: str, help_text: str) -> FlagSpec:
+    names: list[str] = []
+    words = head.split(" ")
+    while words and words[0].startswith("-"):
+        names.append(words.pop(0).rstrip(","))
+    placeholder = " ".join(words)
+    choices = _help_choices(placeholder)
+    kind: Kind = "any"
+    nargs = "1" if placeholder else "0"
+    if not placeholder:
+        kind = "bool"
+    elif choices is not None:
+        kind = "str"
+    elif placeholder == "N":
+        # N is any number in llama.cpp's help (--temp N takes 0.8); a help quoting words ('auto') takes those too
+        kind = "any" if _QUOTED_WORD.search(help_text) else "float"
+    elif len(words) > 1 and all(_METAVAR.match(w) for w in words):
+        nargs = str(len(words))  # --lora-scaled FNAME SCALE
+    dest = max(names, key=len).lstrip("-").replace("-", "_")
+    return FlagSpec(tuple(names), dest, kind, nargs, choices, "ok", help_text)
+
+
+def _finish_help(flag: FlagSpec) -> FlagSpec:
+    choices = flag.choices
+    if choices is None and flag.takes_value and (m := _ALLOWED.search(flag.help)):
+        choices = tuple(x.strip() for x in m.group(1).split(","))
+    kind: Kind = "str" if choices is not None and flag.takes_value else flag.kind
+    status: Status = "deprecated" if re.search(r"\bdeprecated\b", flag.help, re.I) else "ok"
+    return FlagSpec(flag.names, flag.dest, kind, flag.nargs, choices, status, flag.help[:300])
 
 
 def parse_help(text: str, engine: str, version: str, source: str) -> FlagSchema:
-    """A schema from a `--help` text in llama.cpp's layout: each option line lists its names (comma
-    separated), a value placeholder (`N`, `FNAME`, `{a|b|c}`) when it takes one, then its help; a
-    placeholder in braces (or "allowed values: a, b") gives the choices; `N` an integer."""
+    """A schema from a `--help` text in llama.cpp's layout: an option line starts at column 0 with its
+    names (comma separated), a value placeholder when it takes one (`N`, `FNAME`, `{a,b}`, `[on|off]`,
+    `<0|1>`), then, after two spaces or on the indented lines below, its help; "allowed values: a, b"
+    there gives the choices, "(DEPRECATED)" marks it deprecated. `----- x params -----` banners and
+    anything before the first option line (backend loading) are skipped."""
     flags: list[FlagSpec] = []
-    last: FlagSpec | None = None
     for raw in text.splitlines():
-        line = raw.strip()
-        m = _HELP_LINE.match(line)
-        if m and line.startswith("-"):
-            names = tuple(n.strip() for n in m.group(1).split(","))
-            placeholder = m.group(2) or ""
-            if placeholder.startswith("-"):  # a third name, not a value
-                names, placeholder = (*names, placeholder), ""
-            help_text = m.group(3).strip()
-            choices = None
-            kind: Kind = "str"
-            if c := _HELP_CHOICES.fullmatch(placeholder):
-                choices = tuple(c.group(1).split("|"))
-            elif placeholder == "N":
-                kind = "int"
-            dest = max(names, key=len).lstrip("-").replace("-", "_")
-            status: Status = "ok"
-            if re.search(r"\bdeprecated\b", help_text, re.I):
-                status = "deprecated"
-            last = FlagSpec(
-                names, dest, kind, "1" if placeholder else "0", choices, status, " ".join(help_text.split())
+        if raw.startswith("-----"):
+            continue
+        if raw.startswith("-"):
+            line = re.sub(r",\s+", ", ", raw.rstrip())
+            parts = re.split(r"\s{2,}", line, maxsplit=1)
+            head, rest = parts[0], parts[1] if len(parts) > 1 else ""
+            flags.append(_help_flag(head.strip(), " ".join(rest.split())))
+        elif flags and raw[:1].isspace() and raw.strip():
+            last = flags[-1]
+            flags[-1] = FlagSpec(
+                last.names,
+                last.dest,
+                last.kind,
+                last.nargs,
+                last.choices,
+                last.status,
+                " ".join((last.help + " " + raw.strip()).split()),
             )
-            flags.append(last)
-        elif last is not None and line and not line.startswith("-"):
-            # a continuation line: the choices or a deprecation may be stated there
-            extra = " ".join((last.help + " " + line).split())
-            choices = last.choices
-            if choices is None and last.takes_value and (v := _HELP_VALUE_CHOICES.search(extra)):
-                choices = tuple(x.strip() for x in v.group(1).split(","))
-            status = "deprecated" if re.search(r"\bdeprecated\b", extra, re.I) else last.status
-            last = FlagSpec(last.names, last.dest, last.kind, last.nargs, choices, status, extra[:300])
-            flags[-1] = last
     if not flags:
         raise SchemaError(f"{source}: no option lines found")
-    return FlagSchema(engine=engine, version=version, flags=tuple(flags), source=source)
+    return FlagSchema(
+        engine=engine, version=version, flags=tuple(_finish_help(f) for f in flags), source=source
+    )
+
+
+# -- an argparse usage message (what an argparse engine prints when it refuses an argument) ------------
+
+
+def _usage_groups(text: str) -> list[str]:
+    """The top-level items of an argparse usage: `[--x X]` groups (brackets stripped) and bare required
+    `--y Y` pairs."""
+    body = " ".join(text.split())
+    body = re.sub(r"^usage:\s*\S+\s*", "", body)
+    out: list[str] = []
+    depth, start, i = 0, 0, 0
+    bare: list[str] = []
+    while i < len(body):
+        ch = body[i]
+        if ch == "[":
+            if depth == 0:
+                start = i + 1
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth == 0:
+                out.append(body[start:i].strip())
+        elif depth == 0 and not ch.isspace():
+            j = body.find(" ", i)
+            j = len(body) if j < 0 else j
+            bare.append(body[i:j])
+            i = j
+            continue
+        i += 1
+    k = 0
+    while k < len(bare):  # required options: `--model-path MODEL_PATH`
+        if bare[k].startswith("-"):
+            has_value = k + 1 < len(bare) and not bare[k + 1].startswith("-")
+            out.append(" ".join(bare[k : k + 2]) if has_value else bare[k])
+            k += 2 if has_value else 1
+        else:
+            k += 1
+    return out
+
+
+def parse_usage(text: str, engine: str, version: str, source: str) -> FlagSchema:
+    """A schema from an argparse usage message (each flag under its first name, its metavar or `{a,b}`
+    choices, `[X]` / `X [X ...]` / `[X ...]` for nargs ?, +, *). A usage names no types and no aliases:
+    values are checked against choices only, and the schema is what the message shows."""
+    flags: list[FlagSpec] = []
+    for group in _usage_groups(text.split("\n" + text.split(":", 1)[0] + ": error:")[0]):
+        words = group.split(" ", 1)
+        name = words[0]
+        if not name.startswith("-") or name in ("-h", "--help"):
+            continue
+        value = words[1].strip() if len(words) > 1 else ""
+        nargs = "0" if not value else "1"
+        if value.endswith("...]"):
+            nargs = "*" if value.startswith("[") else "+"
+        elif value.startswith("[") and value.endswith("]"):
+            nargs = "?"
+        core = value.strip("[]").split(" ")[0] if value else ""
+        m = re.fullmatch(r"\{([^}]*)\}", core)
+        choices = tuple(m.group(1).split(",")) if m else None
+        kind: Kind = "bool" if nargs == "0" else ("str" if choices else "any")
+        flags.append(FlagSpec((name,), name.lstrip("-").replace("-", "_"), kind, nargs, choices))
+    if not flags:
+        raise SchemaError(f"{source}: no usage found")
+    return FlagSchema(engine=engine, version=version, flags=tuple(flags), source=source, allow_abbrev=True)
