@@ -5,15 +5,20 @@ version, and a study's bad flag refused by `tune --dry-run` and by the real run 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.integration.test_tune_sim import servelab
 from tests.support import engines
+from tests.support.sshd import SshdHandle
 
 from servelab.engines import registry
 from servelab.engines.base import Settings
+from servelab.engines.flagdump import DUMP_FORMAT
 from servelab.engines.flagschema import FlagSchema, check_args
 from servelab.host import flagschema as hfs
 
@@ -57,7 +62,7 @@ def test_vllm_schema_read_from_the_installed_engine(cache: Path) -> None:
     again = read("vllm", cache)
     assert again.note == "cached" and again.schema == s
     files = list((cache / "flag-schemas").glob("vllm-*.json"))
-    assert len(files) == 1 and "0.32" in files[0].name
+    assert len(files) == 1 and "0.32" in files[0].name and files[0].name.endswith(f".v{DUMP_FORMAT}.json")
     assert hfs._cached("vllm", s.version) == s
     assert hfs._cached("vllm", "0.31.0") is None  # another version reads afresh
 
@@ -77,7 +82,7 @@ def test_vllm_refuses_typo_choice_type_deprecated_and_servelab_flags(cache: Path
     assert f"marks it {marked[0].status}" in dep
     [port] = problems(["--port", "9000"], r)
     assert "servelab sets it for every launch" in port
-    # what vLLM's own parser takes passes: underscores, --no- switches, a JSON flag's dotted key.
+    # what vLLM's own parser takes passes: underscores, --no- switches, a JSON flag's dotted key, -O3.
     ok = [
         "--max_num_seqs",
         "8",
@@ -85,6 +90,7 @@ def test_vllm_refuses_typo_choice_type_deprecated_and_servelab_flags(cache: Path
         "--compilation-config.mode",
         "3",
         "--enforce-eager",
+        "-O3",
     ]
     assert problems(ok, r) == []
 
@@ -168,3 +174,58 @@ def test_refusal_costs_no_launch(tmp_path: Path, cache: Path) -> None:
     assert not (home / "logs").exists()  # every launch logs to logs/<study>/ first: none happened
     stored = servelab("runs", "study", "last", "--json", home=home, check=False)
     assert stored.returncode == 2 and "no study" in (stored.stderr + stored.stdout).lower()
+
+
+def test_schema_read_over_host_where_the_server_would_run(tmp_path: Path, sshd: SshdHandle) -> None:
+    """`--host`: the engine's flags are read on that box, through the host transport (a real sshd on this
+    machine, reached only through OpenSSH), and a bad flag is refused there as here."""
+    study = tmp_path / "tf.toml"
+    body = f"""
+[study]
+name = "tf-remote"
+[model]
+path = "no-model-needed"
+[engine]
+name = "transformers"
+python = "{ENGINES_PY}"
+[[candidates]]
+name = "cb"
+args = ["--continuous-batching"]
+[workload]
+input_len = 16
+output_len = 8
+requests_per_stream = 2
+[load]
+concurrency = [1]
+"""
+    study.write_text(body)
+    env = {
+        **os.environ,
+        **sshd.env(),
+        "SERVELAB_HOME": str(tmp_path / "home"),
+        "SERVELAB_CACHE": str(tmp_path / "cache"),  # empty: the schema is read over there, not cached
+    }
+
+    def dry() -> subprocess.CompletedProcess[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "servelab",
+            "tune",
+            str(study),
+            "--dry-run",
+            "--json",
+            "--host",
+            sshd.alias,
+        ]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+
+    res = dry()
+    assert res.returncode == 0, res.stderr
+    [note] = json.loads(res.stdout)["flags"]
+    assert note.startswith("flags checked against transformers 5.") and f"({sshd.alias}, read:" in note
+    study.write_text(body.replace('"--continuous-batching"', '"--continous-batching"'))
+    res = dry()
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "candidates[0].args: 'cb': --continous-batching: transformers 5." in res.stderr
+    assert "(did you mean --continuous-batching?)" in res.stderr

@@ -21,6 +21,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
+# Bumped when what a dump holds changes: a cached schema of an older format is read afresh.
+DUMP_FORMAT = 2
+
 
 class ActionDump(TypedDict):
     names: list[str]
@@ -201,7 +204,11 @@ def _vllm() -> ParserDump:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[import-not-found]
     except ImportError:
         from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[import-not-found]
-    return dump_argparse(make_arg_parser(parser), "vllm", _version("vllm"))
+    dump = dump_argparse(make_arg_parser(parser), "vllm", _version("vllm"))
+    for a in dump["actions"]:  # FlexibleArgumentParser rewrites -O3, -O 3 and -O=3 into this flag
+        if "--optimization-level" in a["names"] and "-O" not in a["names"]:
+            a["names"].append("-O")
+    return dump
 
 
 def _sglang() -> ParserDump:

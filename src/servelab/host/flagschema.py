@@ -5,7 +5,8 @@ Python engines (vLLM, SGLang, transformers): the engine's own interpreter runs `
 `llama-server --help`. The simulator: its personality parsers, in this process. Commands go through the
 host transport (`--host`: the engine installed on that box), first the cheap version probe, then, when no
 schema of that engine and version is cached, the whole parser. The cache lives under
-`paths.cache_home()/flag-schemas`, one JSON file per engine and version; another version reads afresh.
+`paths.cache_home()/flag-schemas`, one JSON file per engine and version (and `flagdump.DUMP_FORMAT`);
+another version reads afresh.
 
 What cannot be read (the engine is not installed where this runs, a binary without `--help`) comes back as
 `SchemaRead(schema=None, note=...)`: the launch would find out anyway, so the caller says the flags were
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.engines.base import Engine, Settings
+from servelab.engines.flagdump import DUMP_FORMAT
 from servelab.engines.flags import python_for
 from servelab.engines.flagschema import FlagSchema, FlagSource, SchemaError, parse_dump, parse_help
 from servelab.host import transport
@@ -53,7 +55,7 @@ def schema_dir() -> Path:
 
 
 def _cache_file(engine: str, version: str) -> Path:
-    return schema_dir() / f"{_SAFE.sub('_', engine)}-{_SAFE.sub('_', version)}.json"
+    return schema_dir() / f"{_SAFE.sub('_', engine)}-{_SAFE.sub('_', version)}.v{DUMP_FORMAT}.json"
 
 
 def _cached(engine: str, version: str) -> FlagSchema | None:
