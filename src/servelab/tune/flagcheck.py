@@ -52,6 +52,7 @@ def check_study_flags(
         return out
     reads: dict[tuple[str, ...], SchemaRead] = {}
     checked_engine_args: set[tuple[str, ...]] = set()
+    checked: dict[tuple[str, ...], list[str]] = {}
     cands = [(f"{study.where(i)}.args", c) for i, c in enumerate(study.candidates)]
     cands += [("search.space.args", c) for c in study.space_checks()]
     for where, cand in cands:
@@ -73,6 +74,8 @@ def check_study_flags(
             checked_engine_args.add(key)
             for p in check_args(study.engine.args, read.schema, read.sets):
                 out.problems.append(f"  engine.args: {p.message}")
-        for p in check_args(cand.args, read.schema, read.sets):
-            out.problems.append(f"  {where}: {label!r}: {p.message}")
+        memo = (*key, "\0", *cand.args)  # a matrix repeats few distinct args
+        if memo not in checked:
+            checked[memo] = [p.message for p in check_args(cand.args, read.schema, read.sets)]
+        out.problems += [f"  {where}: {label!r}: {m}" for m in checked[memo]]
     return out
