@@ -17,3 +17,13 @@ def data_home() -> Path:
 
 def db_path() -> Path:
     return data_home() / "servelab.db"
+
+
+def cache_home() -> Path:
+    """What servelab may rebuild at any time (the installed engines' flag schemas): `$SERVELAB_CACHE`,
+    else `$XDG_CACHE_HOME/servelab`, else `~/.cache/servelab`."""
+    explicit = os.environ.get("SERVELAB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "servelab"

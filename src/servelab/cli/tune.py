@@ -330,6 +330,8 @@ def _show_search_plan(data: dict[str, Any]) -> None:
     for i, it in enumerate(s["first"], 1):
         t.add_row(str(i), escape(it["label"]), _fmt(it["predicted"], 1))
     stdout.print(t)
+    for note in data.get("flags", ()):
+        stdout.print(escape(note))
 
 
 def _check_ray(target: str | None, address: str | None) -> None:
@@ -353,6 +355,23 @@ def _check_ray(target: str | None, address: str | None) -> None:
             "the ray executor needs Ray, which is not installed here",
             hint="pip install 'servelab[ray]' (the same Ray version as the cluster's)",
         )
+
+
+def _dry_preflight(study: Any, target: str | None, kind: str) -> list[str]:
+    """The real run's preflight, engine flags read where the servers would run (an SSH host is only
+    reached when its engine's flags must be read there)."""
+    host = (
+        transport.SshHost(
+            transport.SshTarget.parse(target), python=study.host.python, workdir=study.host.workdir
+        )
+        if target is not None
+        else None
+    )
+    try:
+        return preflight(study, registry.get(study.engine.name), host, reachable=kind != "ray")
+    finally:
+        if host is not None:
+            host.close()
 
 
 async def _main(study: Any, source: str, opts: TuneOptions) -> StudyOutcome:
@@ -410,7 +429,7 @@ def tune_cmd(
     if kind == "ray":
         _check_ray(target, ray_address or study.executor.address)
     if dry_run:
-        preflight(study, registry.get(study.engine.name))
+        flag_notes = _dry_preflight(study, target, kind)
         plan = [
             {"label": c.label(), "predicted": p, "settings": c.model_dump(mode="json")}
             for c, p in (order_candidates(study) if study.candidates else [])
@@ -420,7 +439,9 @@ def tune_cmd(
 
             search = dry_run_view(study)
             emit(
-                {"study": study.study.name, "candidates": plan, "search": search}, as_json, _show_search_plan
+                {"study": study.study.name, "candidates": plan, "search": search, "flags": flag_notes},
+                as_json,
+                _show_search_plan,
             )
             return
 
@@ -444,8 +465,10 @@ def tune_cmd(
                     escape(note),
                 )
             stdout.print(t)
+            for note in data["flags"]:
+                stdout.print(escape(note))
 
-        emit({"study": study.study.name, "candidates": plan}, as_json, show)
+        emit({"study": study.study.name, "candidates": plan, "flags": flag_notes}, as_json, show)
         return
     opts = TuneOptions(
         resume=resume,

@@ -17,6 +17,7 @@ from pydantic import Field
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, opt, scan, table
+from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
@@ -74,6 +75,7 @@ class LlamaCpp:
         ignore_eos=True, min_tokens=False, stream_usage=False, metric_prefix="llamacpp:"
     )
     options_model = Options
+    flag_source = FlagSource("help", sets=("--model", "--alias", "--host", "--port"))  # `llama-server --help`
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp != 1 or s.pp != 1 or (s.dp or 1) != 1 or (s.ep or 1) != 1:

@@ -18,6 +18,7 @@ from pydantic import Field
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, Spellings, opt, python_for, scan, spelled, table, typed_requested
+from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
@@ -139,6 +140,10 @@ class SGLang:
     readiness = Readiness(health_path="/health", loading_status=(503,))
     capabilities = EngineCapabilities(metric_prefix="sglang:")
     options_model = Options
+    # ServerArgs.add_cli_args, read where SGLang is installed
+    flag_source = FlagSource(
+        "python", "sglang", sets=("--model-path", "--served-model-name", "--host", "--port")
+    )
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp < 1 or s.pp < 1:

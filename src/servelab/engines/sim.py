@@ -19,6 +19,7 @@ from pydantic import AfterValidator, Field, field_validator
 from servelab.engines import sglang, vllm
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Spellings, opt
+from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.engines.signatures import guess_engine
 from servelab.errors import ConfigError, ServelabError
@@ -128,6 +129,10 @@ class Sim:
         metric_prefix=None, gpu=False, verify_reference="sim", telemetry_path="/servelab/gpus"
     )  # the prefix follows the personality
     options_model = Options
+    # the personality's own parser (sim/engine_args.py); servelab sets what it sets for vLLM and SGLang
+    flag_source = FlagSource(
+        "sim", sets=("--model", "--model-path", "--served-model-name", "--host", "--port")
+    )
 
     def command(self, s: Settings) -> LaunchSpec:
         p = personality(s)

@@ -16,6 +16,7 @@ from pydantic import Field
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, opt, python_for, scan, table
+from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
@@ -62,6 +63,7 @@ class TransformersServe:
         gpu=False,
     )
     options_model = Options
+    flag_source = FlagSource("python", "transformers", sets=("--host", "--port"))  # `transformers serve`'s
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp != 1 or s.pp != 1 or (s.dp or 1) != 1 or (s.ep or 1) != 1:

@@ -17,6 +17,7 @@ from pydantic import Field
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.flags import Flag, Spellings, opt, python_for, scan, spelled, table, typed_requested
+from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
 
@@ -153,6 +154,8 @@ class VLLM:
     readiness = Readiness(health_path="/health", port_opens_when_ready=True)
     capabilities = EngineCapabilities(metric_prefix="vllm:")
     options_model = Options
+    # the engine's own parser (vllm.entrypoints...cli_args.make_arg_parser), read where it is installed
+    flag_source = FlagSource("python", "vllm", sets=("--model", "--served-model-name", "--host", "--port"))
 
     def command(self, s: Settings) -> LaunchSpec:
         if s.tp < 1 or s.pp < 1:

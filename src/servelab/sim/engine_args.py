@@ -288,11 +288,12 @@ class FlagDialect(NamedTuple):
 
     parse: Callable[[str, list[str], int, bool], tuple[EngineArgs, list[str]]]
     default_argv: Callable[[str, int | None, int | None, int | None, int | None, str | None], list[str]]
+    parser: Callable[[], argparse.ArgumentParser]  # the flags it takes, declared once (its FlagSchema too)
 
 
 FLAG_DIALECTS: dict[str, FlagDialect] = {
-    "vllm": FlagDialect(_parse_vllm_flags, vllm_default_argv),
-    "sglang": FlagDialect(_parse_sglang_flags, sglang_default_argv),
+    "vllm": FlagDialect(_parse_vllm_flags, vllm_default_argv, vllm_parser),
+    "sglang": FlagDialect(_parse_sglang_flags, sglang_default_argv, sglang_parser),
 }
 
 

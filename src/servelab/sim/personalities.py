@@ -21,6 +21,8 @@ from pathlib import Path
 from string import Formatter
 from typing import Any, NamedTuple
 
+from servelab.engines.flagdump import dump_argparse
+from servelab.engines.flagschema import FlagSchema, from_dump
 from servelab.model.context import PICKS, ContextFacts, ContextRule, derive
 from servelab.sim.engine_args import FLAG_DIALECTS, EngineArgs
 
@@ -528,3 +530,12 @@ def default_argv(
     """The engine flags for a model and layout, in the personality's dialect."""
     p = get_personality(personality) if isinstance(personality, str) else personality
     return FLAG_DIALECTS[p.flags].default_argv(model, tp, pp, ep, dp, quant)
+
+
+@cache
+def flag_schema(personality: str) -> FlagSchema:
+    """The flags a personality takes, as a FlagSchema: its dialect's parser, read by the same dump an
+    installed engine's parser is read with (so `tune --dry-run` checks a simulator study's args as the
+    simulator will parse them)."""
+    p = get_personality(personality)
+    return from_dump(dump_argparse(FLAG_DIALECTS[p.flags].parser(), "sim", f"{p.name} {p.version}"))

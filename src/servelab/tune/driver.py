@@ -198,7 +198,9 @@ class Tuner:
         return sid, uid, cands
 
     async def run(self) -> StudyOutcome:
-        preflight(self.study, self.engine)
+        # the engine flags are checked where the servers will run: this machine or the SSH host (a Ray
+        # cluster's nodes are not read yet: only the simulator's flags are checked there)
+        preflight(self.study, self.engine, self.host, reachable=not self.executor.parallel)
         self.swept = []
         try:
             await self.executor.start()  # an unusable host or cluster fails before anything is stored

@@ -13,8 +13,10 @@ from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, ServelabError, UserError
+from servelab.host import transport
 from servelab.lifecycle.handle import check_marker
 from servelab.trial.prepare import bench_config, settings_for
+from servelab.tune.flagcheck import check_study_flags
 
 
 def spec_hash(study: Study) -> str:
@@ -81,11 +83,16 @@ def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] |
     return sorted(ordered, key=lambda pair: pair[0].label() != base)
 
 
-def preflight(study: Study, engine: Engine) -> None:
+def preflight(
+    study: Study, engine: Engine, host: transport.Host | None = None, *, reachable: bool = True
+) -> list[str]:
     """Everything the real run derives for a candidate before launching it, derived for every candidate
-    now: its settings, the engine's command line (which refuses impossible input), its run marker and
-    its log file name. The dry run and the real run both call this first, so a study the dry run accepts
-    never stops at a launch, and one it refuses has started nothing and stored nothing."""
+    now: its settings, the engine's command line (which refuses impossible input), its engine flags
+    checked against the engine installed where it runs (`host`, None: this machine; see
+    `tune.flagcheck`), its run marker and its log file name. The dry run and the real run both call this
+    first, so a study the dry run accepts never stops at a launch, and one it refuses has started
+    nothing and stored nothing. Returns the notes of the flag check (what each schema was read from, or
+    why an engine's flags were not checked)."""
     problems: list[str] = []
     try:  # the benchmark's configuration is built after the server is up: build it now
         bench_config(study, "http://127.0.0.1:1", study.model.served_name or study.model.path)
@@ -106,10 +113,15 @@ def preflight(study: Study, engine: Engine) -> None:
                 + (f" ({exc.hint})" if exc.hint and exc.hint != exc.default_hint else "")
             )
         if len(problems) >= 20:
-            problems.append("  ... (the first 20 problems)")
             break
+    truncated = len(problems) >= 20
+    flags = check_study_flags(study, engine, host, reachable=reachable)
+    problems += flags.problems
+    if truncated or len(problems) > 20:
+        problems = [*problems[:20], "  ... (the first 20 problems)"]
     if problems:
         raise ConfigError(
             "the study cannot be launched:\n" + "\n".join(problems),
             hint="fix the fields named above; `servelab tune STUDY --dry-run` checks the same",
         )
+    return flags.notes()
