@@ -75,6 +75,9 @@ def test_a_planted_secret_is_published_nowhere(tmp_path: Path) -> None:
         levels=[2],
         extra_engine={"env": {"MY_CREDENTIALS": CREDENTIALS, "DB_URL": f"postgres://u:{URL_PASSWORD}@h/db"}},
     )
+    # Not a test of anomalies: two identical candidates' client-timed figures at the simulator's 50× clock
+    # swing with the box's load ("equals: utilization_drop" once), so the flags are set out of reach
+    study.write_text(study.read_text() + "\n[anomalies]\ncollapse_ratio = 0.01\npower_drop_ratio = 0.01\n")
     dry = servelab("tune", str(study), "--dry-run", "--json", home=home)
     assert not _leaks(dry.stdout + dry.stderr)
 

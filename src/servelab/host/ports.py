@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,8 +42,21 @@ class Listener:
         return f"{who} on {self.address}:{self.port}"
 
 
+# Where `free_port` picks: below Linux's ephemeral range (32768-60999), which the kernel hands out for
+# bind(0) and for outgoing connections, so a port picked here is not the next one a server started with
+# --port 0 (or a client's connection) is given while ours is not yet bound.
+PICK_RANGE = (20000, 32768)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago: bind to port 0 and release it (callers must expect a race)."""
+    """A port that was free a moment ago, drawn at random from `PICK_RANGE` (callers must expect a race;
+    a draw makes two pickers' collision unlikely where the kernel's bind(0) may hand a just-released port
+    to the next caller). Falls back to bind(0) when no drawn port is free."""
+    draw = random.SystemRandom()
+    for _ in range(64):
+        port = draw.randrange(*PICK_RANGE)
+        if port_is_free(host, port):
+            return port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

@@ -175,8 +175,9 @@ def verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
 def scrape_interval(study: Study) -> float:
     """Seconds between a level's /metrics and GPU samples on the client's clock: 1 s for a real server
     (bench's default); a simulator's faster clock every 2 s of its GPU's time, so a level lasting a fraction
-    of a second on the client's clock still has power samples to integrate (at least 0.1 s apart)."""
-    return max(0.1, min(1.0, 2.0 / sim_speed(study)))
+    of a second on the client's clock still has power samples to integrate (at least 0.25 s apart: each
+    sample is two requests to the simulator, which shares its core with the level it measures)."""
+    return max(0.25, min(1.0, 2.0 / sim_speed(study)))
 
 
 def sim_speed(study: Study) -> float:
