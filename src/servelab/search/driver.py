@@ -18,6 +18,7 @@ from servelab import analyze
 from servelab import space as sp
 from servelab.config.sections import CandidateSpec, LoadSpec, WorkloadSpec
 from servelab.config.study import Study
+from servelab.engines.base import Setting
 from servelab.events import SearchPromoted, SearchProposed, SearchPruned
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
@@ -135,6 +136,7 @@ class SearchDriver:
         values: tuple[float | None, ...] = ()
         outcome: Outcome
         reason = ""
+        setting: Setting | None = None
         keys: tuple[str, ...] = ()
         if status == "pruned":
             outcome, reason = "pruned", (search.get("region") or {}).get("reason", "")
@@ -151,8 +153,12 @@ class SearchDriver:
             )
         elif status == "failed":
             outcome = "failed"
-            diag = (c.outcome or {}).get("diagnosis") or {}
-            reason = str(diag.get("summary") or diag.get("kind") or "failed")
+            out = c.outcome or {}
+            diag = out.get("diagnosis") or (out if "class" in out else {})
+            setting = Setting.from_dict(diag.get("setting"))
+            reason = str(diag.get("class") or "failed")
+            if setting is not None:
+                reason += f": try {setting.name} = {setting.value!r} ({setting.reason})"
         elif measured and (status in ("measured", "anomalous")):
             levels = analyze.combine_repeats([x.levels or [] for x in measured])
             flags = [
@@ -166,7 +172,7 @@ class SearchDriver:
                 outcome = "pending"
         else:
             outcome = "pending"
-        return Tried(c.label, dict(point), outcome, values, rung, origin, keys, reason)
+        return Tried(c.label, dict(point), outcome, values, rung, origin, keys, reason, setting)
 
     def _value(self, label: str, levels: list[dict[str, Any]], objective: str) -> float | None:
         """The objective at the level the study's own objective scores (a Pareto pair is one level)."""
