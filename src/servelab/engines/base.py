@@ -197,20 +197,6 @@ class Setting:
             d["flags"] = dict(self.flags)
         return d
 
-    @classmethod
-    def from_dict(cls, d: object) -> Setting | None:
-        """A stored setting (`to_dict`) read back; None when `d` is not one."""
-        if not isinstance(d, dict) or not isinstance(d.get("name"), str) or "value" not in d:
-            return None
-        flags = d.get("flags") if isinstance(d.get("flags"), dict) else {}
-        return cls(
-            str(d["name"]),
-            d["value"],
-            str(d.get("reason", "")),
-            d.get("tried"),
-            tuple((str(k), v) for k, v in flags.items()),
-        )
-
 
 @dataclass(frozen=True)
 class Diagnosis:

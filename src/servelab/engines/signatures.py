@@ -107,7 +107,9 @@ class SettingRule:
             value = _floor(free / total, self.multiple) - self.multiple
             if value <= 0:
                 return None
-            reason = f"{self.name} is {asked:g}; {free:g} of {total:g} GiB are free at start ({free / total:.2f})"
+            reason = (
+                f"{self.name} is {asked:g}; {free:g} of {total:g} GiB are free at start ({free / total:.2f})"
+            )
             return Setting(self.name, round(value, 6), reason, asked, self.flags)
         if self.kind == "headroom":
             return self._headroom(g, text, engines)

@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from servelab.config.sections import CandidateSpec
-from servelab.engines.base import Setting
 from servelab.space import Point, Space, Value, candidate_fields
 
 Origin = Literal["listed", "prior", "model", "sampler", "grid", "rung", "pruned"]
 # A tried point's outcome as the search sees it.
 Outcome = Literal["pending", "measured", "collapsed", "failed", "not_applied", "pruned"]
+
+
+@dataclass(frozen=True)
+class NamedSetting:
+    """The setting a failed trial's diagnosis names, as the store keeps it (`diagnosis.setting`, written by
+    servelab.engines.base.Setting): its name, the value to try and the engine flags that give it."""
+
+    name: str
+    value: Value
+    flags: tuple[tuple[str, Value], ...] = ()
+
+    @classmethod
+    def from_stored(cls, d: object) -> NamedSetting | None:
+        """A stored diagnosis's `setting`; None when `d` is not one."""
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+            return None
+        value, flags = d.get("value"), d.get("flags")
+        if not isinstance(value, str | int | float):
+            return None
+        pairs = flags.items() if isinstance(flags, dict) else ()
+        return cls(d["name"], value, tuple((str(k), v) for k, v in pairs if isinstance(v, str | int | float)))
 
 
 @dataclass(frozen=True)
@@ -27,7 +48,7 @@ class Tried:
     origin: Origin = "sampler"
     not_applied: tuple[str, ...] = ()  # the requested keys that did not take effect
     reason: str = ""  # the diagnosis, the anomaly, or the region that pruned it
-    setting: Setting | None = None  # failed: the setting its diagnosis names, from the log's figures
+    setting: NamedSetting | None = None  # failed: the setting its diagnosis names, from the log's figures
 
     @property
     def ok(self) -> bool:
@@ -38,13 +59,13 @@ class Tried:
         return self.outcome in ("collapsed", "failed", "not_applied")
 
 
-_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+_OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
 
 
 @dataclass(frozen=True)
 class Region:
     """Points holding every (key, value) of `values` and within every (key, op, bound) of `bounds` (op
-    `>=` or `<=`, numbers) are not tried: `kind` says what a trial there did."""
+    `>`, `<`, `>=` or `<=`, numbers) are not tried: `kind` says what a trial there did."""
 
     values: tuple[tuple[str, Value], ...]
     kind: str
@@ -56,7 +77,10 @@ class Region:
         return all(
             k in point and type(point[k]) is type(v) and point[k] == v for k, v in self.values
         ) and all(
-            k in point and isinstance(x := point[k], int | float) and not isinstance(x, bool) and _OPS[op](x, b)
+            k in point
+            and isinstance(x := point[k], int | float)
+            and not isinstance(x, bool)
+            and _OPS[op](x, b)
             for k, op, b in self.bounds
         )
 

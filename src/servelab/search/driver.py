@@ -18,11 +18,10 @@ from servelab import analyze
 from servelab import space as sp
 from servelab.config.sections import CandidateSpec, LoadSpec, WorkloadSpec
 from servelab.config.study import Study
-from servelab.engines.base import Setting
 from servelab.events import SearchPromoted, SearchProposed, SearchPruned
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
-from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key
+from servelab.search.base import History, NamedSetting, Outcome, Proposal, Tried, candidate, point_key
 from servelab.search.runner import TrialRunner
 from servelab.search.strategies import Budget, make, promoted
 from servelab.space import label as point_label
@@ -136,7 +135,7 @@ class SearchDriver:
         values: tuple[float | None, ...] = ()
         outcome: Outcome
         reason = ""
-        setting: Setting | None = None
+        setting: NamedSetting | None = None
         keys: tuple[str, ...] = ()
         if status == "pruned":
             outcome, reason = "pruned", (search.get("region") or {}).get("reason", "")
@@ -155,10 +154,10 @@ class SearchDriver:
             outcome = "failed"
             out = c.outcome or {}
             diag = out.get("diagnosis") or (out if "class" in out else {})
-            setting = Setting.from_dict(diag.get("setting"))
+            setting = NamedSetting.from_stored(diag.get("setting"))
             reason = str(diag.get("class") or "failed")
             if setting is not None:
-                reason += f": try {setting.name} = {setting.value!r} ({setting.reason})"
+                reason += f": try {setting.name} = {setting.value!r} ({diag['setting'].get('reason', '')})"
         elif measured and (status in ("measured", "anomalous")):
             levels = analyze.combine_repeats([x.levels or [] for x in measured])
             flags = [

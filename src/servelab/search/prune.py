@@ -11,8 +11,8 @@ Relearned from the whole history at every step, so a region generalises as good 
   has taught nothing beyond itself;
 - **failed, naming a setting**: the diagnosis read a setting and a value to try from the server's log
   (`engines.base.Setting`: a KV cache too small for max_model_len, a CUDA-graph capture crash): the
-  region is that setting's value and the values beyond it, away from the value to try (max_model_len
-  >= 65536), or the point's value of the flags that give it (enforce_eager = False), with the point's
+  region is every value of that setting beyond the value to try, on the failed value's side (max_model_len
+  > 19968), or the point's value of the flags that give it (enforce_eager = False), with the point's
   other unshared categorical values.
 """
 
@@ -54,9 +54,9 @@ def regions(history: History, space: Space) -> list[Region]:
 
 
 def _setting_region(t: Tried, unshared: tuple[tuple[str, Value], ...]) -> Region | None:
-    """The region a failed trial's diagnosis names, with the point's `unshared` values: its setting's value
-    and every value beyond it, on the side away from the value to try (a max_model_len of 65536 or more
-    when 20224 is what fits), or the point's value of each engine flag that gives the value to try
+    """The region a failed trial's diagnosis names, with the point's `unshared` values: every value of its
+    setting beyond the value to try, on the side of the value that failed (a max_model_len over 19968
+    when the log says 20000 fit and 32768 failed), or the point's value of each engine flag that gives the value to try
     (`enforce_eager = False` when the capture of CUDA graphs crashed). None when the point holds none."""
     s = t.setting
     if s is None:
@@ -65,8 +65,8 @@ def _setting_region(t: Tried, unshared: tuple[tuple[str, Value], ...]) -> Region
     x = t.point.get(s.name)
     if isinstance(x, int | float) and not isinstance(x, bool) and _number(s.value) and x != s.value:
         others = tuple((k, v) for k, v in unshared if k != s.name)
-        op = ">=" if float(s.value) < x else "<="
-        return Region(others, "failed", t.label, why, ((s.name, op, float(x)),))
+        op = ">" if float(s.value) < x else "<"
+        return Region(others, "failed", t.label, why, ((s.name, op, float(s.value)),))
     named = [(s.name, t.point[s.name])] if s.name in t.point and x != s.value else []
     named += [(k, t.point[k]) for k, v in s.flags if k in t.point and t.point[k] != v]
     if not named:

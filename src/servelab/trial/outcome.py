@@ -68,7 +68,9 @@ class Finding:
 
     @classmethod
     def of(cls, diag: Diagnosis, message: str | None = None) -> Finding:
-        return cls(diag.klass, diag.evidence, diag.advice, diag.fatal, diag.tail or None, message, diag.setting)
+        return cls(
+            diag.klass, diag.evidence, diag.advice, diag.fatal, diag.tail or None, message, diag.setting
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"class": self.klass, "evidence": self.evidence, "advice": self.advice}
