@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from servelab.engines.base import Diagnosis, Setting, SettingValue
 from servelab.engines.lognorm import normalise
@@ -150,7 +150,24 @@ class SettingRule:
         return Setting(self.name, round(value, 6), reason, tried, self.flags)
 
 
-def _setting_rule(i: int, row: dict[str, Any]) -> SettingRule:
+class SettingRow(TypedDict, total=False):
+    """One `[[setting]]` table as the TOML holds it (its `class` is passed apart: a keyword here)."""
+
+    name: str
+    kind: str
+    pattern: str
+    multiple: float
+    engines: list[str]
+    unless: str
+    tried: str | SettingValue
+    default: dict[str, float]
+    value: SettingValue
+    reason: str
+    flags: dict[str, SettingValue]
+    source: str
+
+
+def _setting_rule(i: int, klass: str, row: SettingRow) -> SettingRule:
     """One `[[setting]]` table, checked."""
     kind = row.get("kind", "fits")
     pattern = _compile(row["pattern"], f"setting #{i}")
@@ -167,9 +184,14 @@ def _setting_rule(i: int, row: dict[str, Any]) -> SettingRule:
         raise ConfigError(f"setting #{i}: the pattern needs the groups {needs[kind][1]}")
     if kind == "constant" and ("value" not in row or not row.get("reason")):
         raise ConfigError(f"setting #{i}: a constant setting needs value and reason")
-    tried = _compile(row["tried"], f"setting #{i} tried") if kind == "headroom" and row.get("tried") else None
+    tried_text = row.get("tried")
+    tried = (
+        _compile(tried_text, f"setting #{i} tried")
+        if kind == "headroom" and isinstance(tried_text, str) and tried_text
+        else None
+    )
     return SettingRule(
-        klass=row["class"],
+        klass=klass,
         name=row["name"],
         pattern=pattern,
         kind=kind,
@@ -260,7 +282,7 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
     for i, row in enumerate(data.get("setting", [])):
         if row.get("class") not in classes:
             raise ConfigError(f"setting #{i} names unknown class {row.get('class')!r}")
-        settings.append(_setting_rule(i, row))
+        settings.append(_setting_rule(i, str(row["class"]), row))
     return KnowledgeBase(
         tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])), tuple(settings)
     )
