@@ -10,7 +10,7 @@ protocol so that an outside adapter without one still registers (its options are
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 # The normalized keys of an effective (or requested) configuration. Adapters map their engine's own
@@ -167,13 +167,35 @@ class EffectiveConfig:
         return {"effective": dict(self.effective), "evidence": dict(self.evidence)}
 
 
+SettingValue = int | float | bool | str
+
+
 @dataclass(frozen=True)
 class Setting:
-    """The server setting that most likely caused a failure and a value to try, from the log's own figures."""
+    """The server setting that most likely caused a failure and a value to try, from the log's own figures.
 
-    name: str  # as `logs parse` names it: max_model_len, ...
-    value: int  # the value to try
+    `tried`: the value the failed server ran with, when the log says (a search rules out the values on its
+    side of `value`: a max_model_len of `tried` or more when `value` is smaller). `flags`: the engine flags,
+    as a study's search space names them, that give `value` (`cuda_graph` false: vLLM `enforce_eager`,
+    SGLang `disable_cuda_graph`); empty when the setting is a candidate field of its own name."""
+
+    name: str  # as `logs parse` names it: max_model_len, mem_fraction, cuda_graph
+    value: SettingValue  # the value to try
     reason: str  # the figures it comes from
+    tried: SettingValue | None = None
+    flags: tuple[tuple[str, SettingValue], ...] = ()
+
+    def to_dict(self) -> dict[str, SettingValue | dict[str, SettingValue]]:
+        d: dict[str, SettingValue | dict[str, SettingValue]] = {
+            "name": self.name,
+            "value": self.value,
+            "reason": self.reason,
+        }
+        if self.tried is not None:
+            d["tried"] = self.tried
+        if self.flags:
+            d["flags"] = dict(self.flags)
+        return d
 
 
 @dataclass(frozen=True)
@@ -197,7 +219,7 @@ class Diagnosis:
         if self.tail:
             d["tail"] = list(self.tail)
         if self.setting is not None:
-            d["setting"] = asdict(self.setting)
+            d["setting"] = self.setting.to_dict()
         return d
 
 

@@ -16,14 +16,15 @@ The table is data so that a new failure is one entry, not a code change. Matchin
 from __future__ import annotations
 
 import bisect
+import math
 import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
-from servelab.engines.base import Diagnosis, Setting
+from servelab.engines.base import Diagnosis, Setting, SettingValue
 from servelab.engines.lognorm import normalise
 from servelab.engines.logparse import redact_line
 from servelab.errors import ConfigError
@@ -55,30 +56,155 @@ class Signature:
     source: str = ""
 
 
+_UNITS = {"KiB": 1 / 1024**2, "MiB": 1 / 1024, "GiB": 1.0, "GB": 1.0}
+
+
+def _floor(x: float, step: float) -> float | int:
+    """`x` rounded down to a multiple of `step` (an int for integer steps)."""
+    n = math.floor(x / step + 1e-9)
+    return int(n * step) if float(step).is_integer() else round(n * step, 6)
+
+
 @dataclass(frozen=True)
 class SettingRule:
-    """Where a class's evidence line gives the setting to change (`[[setting]]`)."""
+    """Where a class's evidence line gives the setting to change (`[[setting]]`), by `kind`:
+
+    - `fits`: groups asked and fits (or need and have GiB): the value that fits, rounded down to `multiple`;
+    - `free`: groups asked, free and total GiB (a start-up check of free memory): the free share of the
+      GPU, rounded down to `multiple`, less one `multiple`;
+    - `headroom`: groups want (want_unit), free (free_unit) and total: an allocation that did not fit; the
+      setting (read from the log by `tried`, else the engine's `default`) lowered by the shortfall's share
+      of the GPU and one `multiple`;
+    - `constant`: `value` (with `tried`), when the line alone names the setting (a CUDA-graph capture
+      crash: run without graphs)."""
 
     klass: str
     name: str
-    multiple: int
     pattern: re.Pattern[str]
+    kind: str = "fits"
+    multiple: float = 1
+    engines: tuple[str, ...] = ()
+    unless: re.Pattern[str] | None = None  # headroom: not when the log shows this (weights still loading)
+    tried: re.Pattern[str] | None = None  # headroom: the setting's value in the log (group value)
+    default: tuple[tuple[str, float], ...] = ()  # headroom: the engine's default when the log is silent
+    value: SettingValue | None = None  # constant
+    tried_value: SettingValue | None = None  # constant
+    reason: str = ""  # constant
+    flags: tuple[tuple[str, SettingValue], ...] = ()
 
-    def read(self, line: str) -> Setting | None:
+    def read(self, line: str, text: str = "", engines: tuple[str, ...] | None = None) -> Setting | None:
+        if self.engines and engines is not None and not any(e in self.engines for e in engines):
+            return None
         m = self.pattern.search(line)
         if m is None:
             return None
-        groups = m.groupdict()
-        asked = int(groups["asked"])
-        if groups.get("fits") is not None:
-            fits = int(groups["fits"])
+        g = m.groupdict()
+        if self.kind == "constant":
+            assert self.value is not None
+            return Setting(self.name, self.value, self.reason, self.tried_value, self.flags)
+        if self.kind == "free":
+            asked, free, total = float(g["asked"]), float(g["free"]), float(g["total"])
+            value = _floor(free / total, self.multiple) - self.multiple
+            if value <= 0:
+                return None
+            reason = (
+                f"{self.name} is {asked:g}; {free:g} of {total:g} GiB are free at start ({free / total:.2f})"
+            )
+            return Setting(self.name, round(value, 6), reason, asked, self.flags)
+        if self.kind == "headroom":
+            return self._headroom(g, text, engines)
+        asked = int(g["asked"])
+        if g.get("fits") is not None:
+            fits = int(g["fits"])
             reason = f"{self.name} is {asked}; the log says {fits} fit in the KV cache"
         else:
-            need, have = float(groups["need"]), float(groups["have"])
+            need, have = float(g["need"]), float(g["have"])
             fits = int(asked * have / need)
             reason = f"{self.name} is {asked}; its KV cache needs {need:g} GiB, {have:g} GiB are free"
-        value = max(self.multiple, fits // self.multiple * self.multiple)
-        return Setting(self.name, value, reason)
+        value = max(int(self.multiple), int(_floor(fits, self.multiple)))
+        return Setting(self.name, value, reason, asked, self.flags)
+
+    def _headroom(self, g: dict[str, str], text: str, engines: tuple[str, ...] | None) -> Setting | None:
+        if self.unless is not None and self.unless.search(text):
+            return None
+        want = float(g["want"]) * _UNITS.get(g.get("want_unit") or "GiB", 1.0)
+        free = float(g["free"]) * _UNITS.get(g.get("free_unit") or "GiB", 1.0)
+        total = float(g["total"])
+        found = list(self.tried.finditer(text)) if self.tried is not None else []
+        defaults = dict(self.default)
+        if found:
+            tried, said = float(found[-1].group("value")), ""
+        else:
+            known = [defaults[e] for e in engines or () if e in defaults]
+            if not known:
+                return None
+            tried, said = known[0], " (the engine's default)"
+        short = max(want - free, 0.0)
+        value = _floor(tried - short / total - self.multiple, self.multiple)
+        if value < 0.1:
+            return None
+        reason = (
+            f"{self.name} is {tried:g}{said}; {want:.2f} GiB did not fit in the {free:.2f} GiB free of "
+            f"{total:g} GiB: leave {short:.2f} GiB more outside it"
+        )
+        return Setting(self.name, round(value, 6), reason, tried, self.flags)
+
+
+class SettingRow(TypedDict, total=False):
+    """One `[[setting]]` table as the TOML holds it (its `class` is passed apart: a keyword here)."""
+
+    name: str
+    kind: str
+    pattern: str
+    multiple: float
+    engines: list[str]
+    unless: str
+    tried: str | SettingValue
+    default: dict[str, float]
+    value: SettingValue
+    reason: str
+    flags: dict[str, SettingValue]
+    source: str
+
+
+def _setting_rule(i: int, klass: str, row: SettingRow) -> SettingRule:
+    """One `[[setting]]` table, checked."""
+    kind = row.get("kind", "fits")
+    pattern = _compile(row["pattern"], f"setting #{i}")
+    groups = set(pattern.groupindex)
+    needs: dict[str, tuple[tuple[set[str], ...], str]] = {
+        "fits": (({"asked", "fits"}, {"asked", "need", "have"}), "asked and fits (or need and have)"),
+        "free": (({"asked", "free", "total"},), "asked, free and total"),
+        "headroom": (({"want", "free", "total"},), "want, free and total"),
+        "constant": ((set(),), ""),
+    }
+    if kind not in needs:
+        raise ConfigError(f"setting #{i}: kind {kind!r} is not fits/free/headroom/constant")
+    if not any(need <= groups for need in needs[kind][0]):
+        raise ConfigError(f"setting #{i}: the pattern needs the groups {needs[kind][1]}")
+    if kind == "constant" and ("value" not in row or not row.get("reason")):
+        raise ConfigError(f"setting #{i}: a constant setting needs value and reason")
+    tried_text = row.get("tried")
+    tried = (
+        _compile(tried_text, f"setting #{i} tried")
+        if kind == "headroom" and isinstance(tried_text, str) and tried_text
+        else None
+    )
+    return SettingRule(
+        klass=klass,
+        name=row["name"],
+        pattern=pattern,
+        kind=kind,
+        multiple=float(row.get("multiple", 1)),
+        engines=tuple(row.get("engines", ())),
+        unless=_compile(row["unless"], f"setting #{i} unless") if row.get("unless") else None,
+        tried=tried,
+        default=tuple((str(k), float(v)) for k, v in row.get("default", {}).items()),
+        value=row.get("value"),
+        tried_value=row.get("tried") if kind == "constant" else None,
+        reason=str(row.get("reason", "")),
+        flags=tuple((str(k), v) for k, v in row.get("flags", {}).items()),
+    )
 
 
 @dataclass(frozen=True)
@@ -90,10 +216,13 @@ class KnowledgeBase:
     serving_window: tuple[int, int]  # lines before, lines after a match in which a serving marker counts
     settings: tuple[SettingRule, ...] = ()
 
-    def setting(self, klass: str, line: str) -> Setting | None:
-        """The setting to change that `line` (a `klass` evidence line) gives figures for, if any."""
+    def setting(
+        self, klass: str, line: str, text: str = "", engines: tuple[str, ...] | None = None
+    ) -> Setting | None:
+        """The setting to change that `line` (a `klass` evidence line of the log `text`, written by one of
+        `engines`) gives figures for, if any."""
         for rule in self.settings:
-            if rule.klass == klass and (found := rule.read(line)) is not None:
+            if rule.klass == klass and (found := rule.read(line, text, engines)) is not None:
                 return found
         return None
 
@@ -153,12 +282,7 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
     for i, row in enumerate(data.get("setting", [])):
         if row.get("class") not in classes:
             raise ConfigError(f"setting #{i} names unknown class {row.get('class')!r}")
-        pattern = _compile(row["pattern"], f"setting #{i}")
-        if "asked" not in pattern.groupindex or not (
-            "fits" in pattern.groupindex or {"need", "have"} <= set(pattern.groupindex)
-        ):
-            raise ConfigError(f"setting #{i}: the pattern needs the groups asked and fits (or need and have)")
-        settings.append(SettingRule(row["class"], row["name"], int(row.get("multiple", 1)), pattern))
+        settings.append(_setting_rule(i, str(row["class"]), row))
     return KnowledgeBase(
         tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])), tuple(settings)
     )
@@ -306,7 +430,7 @@ def diagnose(text: str, engine: str | None = None) -> Diagnosis:
         evidence=_evidence(line),
         advice=sig.advice,
         fatal=sig.fatal,
-        setting=knowledge_base().setting(sig.klass, line),
+        setting=knowledge_base().setting(sig.klass, line, text, _engines_for(engine)),
     )
 
 
@@ -342,7 +466,7 @@ def fatal_in(text: str, engine: str | None = None) -> Diagnosis | None:
         return None
     sig, pos = found
     line = _line_at(text, pos)
-    setting = knowledge_base().setting(sig.klass, line)
+    setting = knowledge_base().setting(sig.klass, line, text, _engines_for(engine))
     return Diagnosis(
         klass=sig.klass, evidence=_evidence(line), advice=sig.advice, fatal=True, setting=setting
     )

@@ -75,9 +75,19 @@ class LogsParseView(Doc):
 class DiagnosisSetting(Doc):
     """`Setting`: the server setting that most likely caused the failure, from the log's own figures."""
 
-    name: str = Field(description="The setting, as `servelab logs parse` names it (e.g. max_model_len).")
-    value: int = Field(description="The value to try.")
+    name: str = Field(
+        description="The setting, as `servelab logs parse` names it (max_model_len, mem_fraction, cuda_graph)."
+    )
+    value: int | float | bool | str = Field(description="The value to try.")
     reason: str = Field(description="The log's figures it comes from.")
+    tried: int | float | bool | str | None = Field(
+        default=None, description="The value the failed server ran with, when the log says."
+    )
+    flags: dict[str, int | float | bool | str] = Field(
+        default={},
+        description="The engine flags (as a study's search space names them) that give the value, when the "
+        "setting is not a candidate field of its own name (cuda_graph false: enforce_eager, disable_cuda_graph).",
+    )
 
 
 class DiagnosisView(Doc):

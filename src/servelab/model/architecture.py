@@ -108,11 +108,20 @@ class Architecture:
         )
         return self.mtp_layers * (self.attn_params + mlp + 2 * self.hidden_size**2)
 
-    def active_params_counting(self, embedding: bool) -> float:
+    def active_params_counting(self, embedding: bool, lm_head: bool = True) -> float:
         """Active parameters the way a publisher counts them: with the input embedding or without it
-        (Meta, Qwen and Mistral count it; OpenAI, Z.ai and DeepSeek do not)."""
+        (Meta, Qwen and Mistral count it; OpenAI, Z.ai and DeepSeek do not), and with the output head
+        or, as a "non-embedding" count, without it either (tied or not)."""
         extra = self.embed_params if embedding and not self.tie_embeddings else 0.0
+        if not lm_head:
+            head = self.lm_head_params + (self.embed_params if self.tie_embeddings else 0.0)
+            return self.active_params + extra - head
         return self.active_params + extra
+
+    @property
+    def non_embedding_params(self) -> float:
+        """The total without the input embedding and the output head (Qwen's "Non-Embedding" figure)."""
+        return self.total_params - self.embed_params - self.lm_head_params
 
     @property
     def total_params(self) -> float:

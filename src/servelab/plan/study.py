@@ -184,6 +184,9 @@ def on_trial(
         d = evidence.get("diagnosis") or {}
         why = d.get("class") or "failed"
         text = d.get("advice") or d.get("message") or evidence.get("error") or ""
+        setting = d.get("setting") if isinstance(d.get("setting"), dict) else None
+        if setting is not None:  # the log's own figures name the setting to change
+            why += f" (try {setting.get('name')} = {setting.get('value')!r}: {setting.get('reason')})"
         return transition(
             plan,
             it.id,

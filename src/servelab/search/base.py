@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -11,6 +12,27 @@ from servelab.space import Point, Space, Value, candidate_fields
 Origin = Literal["listed", "prior", "model", "sampler", "grid", "rung", "pruned"]
 # A tried point's outcome as the search sees it.
 Outcome = Literal["pending", "measured", "collapsed", "failed", "not_applied", "pruned"]
+
+
+@dataclass(frozen=True)
+class NamedSetting:
+    """The setting a failed trial's diagnosis names, as the store keeps it (`diagnosis.setting`, written by
+    servelab.engines.base.Setting): its name, the value to try and the engine flags that give it."""
+
+    name: str
+    value: Value
+    flags: tuple[tuple[str, Value], ...] = ()
+
+    @classmethod
+    def from_stored(cls, d: object) -> NamedSetting | None:
+        """A stored diagnosis's `setting`; None when `d` is not one."""
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+            return None
+        value, flags = d.get("value"), d.get("flags")
+        if not isinstance(value, str | int | float):
+            return None
+        pairs = flags.items() if isinstance(flags, dict) else ()
+        return cls(d["name"], value, tuple((str(k), v) for k, v in pairs if isinstance(v, str | int | float)))
 
 
 @dataclass(frozen=True)
@@ -26,6 +48,7 @@ class Tried:
     origin: Origin = "sampler"
     not_applied: tuple[str, ...] = ()  # the requested keys that did not take effect
     reason: str = ""  # the diagnosis, the anomaly, or the region that pruned it
+    setting: NamedSetting | None = None  # failed: the setting its diagnosis names, from the log's figures
 
     @property
     def ok(self) -> bool:
@@ -36,23 +59,39 @@ class Tried:
         return self.outcome in ("collapsed", "failed", "not_applied")
 
 
+_OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
+
+
 @dataclass(frozen=True)
 class Region:
-    """Points holding every (key, value) of `values` are not tried: `kind` says what a trial there did."""
+    """Points holding every (key, value) of `values` and within every (key, op, bound) of `bounds` (op
+    `>`, `<`, `>=` or `<=`, numbers) are not tried: `kind` says what a trial there did."""
 
     values: tuple[tuple[str, Value], ...]
     kind: str
     source: str  # the candidate that taught it
     reason: str
+    bounds: tuple[tuple[str, str, float], ...] = ()
 
     def holds(self, point: Point) -> bool:
-        return all(k in point and type(point[k]) is type(v) and point[k] == v for k, v in self.values)
+        return all(
+            k in point and type(point[k]) is type(v) and point[k] == v for k, v in self.values
+        ) and all(
+            k in point
+            and isinstance(x := point[k], int | float)
+            and not isinstance(x, bool)
+            and _OPS[op](x, b)
+            for k, op, b in self.bounds
+        )
 
     def text(self) -> str:
-        return " and ".join(f"{k} = {v!r}" for k, v in self.values)
+        parts = [f"{k} = {v!r}" for k, v in self.values] + [f"{k} {op} {b:g}" for k, op, b in self.bounds]
+        return " and ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "values": dict(self.values), "where": self.text()}
+        d = {**asdict(self), "values": dict(self.values), "where": self.text()}
+        d["bounds"] = [list(b) for b in self.bounds]
+        return d
 
 
 @dataclass(frozen=True)

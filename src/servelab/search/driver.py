@@ -21,7 +21,7 @@ from servelab.config.study import Study
 from servelab.events import SearchPromoted, SearchProposed, SearchPruned
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
-from servelab.search.base import History, Outcome, Proposal, Tried, candidate, point_key
+from servelab.search.base import History, NamedSetting, Outcome, Proposal, Tried, candidate, point_key
 from servelab.search.runner import TrialRunner
 from servelab.search.strategies import Budget, make, promoted
 from servelab.space import label as point_label
@@ -135,6 +135,7 @@ class SearchDriver:
         values: tuple[float | None, ...] = ()
         outcome: Outcome
         reason = ""
+        setting: NamedSetting | None = None
         keys: tuple[str, ...] = ()
         if status == "pruned":
             outcome, reason = "pruned", (search.get("region") or {}).get("reason", "")
@@ -151,8 +152,12 @@ class SearchDriver:
             )
         elif status == "failed":
             outcome = "failed"
-            diag = (c.outcome or {}).get("diagnosis") or {}
-            reason = str(diag.get("summary") or diag.get("kind") or "failed")
+            out = c.outcome or {}
+            diag = out.get("diagnosis") or (out if "class" in out else {})
+            setting = NamedSetting.from_stored(diag.get("setting"))
+            reason = str(diag.get("class") or "failed")
+            if setting is not None:
+                reason += f": try {setting.name} = {setting.value!r} ({diag['setting'].get('reason', '')})"
         elif measured and (status in ("measured", "anomalous")):
             levels = analyze.combine_repeats([x.levels or [] for x in measured])
             flags = [
@@ -166,7 +171,7 @@ class SearchDriver:
                 outcome = "pending"
         else:
             outcome = "pending"
-        return Tried(c.label, dict(point), outcome, values, rung, origin, keys, reason)
+        return Tried(c.label, dict(point), outcome, values, rung, origin, keys, reason, setting)
 
     def _value(self, label: str, levels: list[dict[str, Any]], objective: str) -> float | None:
         """The objective at the level the study's own objective scores (a Pareto pair is one level)."""

@@ -17,6 +17,12 @@ FAULTS: dict[str, tuple[str, float | None, str]] = {
     ),
     "port_in_use": ("startup", None, "crash at start: the port is already in use"),
     "nccl_shm": ("startup", None, "crash at start: NCCL cannot create its /dev/shm segment"),
+    "kv_cache_too_small": (
+        "startup",
+        None,
+        "crash at start when max_model_len is more than the KV cache holds, as vLLM does "
+        "(N: the KV cache's tokens; default: what memory leaves it); SGLang serves on",
+    ),
     "slow_start": ("startup", 600.0, "CUDA-graph capture takes N more (model) seconds"),
     "orphan": ("startup", None, "leave a child process behind when the parent is killed"),
     "hang": ("serve", None, "accept connections, never answer"),
@@ -30,7 +36,7 @@ FAULTS: dict[str, tuple[str, float | None, str]] = {
     "malformed_sse": ("request", 2.0, "a malformed SSE event after N tokens"),
     "garbage": ("request", None, "the output is garbage ('!!!!…', as broken FP4 kernels produce)"),
 }
-STARTUP_CRASHES = ("cuda_init", "oom_init", "worker_init", "port_in_use", "nccl_shm")
+STARTUP_CRASHES = ("cuda_init", "oom_init", "worker_init", "port_in_use", "nccl_shm", "kv_cache_too_small")
 REQUEST_FAULTS = ("stall_stream", "drop_stream", "malformed_sse", "garbage")
 
 

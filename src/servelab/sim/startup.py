@@ -177,8 +177,9 @@ def fault_lines(personality: str, name: str) -> list[str]:
     return list(sig.get(f"{personality}_lines") or sig["lines"])
 
 
-def crash(srv: SimState, name: str) -> int:
-    """Print a start-up crash's signature (faults.toml) to stderr; returns its exit code."""
+def crash(srv: SimState, name: str, **extra: object) -> int:
+    """Print a start-up crash's signature (faults.toml) to stderr, `extra` filling placeholders of its
+    own; returns its exit code."""
     sig = fault_signatures()[name]
     gpu = srv.cfg.setup.host.gpu
     values = {
@@ -193,9 +194,33 @@ def crash(srv: SimState, name: str) -> int:
         "free_gib": 0.31,
         "date": f"{Logger.vdate()}",
         "sdate": Logger.sdate(),
+        **extra,
     }
     srv.log.raw([ln.format(**values) for ln in fault_lines(srv.persona.name, name)])
     return int(sig.get("exit", 1))
+
+
+def kv_too_small(srv: SimState) -> int | None:
+    """Fault kv_cache_too_small: vLLM's refusal to start when one request of max_model_len does not fit
+    the KV cache (of the fault's N tokens, else what memory leaves), with its figures; None when it fits
+    or the personality serves on (no lines)."""
+    if not fault_lines(srv.persona.name, "kv_cache_too_small"):
+        return None
+    mem, asked = srv.mem, int(srv.eff["max_model_len"] or 0)
+    arg = srv.cfg.faults["kv_cache_too_small"].arg
+    tokens = int(arg) if arg else int(mem.kv_cache_tokens)
+    if tokens <= 0 or asked <= tokens:
+        return None
+    per_token = max(mem.kv_cache, 0) / GIB / max(mem.kv_cache_tokens, 1)  # GiB a token's KV takes
+    fits = tokens // 16 * 16  # whole blocks of 16 tokens
+    return crash(
+        srv,
+        "kv_cache_too_small",
+        max_model_len=asked,
+        need_gib=per_token * asked,
+        have_gib=per_token * tokens,
+        fits=fits,
+    )
 
 
 def engine_dead_lines(srv: SimState) -> list[str]:
@@ -296,6 +321,8 @@ async def run_startup(srv: SimState) -> int:
             set_memory(srv, mem.weights + 0.5 * GB)
             if "oom_init" in faults or mem.kv_cache <= 0 or mem.kv_cache_tokens <= 0:
                 return crash(srv, "oom_init")
+            if "kv_cache_too_small" in faults and (code := kv_too_small(srv)) is not None:
+                return code
             if (
                 cfg.setup.host.gpu.sm in p.nsa_radix_crash_sm
                 and cfg.setup.arch.index_topk

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from servelab.applied import Mismatch
-from servelab.engines.base import Diagnosis, EffectiveConfig, LaunchSpec
+from servelab.engines.base import Diagnosis, EffectiveConfig, LaunchSpec, Setting
 from servelab.events import BenchEvent
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.startup import StartupPhases
@@ -64,10 +64,13 @@ class Finding:
     fatal: bool | None = None
     tail: tuple[str, ...] | None = None
     message: str | None = None
+    setting: Setting | None = None  # the setting to change, when the log's figures say
 
     @classmethod
     def of(cls, diag: Diagnosis, message: str | None = None) -> Finding:
-        return cls(diag.klass, diag.evidence, diag.advice, diag.fatal, diag.tail or None, message)
+        return cls(
+            diag.klass, diag.evidence, diag.advice, diag.fatal, diag.tail or None, message, diag.setting
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"class": self.klass, "evidence": self.evidence, "advice": self.advice}
@@ -77,6 +80,8 @@ class Finding:
             d["tail"] = list(self.tail)
         if self.message is not None:
             d["message"] = self.message
+        if self.setting is not None:
+            d["setting"] = self.setting.to_dict()
         return d
 
 

@@ -161,3 +161,57 @@ def test_a_setting_rule_needs_its_figures() -> None:
     found = kb.setting("kv_cache_too_small", "len 5000 fits 4100")
     assert found is not None and (found.name, found.value) == ("max_model_len", 4100)
     assert kb.setting("unknown", "len 5000 fits 4100") is None
+
+
+# Other classes whose lines name the setting: the free memory vLLM found at start against the fraction
+# asked (the free share, rounded down to 0.01, less 0.01), a crash while capturing CUDA graphs and vLLM's
+# torch.compile failures (CUDA graphs off: the eager flags), each with the flags a search space names.
+MEM_SETTINGS = {
+    "vllm_20305_free_memory_startup": (0.95, 0.65),  # 31.44 of 47.38 GiB free: 0.66
+    "vllm_25837_free_memory_4gb": (0.9, 0.79),  # 3.22 of 4.0 GiB: 0.805
+    "vllm_omni-1842_free_memory_stage": (0.95, 0.79),  # 111.99 of 139.8 GiB: 0.801
+}
+
+
+@pytest.mark.parametrize("excerpt", sorted(MEM_SETTINGS))
+def test_free_memory_at_start_names_the_memory_fraction_that_fits(excerpt: str) -> None:
+    asked, value = MEM_SETTINGS[excerpt]
+    got = answer(f"{excerpt}.log")
+    assert got["class"] == "gpu_busy_stale_process"
+    assert got["setting"] == {**got["setting"], "name": "mem_fraction", "value": value, "tried": asked}
+    assert got["setting"]["reason"].startswith(f"mem_fraction is {asked:g}; ")
+
+
+def test_graph_capture_and_compile_failures_name_cuda_graphs_off() -> None:
+    by_class: dict[str, set[str]] = {}
+    for e in INDEX:
+        got = answer(e["file"])
+        if got["class"] == e["class"] and e["class"] in ("cuda_graph_capture", "compile_error"):
+            s = got.get("setting")
+            by_class.setdefault(e["class"], set()).add(e["id"] if s else f"none:{e['id']}")
+            if s is not None:
+                assert (s["name"], s["value"], s["tried"]) == ("cuda_graph", False, True)
+                assert s["flags"]["enforce_eager"] is True
+    capture = by_class["cuda_graph_capture"]
+    assert capture and not any(x.startswith("none:") for x in capture)  # every capture crash
+    compiled = by_class["compile_error"]
+    # torch.compile (Inductor) under vLLM: eager; a FlashInfer JIT build is not torch.compile
+    assert "vllm_18730_inductor_codegen" in compiled and "vllm_31940_inductor_triton" in compiled
+    assert "none:vllm_36077_flashinfer_jit_nvcc" in compiled
+
+
+def test_an_out_of_memory_after_the_weights_lowers_the_fraction_by_what_did_not_fit() -> None:
+    """torch: 518 MiB did not fit in 4.06 MiB free of 21.67 GiB; vLLM's default fraction 0.9 less
+    (518 - 4.06) / 1024 / 21.67 = 0.023 and 0.01: 0.86. While the weights load, no fraction helps."""
+    text = (REAL / "vllm_2140_oom_quoted.log").read_text()
+    got = signatures.diagnose(text, "vllm")
+    assert got.klass == "oom_init" and got.setting is not None
+    assert (got.setting.name, got.setting.value, got.setting.tried) == ("mem_fraction", 0.86, 0.9)
+    assert "the engine's default" in got.setting.reason
+    said = "INFO [config.py] gpu_memory_utilization=0.95\n" + text  # the log says the fraction it ran with
+    found = signatures.diagnose(said, "vllm").setting
+    assert found is not None and (found.name, found.value, found.tried) == ("mem_fraction", 0.91, 0.95)
+    assert "default" not in found.reason
+    loading = signatures.diagnose((REAL / "vllm_14095_oom_load_model.log").read_text(), "vllm")
+    assert loading.klass == "oom_init" and loading.setting is None
+    assert signatures.diagnose(text, "sglang").setting is None  # no default known for it

@@ -10,8 +10,9 @@ import pytest
 
 from servelab import space as sp
 from servelab.config.loading import parse_study
+from servelab.engines.base import Setting
 from servelab.search import prune
-from servelab.search.base import History, Tried, point_key
+from servelab.search.base import History, NamedSetting, Tried, point_key
 from servelab.search.strategies import Budget, Halving, OptunaSearch, pool, promoted
 
 
@@ -180,3 +181,52 @@ def test_halving_starts_what_the_budget_allows_and_promotes_one_in_eta() -> None
     top = sorted(measured, key=lambda t: -(t.values[0] or 0.0))[: len(promotions)]
     assert [point_key(p) for p in promotions] == [point_key(t.point) for t in top]
     assert [t.label for t in promoted(h, 1.0, 2)] == [t.label for t in top[:2]]
+
+
+def test_a_failure_naming_its_setting_rules_out_the_values_beyond_the_one_to_try() -> None:
+    """The diagnosis read max_model_len (32768 failed, 19968 to try): every longer length with the failed
+    point's unshared values is ruled out, shorter ones are not; a flag (cuda_graph off = enforce_eager)
+    rules out the point's value of that flag."""
+    space = _space(max_model_len=[8192, 16384, 32768, 65536], enforce_eager=[False, True])
+    base = {
+        "layout": "tp8",
+        "moe_runner_backend": "flashinfer_cutlass",
+        "max_running_requests": 64,
+        "fusion": False,
+    }
+    good = Tried("g", {**base, "max_model_len": 8192, "enforce_eager": False}, "measured", (1.0,))
+    kv = NamedSetting("max_model_len", 19968)
+    bad = Tried("b", {**base, "max_model_len": 32768, "enforce_eager": False}, "failed", setting=kv)
+    (region,) = prune.regions(History([good, bad]), space)
+    assert region.text() == "max_model_len > 19968" and region.kind == "failed" and region.source == "b"
+    assert prune.avoided({**base, "max_model_len": 65536, "enforce_eager": True}, [region]) is region
+    assert prune.avoided({**base, "max_model_len": 16384, "enforce_eager": False}, [region]) is None
+    # the failed point's values no good point shares stay in the region (a tp4-pp2 one has its own memory)
+    alone = Tried("b2", {**bad.point, "layout": "tp4-pp2"}, "failed", setting=kv)
+    (narrow,) = prune.regions(History([good, alone]), space)
+    assert narrow.text() == "layout = 'tp4-pp2' and max_model_len > 19968"
+    # a measured point inside the region proves it wrong: dropped
+    long_ok = Tried("ok", {**base, "max_model_len": 65536, "enforce_eager": True}, "measured", (1.0,))
+    assert prune.regions(History([good, bad, long_ok]), space) == []
+    graphs = NamedSetting("cuda_graph", False, (("enforce_eager", True),))
+    crash = Tried("c", {**base, "max_model_len": 8192, "enforce_eager": False}, "failed", setting=graphs)
+    eager_ok = Tried("e", {**good.point, "enforce_eager": True}, "measured", (1.0,))
+    (eager,) = prune.regions(History([eager_ok, crash]), space)
+    assert eager.text() == "enforce_eager = False" and eager.kind == "failed"
+    assert prune.avoided(eager_ok.point, [eager]) is None
+    # a good point with that very value proves the region wrong: dropped
+    assert prune.regions(History([good, crash]), space) == []
+    # without a setting, a failure whose values all ran fine teaches nothing beyond itself
+    assert (
+        prune.regions(History([good, Tried("d", good.point | {"max_running_requests": 64}, "failed")]), space)
+        == []
+    )
+
+
+def test_the_search_reads_the_setting_a_diagnosis_stored() -> None:
+    """What engines.base.Setting writes into a stored diagnosis, read back as the search's own type."""
+    stored = Setting("cuda_graph", False, "capture crashed", True, (("enforce_eager", True),)).to_dict()
+    assert NamedSetting.from_stored(stored) == NamedSetting("cuda_graph", False, (("enforce_eager", True),))
+    kv = Setting("max_model_len", 19968, "20000 fit", 32768).to_dict()
+    assert NamedSetting.from_stored(kv) == NamedSetting("max_model_len", 19968)
+    assert NamedSetting.from_stored({"value": 1}) is None and NamedSetting.from_stored(None) is None
