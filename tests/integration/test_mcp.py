@@ -309,6 +309,51 @@ def test_progress_is_also_a_notification(story: dict[str, Any]) -> None:
     assert story["notified"] == [(last["levels_done"], last["levels_total"])]
 
 
+def test_progress_shows_each_levels_energy_and_cost_as_the_study_stored_them(
+    story: dict[str, Any], world: World
+) -> None:
+    """`tune_progress`'s per-level figures are the trial digests `runs study` reads from the same store:
+    the simulator's GPUs drew power, so every measured level has joules and a price."""
+    uid = story["started"]["study"]
+    stored = {
+        c["label"]: [(t["repeat"], lv) for t in c["trials"] for lv in t["levels"] or []]
+        for c in cli_json(world, "runs", "study", uid)["candidates"]
+    }
+    shown = {c["label"]: c["levels"] for c in story["progress"][-1]["candidates"]}
+    assert set(shown) == set(stored) and shown["tp8-trtllm"] == []
+    keys = ("energy_j", "j_per_output_token", "j_per_output_token_above_idle", "usd_per_m_output_tokens")
+    for label in ("tp8-cutlass", "tp8-cutlass-arfusion"):
+        assert [(lv["repeat"], lv["level"]) for lv in shown[label]] == [
+            (r, d["level"]) for r, d in stored[label]
+        ]
+        for lv, (_, d) in zip(shown[label], stored[label], strict=True):
+            assert lv["output_throughput"] == pytest.approx(d["output_throughput"])
+            assert all(lv[k] is not None and lv[k] == pytest.approx(d[k]) for k in keys), (lv, d)
+            assert lv["j_per_output_token"] > 0 and lv["usd_per_m_output_tokens"] > 0
+    # the collapsing flag's GPUs idle on the fused all-reduce: more joules per token than the baseline's
+    base, flag = (shown[label][0]["j_per_output_token"] for label in ("tp8-cutlass", "tp8-cutlass-arfusion"))
+    assert flag > base
+
+
+def test_the_report_declares_its_fronts_typed(story: dict[str, Any], world: World) -> None:
+    """The report tool's `pareto_front` and `energy_front` are the command's and its schema types each
+    member: one with a figure missing or of the wrong type does not pass."""
+    report, schema = story["report"], story["schemas"]["report"]
+    cli = cli_json(world, "report", story["started"]["study"])
+    assert report["pareto_front"] == cli["pareto_front"] and report["energy_front"] == cli["energy_front"]
+    assert report["pareto_front"] and report["energy_front"]
+    names = {lv["candidate"] for lv in report["pareto_front"] + report["energy_front"]}
+    assert names <= {"tp8-cutlass", "tp8-cutlass-arfusion"}
+    for key, figure in (("pareto_front", "tps_per_user"), ("energy_front", "j_per_output_token")):
+        bad = json.loads(json.dumps(report))
+        bad[key][0][figure] = "fast"
+        with pytest.raises(jsonschema.ValidationError, match="fast"):
+            jsonschema.validate(bad, schema)
+        del bad[key][0][figure]
+        with pytest.raises(jsonschema.ValidationError, match=figure):
+            jsonschema.validate(bad, schema)
+
+
 def _study_processes(uid: str) -> list[processes.ProcInfo]:
     return [p for p in processes.with_marker(prefix=f"{uid}:") if p.alive()]
 

@@ -359,10 +359,40 @@ class BenchView(RunView):
 
 
 # -- report and deploy (free-form dicts) ----------------------------------------------------------
+class ParetoPointView(Doc):
+    """`report.pareto.ParetoPoint`: one measured level on the output tok/s per GPU against tok/s per user
+    chart."""
+
+    candidate: str = Field(description="The study's candidate (or the bench run's uid).")
+    level: float
+    output_tps_per_gpu: float = Field(description="Output tokens/s divided by the GPUs its server held.")
+    tps_per_user: float = Field(description="Tokens/s one user sees: 1000 / the median TPOT in ms.")
+    gpus: int = Field(description="The GPUs of its layout, tp × pp × dp.")
+
+
+class EnergyPointView(Doc):
+    """`report.pareto.EnergyPoint`: one measured level on the J per output token against output tok/s
+    chart."""
+
+    candidate: str
+    level: float
+    output_throughput: float = Field(description="Output tokens/s.")
+    j_per_output_token: float = Field(description="GPU energy per output token, joules.")
+
+
 class ReportView(View):
-    """`servelab report STUDY --json` with the files written."""
+    """`servelab report STUDY --json` with the files written (docs/cli/report.md)."""
 
     written: list[str] = Field(description="Paths of the files the report wrote.")
+    pareto_front: list[ParetoPointView] = Field(
+        description="The levels no other beats on both output tok/s per GPU and tok/s per user, in the "
+        "order of tok/s per user."
+    )
+    energy_front: list[EnergyPointView] = Field(
+        default_factory=list,
+        description="A study's levels no other beats on both output tok/s and J per output token (a "
+        "bench run's report has none).",
+    )
 
 
 class DeployView(View):
@@ -403,11 +433,27 @@ class TrialProgress(Doc):
     started_at: str | None
 
 
+class LevelFigures(Doc):
+    """One level a trial measured (its stored digest, `results.LevelSummary.digest`): its output throughput
+    and what it cost (servelab.energy; None where it was not measured: no power samples, no tokens)."""
+
+    repeat: int
+    level: float
+    output_throughput: float | None = Field(description="Output tokens/s.")
+    energy_j: float | None = Field(description="The GPUs' energy over the level's window, joules.")
+    j_per_output_token: float | None = Field(description="Joules per output token.")
+    j_per_output_token_above_idle: float | None = Field(
+        description="Joules per output token above the GPUs' idle power."
+    )
+    usd_per_m_output_tokens: float | None = Field(description="Dollars per million output tokens.")
+
+
 class CandidateProgress(Doc):
     label: str
     status: str
     trials: int
     levels_done: int
+    levels: list[LevelFigures] = Field(description="Every level its trials measured so far, in order.")
 
 
 class Driver(Doc):

@@ -6,7 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from servelab import load as load_kinds
-from servelab.mcp.models import CandidateProgress, Driver, Finding, TrialProgress, TuneProgress
+from servelab.mcp.models import (
+    CandidateProgress,
+    Driver,
+    Finding,
+    LevelFigures,
+    TrialProgress,
+    TuneProgress,
+)
 from servelab.store.db import Store
 from servelab.store.leases import holder
 from servelab.store.studies import TERMINAL_TRIAL, StoredCandidate, StoredTrial, StudyRepo
@@ -20,6 +27,27 @@ def _ts(text: str | None) -> datetime | None:
 
 def _levels(trial: StoredTrial) -> list[float]:
     return [float(lv["level"]) for lv in trial.levels or [] if lv.get("level") is not None]
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _figures(trial: StoredTrial) -> list[LevelFigures]:
+    """The trial's measured levels with their throughput, energy and cost, as its digests stored them."""
+    return [
+        LevelFigures(
+            repeat=trial.repeat,
+            level=float(lv["level"]),
+            output_throughput=_number(lv.get("output_throughput")),
+            energy_j=_number(lv.get("energy_j")),
+            j_per_output_token=_number(lv.get("j_per_output_token")),
+            j_per_output_token_above_idle=_number(lv.get("j_per_output_token_above_idle")),
+            usd_per_m_output_tokens=_number(lv.get("usd_per_m_output_tokens")),
+        )
+        for lv in trial.levels or []
+        if lv.get("level") is not None
+    ]
 
 
 def _findings(cand: StoredCandidate, trials: list[StoredTrial]) -> list[Finding]:
@@ -80,7 +108,9 @@ def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgres
     for c in cands:
         trials = repo.trials(c.id)
         done_here = 0
+        figures: list[LevelFigures] = []
         for t in trials:
+            figures += _figures(t)
             got = _levels(t)
             done_here += len(got)
             if t.status in _ENDED_TRIAL:
@@ -101,7 +131,9 @@ def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgres
         levels_done += done_here
         findings += _findings(c, trials)
         rows.append(
-            CandidateProgress(label=c.label, status=c.status, trials=len(trials), levels_done=done_here)
+            CandidateProgress(
+                label=c.label, status=c.status, trials=len(trials), levels_done=done_here, levels=figures
+            )
         )
     total = None if adaptive else len(cands) * repeats
     owner = holder(store, st.id)

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from servelab.model.memory import MemoryPlan, plan_memory
 from servelab.model.predict import Setup, Workload, latencies, make_terms
-from servelab.model.step import DecodeBatch, build_perf, step_time
+from servelab.model.step import DecodeBatch, StepBreakdown, build_perf, step_time
 from servelab.sim.prefix import PrefixCache
 
 WAITING, PREFILL, HOLD, DECODE, DONE = range(5)
@@ -126,8 +126,10 @@ class Timing:
         self.prefill_alone = lru_cache(maxsize=4096)(self._prefill_alone)
         self.laws = lru_cache(maxsize=65536)(self._laws)
 
-    def _prefill_alone(self, tokens: int, context: int = 0) -> float:
-        return step_time(self.perf, (), prefill_tokens=tokens, prefill_context=context).total * self.slowdown
+    def _prefill_alone(self, tokens: int, context: int = 0) -> tuple[float, Work]:
+        """A step of one prefill chunk alone: its time, and that time by what bounds it (`Work`)."""
+        b = step_time(self.perf, (), prefill_tokens=tokens, prefill_context=context)
+        return b.total * self.slowdown, Work.of(b, self.slowdown)
 
     def _laws(self, isl: int, osl: int, running: int) -> tuple[float, float]:
         """(TTFT after the front-end overhead, decode stall per token) for a request of isl/osl tokens
@@ -139,11 +141,56 @@ class Timing:
 
     def decode(self, n: int, total_context: float) -> float:
         """One decode step (one token for each of n sequences); with PP, n is split into micro-batches."""
+        return self.decode_step(n, total_context)[0]
+
+    def decode_step(self, n: int, total_context: float) -> tuple[float, Work]:
+        """`decode`'s time, and that time by what bounds it (`Work`)."""
         if n <= 0:
-            return 0.0
+            return 0.0, Work()
         micro = min(self.pp, n)
-        b = n / micro
-        return step_time(self.perf, DecodeBatch(b, total_context / micro)).total * self.slowdown  # type: ignore[arg-type]
+        b = step_time(self.perf, DecodeBatch(n / micro, total_context / micro))  # type: ignore[arg-type]
+        return b.total * self.slowdown, Work.of(b, self.slowdown)
+
+
+@dataclass(frozen=True)
+class Work:
+    """Model seconds of GPU work, by what bounds it (the step's parts in `model.step.StepBreakdown`):
+    reading weights and the KV cache (`memory_s`), FLOPs beyond those reads, and the stall the running
+    batch's prefills cause (`compute_s`), all-reduce and MoE collectives (`comm_s`), and the fixed
+    overheads of launches and scheduling (`other_s`); `busy_s` is their sum. The simulated GPUs' power
+    follows it (sim/telemetry.py)."""
+
+    memory_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    other_s: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return self.memory_s + self.compute_s + self.comm_s + self.other_s
+
+    @classmethod
+    def of(cls, b: StepBreakdown, scale: float = 1.0, stall_s: float = 0.0) -> Work:
+        """A step's breakdown (× `scale`, e.g. a collapse's slowdown), plus a prefill stall (compute)."""
+        return cls(
+            (b.weights + b.kv_cache) * scale, b.compute * scale + stall_s, b.comm * scale, b.other * scale
+        )
+
+    def plus(self, o: Work) -> Work:
+        return Work(
+            self.memory_s + o.memory_s,
+            self.compute_s + o.compute_s,
+            self.comm_s + o.comm_s,
+            self.other_s + o.other_s,
+        )
+
+    def minus(self, o: Work) -> Work:
+        return Work(
+            self.memory_s - o.memory_s,
+            self.compute_s - o.compute_s,
+            self.comm_s - o.comm_s,
+            self.other_s - o.other_s,
+        )
 
 
 @dataclass
@@ -161,6 +208,7 @@ class Step:
     dt: float
     chunks: list[tuple[SimRequest, int]] = field(default_factory=list)
     decode_n: int = 0
+    work: Work | None = None  # dt by what bounds it (None: all of it counted as memory-bound)
 
 
 @dataclass
@@ -170,6 +218,7 @@ class Counters:
     preemptions: int = 0
     steps: int = 0
     busy_s: float = 0.0
+    work: Work = field(default_factory=Work)  # busy_s by what bound it (the GPUs' power follows)
     requests: int = 0
     success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
     # What the step clock says each finished request took (model seconds, summed), as an engine's own
@@ -364,12 +413,15 @@ class Scheduler:
             # Nobody decodes: the step is the longest chunk's prefill; the batch's other chunks share
             # its weight reads (their marginal cost is charged to the decode steps that follow).
             r0, c0 = max(chunks, key=lambda rc: rc[1])
-            dt = t.prefill_alone(c0, r0.done_prefill)
+            dt, work = t.prefill_alone(c0, r0.done_prefill)
         else:
             # The stall the running batch's prefills cause, per predict's law for this batch.
             _, stall = t.laws(self.dec_prompt // n, self.dec_out // n, load)
-            dt = t.decode(n, self.dec_ctx) + stall
-        return Step(now, dt, chunks, n)
+            dt, work = t.decode_step(n, self.dec_ctx)
+            dt += stall
+            if stall:  # prefill chunks riding the decode step: compute-bound
+                work = Work(work.memory_s, work.compute_s + stall, work.comm_s, work.other_s)
+        return Step(now, dt, chunks, n, work)
 
     def _retarget(self, load: int) -> None:
         """Due times of first tokens not yet out, per the TTFT law at the highest load seen since
@@ -391,6 +443,7 @@ class Scheduler:
         c = self.counters
         c.steps += 1
         c.busy_s += step.dt
+        c.work = c.work.plus(step.work or Work(memory_s=step.dt))
         self.last_dt = step.dt
         dec = self.dec
         for r, take in step.chunks:

@@ -43,7 +43,7 @@ from servelab.sim.http import (
 from servelab.sim.personalities import Personality
 from servelab.sim.prefix import PrefixCache, block_hashes, output_tokens, prompt_tokens
 from servelab.sim.render import Logger
-from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing
+from servelab.sim.scheduler import LengthSampler, Limits, Scheduler, SimRequest, Timing, Work
 from servelab.sim.state import SimConfig as SimConfig  # re-exported: its home was here
 from servelab.sim.text import GARBAGE_WORD, greedy_tokens, prompt_text
 from servelab.sim.wire import DONE_EVENT, MALFORMED_EVENT, SseTemplates, completion_body
@@ -292,7 +292,7 @@ class SimServer:
         self.sock: socket.socket | None = None
         self.created = int(time.time())
         self.gpu_mem_mib = [0.0] * max(cfg.box_gpus, s.host.num_gpus)
-        self.util_samples: deque[tuple[float, float]] = deque(maxlen=64)
+        self.util_samples: deque[tuple[float, Work]] = deque(maxlen=64)
         self.orphan: subprocess.Popen[bytes] | None = None
         self.wake = asyncio.Event()
         self.stop_fut: asyncio.Future[None] | None = None
@@ -401,7 +401,7 @@ class SimServer:
         dt = now_m - self._last_log
         self.gen_throughput = (c.generation_tokens - self._last_gen) / dt if dt > 0 else 0.0
         self._last_log, self._last_gen = now_m, c.generation_tokens
-        self.util_samples.append((now_m, c.busy_s))
+        self.util_samples.append((now_m, c.work))
         who, _, text = self.persona.periodic
         sched = self.sched
         self.log.emit(
@@ -603,7 +603,7 @@ class SimServer:
             return rc
         self.t0 = self.loop.time()  # model time 0 = ready
         self.util_samples.clear()
-        self.util_samples.append((0.0, 0.0))
+        self.util_samples.append((0.0, Work()))
         clock = self.loop.create_task(self.clock())
         await self.stop_fut
         clock.cancel()

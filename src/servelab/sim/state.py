@@ -18,7 +18,7 @@ from servelab.sim.faults import Fault
 from servelab.sim.http import HttpProtocol, Request
 from servelab.sim.personalities import Personality, get_personality
 from servelab.sim.render import Logger
-from servelab.sim.scheduler import Scheduler
+from servelab.sim.scheduler import Scheduler, Work
 
 
 @dataclass
@@ -66,7 +66,7 @@ class SimState(Protocol):
     dead: bool
     gen_throughput: float
     gpu_mem_mib: list[float]
-    util_samples: deque[tuple[float, float]]
+    util_samples: deque[tuple[float, Work]]  # (model time, the scheduler's work so far): telemetry's window
     orphan: subprocess.Popen[bytes] | None
 
     def model_now(self) -> float: ...

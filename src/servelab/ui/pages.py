@@ -15,8 +15,11 @@ import orjson
 from servelab import load as load_kinds
 from servelab.errors import NotFoundError, UserError
 from servelab.report import data
-from servelab.report.html import levels_table, page, plan_items, study_body, table
+from servelab.report.figures import run_figures
+from servelab.report.html import figures_html, levels_table, page, plan_items, study_body, table
+from servelab.report.runreport import load as load_run_report
 from servelab.report.text import fmt, h
+from servelab.results import Run
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
 from servelab.store.studies import StoredStudy, StudyRepo
@@ -234,10 +237,35 @@ def _run(store: Store, ref: str) -> dict[str, Any]:
         "workload": r.workload.model_dump(exclude_none=True),
         "warnings": r.warnings,
         "levels": [lv.summary.digest() for lv in r.levels],
+        "cost_note": _cost_note(r),
         "time_base": r.clock.time_base,
         "clock_speed": r.clock.speed,
         "study": _study_of_run(store, r.uid),
     }
+
+
+def _cost_note(r: Run) -> str | None:
+    """Where a run's J/out tok and $/M out tok came from: the power samples integrated and the price, a
+    catalog default said to be one (None: no level has either)."""
+    energy = next((lv.summary.energy for lv in r.levels if lv.summary.energy is not None), None)
+    cost = next((lv.summary.cost for lv in r.levels if lv.summary.cost is not None), None)
+    parts = []
+    if energy is not None:
+        idle = f"; idle {fmt(energy.idle_w, 0)} W before the first level" if energy.idle_w is not None else ""
+        parts.append(
+            f"J/out tok: the GPUs' power integrated over each level ({energy.samples} samples over "
+            f"{energy.gpus or '?'} GPUs{idle})"
+        )
+    if cost is not None:
+        default = (
+            ", a default: give bench --gpu-hour-usd or the study a [cost] gpu_hour_usd"
+            if cost.is_default
+            else ""
+        )
+        parts.append(
+            f"$/M out tok: at ${cost.gpu_hour_usd:g} per GPU-hour × {cost.gpus} GPUs ({cost.price_source}{default})"
+        )
+    return "; ".join(parts) + "." if parts else None
 
 
 def _study_of_run(store: Store, uid: str) -> dict[str, Any] | None:
@@ -280,8 +308,12 @@ def run_page(store: Store, ref: str) -> Response:
             f"latencies ÷ {fmt(speed, 0)} and throughputs × {fmt(speed, 0)}; "
             "<code>servelab runs show --json</code> keeps them as wall_clock_summary).</p>"
         )
+    note = f'<p class="note" id="cost-note">{h(r["cost_note"])}</p>' if r["cost_note"] else ""
+    # the run report's chart of output tok/s per GPU against tok/s per user, its front named
+    pareto = [f for f in run_figures(load_run_report(store, ref)) if f.name == "pareto"]
     body = (
         f"<h1>Run {h(r['uid'])}</h1>{_run_meta(r)}{warn}<h2>Every level</h2>{levels_table(r['uid'], r['levels'])}"
+        f"{note}{figures_html(pareto)}"
         f'<p><a href="/compare?a={quote(r["uid"])}">compare with another run</a></p>'
     )
     return _html(f"run {r['uid']}", body)
@@ -320,8 +352,12 @@ def compare_page(store: Store, a: str, b: str) -> Response:
             ("tpot_ms_p50", "TPOT p50 ms", 2),
             ("ttft_ms_p50", "TTFT p50 ms", 1),
             ("e2e_ms_p99", "E2E p99 ms", 0),
+            ("j_per_output_token", "J/out tok", 3),
+            ("usd_per_m_output_tokens", "$/M out tok", 3),
         ):
             va, vb = la.get(key), lb.get(key)
+            if va is None and vb is None:
+                continue  # neither run measured it (no power samples, no price)
             delta = f"{(vb - va) / va * 100:+.1f} %" if va and vb is not None else "-"
             rows.append([h(fmt(la["level"], 0)), h(label), h(fmt(va, digits)), h(fmt(vb, digits)), h(delta)])
     diff = (

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import types
 import urllib.error
 import urllib.request
@@ -154,3 +156,53 @@ def test_loopback_detection() -> None:
 )
 def test_url_of_prints_the_host_as_text(address: tuple[object, ...], url: str) -> None:
     assert url_of(types.SimpleNamespace(server_address=address)) == url
+
+
+def _cells(body: str, key: str) -> list[float]:
+    return [float(v) for v in re.findall(rf'data-key="{key}" data-value="([^"]+)"', body)]
+
+
+def test_a_runs_energy_cost_and_pareto_chart_are_shown(served: tuple[str, list[str]], tmp_path: Path) -> None:
+    """The run page shows each level's J/out tok and $/M out tok as `runs show` reads them (the simulator's
+    GPUs drew the power; no price was given, so the catalog's, said to be a default) and the run's output
+    tok/s per GPU against tok/s per user with its front named; the comparison of two runs compares both."""
+    base, (a, b) = served
+    home = tmp_path / "ui-home"
+    run_a, run_b = _shown(home, a), _shown(home, b)
+    energy = [lv.summary.energy for lv in run_a.levels]
+    cost = [lv.summary.cost for lv in run_a.levels]
+    assert all(e is not None for e in energy) and all(c is not None for c in cost)
+    status, body, _ = get(f"{base}run/{a}")
+    assert status == 200
+    assert _cells(body, "j_per_output_token") == [e.j_per_output_token for e in energy if e is not None]
+    assert _cells(body, "usd_per_m_output_tokens") == [
+        c.usd_per_m_output_tokens for c in cost if c is not None
+    ]
+    (note,) = re.findall(r'<p class="note" id="cost-note">([^<]*)</p>', body)
+    first = cost[0]
+    assert first is not None and first.is_default
+    assert f"{first.price_source}, a default" in html.unescape(note) and f"× {first.gpus} GPUs" in note
+    assert 'id="fig-pareto"' in body and f"level {run_a.levels[0].value:g}" in body
+    status, body, _ = get(f"{base}compare?a={a}&b={b}")
+    ja, jb = run_a.levels[0].summary.energy, run_b.levels[0].summary.energy
+    assert status == 200 and ja is not None and jb is not None
+    assert ja.j_per_output_token is not None and jb.j_per_output_token is not None
+    change = (jb.j_per_output_token - ja.j_per_output_token) / ja.j_per_output_token * 100
+    assert (
+        f"<td>J/out tok</td><td>{ja.j_per_output_token:.3f}</td><td>{jb.j_per_output_token:.3f}</td><td>{change:+.1f} %"
+        in body
+    )
+    assert "$/M out tok" in body
+
+
+def test_the_study_page_draws_the_pareto_front_with_its_members(served: tuple[str, list[str]]) -> None:
+    """The study page is the report's body: the chart of output tok/s per GPU against tok/s per user, each
+    member of the front the report model names labelled on it."""
+    base, _ = served
+    model = json.loads(get(f"{base}api/study/{GOLDEN_UID}")[1])
+    status, body, _ = get(f"{base}study/{GOLDEN_UID}")
+    assert status == 200 and 'id="fig-pareto"' in body and model["pareto_front"]
+    chart = body[body.index('id="fig-pareto"') :]
+    chart = chart[: chart.index("</svg>")]
+    for m in model["pareto_front"]:
+        assert html.escape(f"{m['candidate']} @ {m['level']:g}") in chart, m
