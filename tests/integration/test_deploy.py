@@ -24,7 +24,11 @@ from servelab.host.ports import free_port
 from servelab.lifecycle.ready import Endpoint, ReadyReport, wait_url_ready
 from servelab.lifecycle.serving import sweep_orphans
 
-pytestmark = pytest.mark.integration
+# Run apart from the other deploy module, on one worker: both install units on this machine (test_deploy
+# through a fake systemctl, test_deploy_remote through a real sshd on 127.0.0.1), and a unit's preflight
+# refuses to start while any process of another live unit holds its port: side by side, one found the
+# other's server in its way (twice, in clean-clone runs).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deploy")]
 
 MODEL = "Qwen3-30B-A3B"
 ROOT = Path(__file__).resolve().parents[2]

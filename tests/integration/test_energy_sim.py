@@ -106,7 +106,7 @@ path = "Qwen3-30B-A3B"
 
 [host]
 gpu = "h100-sxm"
-num_gpus = 2
+num_gpus = 4
 
 [engine]
 name = "sim"
@@ -123,8 +123,8 @@ tp = 1
 baseline = true
 
 [[candidates]]
-name = "tp2"
-tp = 2
+name = "tp4"
+tp = 4
 
 [workload]
 input_len = 256
@@ -156,20 +156,20 @@ def _levels(home: Path, study: str) -> dict[str, list[dict[str, Any]]]:
 
 def test_energy_and_throughput_pick_different_winners_and_cost_follows_the_price(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    gpus = {"tp1": 1, "tp2": 2}
+    gpus = {"tp1": 1, "tp4": 4}
 
     energy = _tune(tmp_path, home, "energy", "[cost]\ngpu_hour_usd = 1.0\n")
     ranked = {r["label"]: r for r in energy["ranking"]["ranked"]}
-    assert energy["ranking"]["winner"] == "tp1"  # half the GPUs: fewer joules per token
-    assert ranked["tp1"]["value"] < ranked["tp2"]["value"]
+    assert energy["ranking"]["winner"] == "tp1"  # a quarter of the GPUs: fewer joules per token
+    assert ranked["tp1"]["value"] < ranked["tp4"]["value"]
     levels = _levels(home, energy["study"])
-    # by throughput TP2 wins: read off the simulator's own clock at the top level (a loaded box moves
+    # by throughput TP4 wins: read off the simulator's own clock at the top level (a loaded box moves
     # the client's figures, never the model's timeline)
     top = {
         label: SimClock.of(_show(home, lvs[-1]["bench_run"], "--json")["levels"][0]).output_throughput
         for label, lvs in levels.items()
     }
-    assert top["tp2"] > top["tp1"], top
+    assert top["tp4"] > top["tp1"], top
     for label, lvs in levels.items():
         for d in lvs:
             assert d["energy"] > 0 and d["energy"] == pytest.approx(d["energy_j"] / (d["completed"] * 128))
@@ -202,7 +202,7 @@ def test_energy_and_throughput_pick_different_winners_and_cost_follows_the_price
     assert (tmp_path / "energy_files" / "energy.svg").exists()
 
     cost = _tune(tmp_path, home, "cost", "[cost]\ngpu_hour_usd = 1.0\n", "--gpu-hour-usd", "3")
-    assert cost["ranking"]["winner"] == "tp1"  # half the GPU-hours per token
+    assert cost["ranking"]["winner"] == "tp1"  # a quarter of the GPUs for less than four times the tokens
     for label, lvs in _levels(home, cost["study"]).items():
         for d in lvs:  # the flag's price over the study's: three times the dollars at the same throughput
             assert d["cost"] == pytest.approx(3.0 * gpus[label] / 3600 / d["output_throughput"] * 1e6)
