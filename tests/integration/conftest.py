@@ -41,6 +41,14 @@ def tiny_dense() -> Path:
     return engines.build_tiny_model("qwen3")
 
 
+def shared_vllm(model_dir: Path, env: dict[str, str]) -> Any:
+    """The shared vLLM server's launch, as the fixture starts it and as test_startup_vllm_cpu starts it
+    again warm (the same arguments: the compile cache is keyed by them)."""
+    return engines.vllm_server(
+        model_dir, served_model_name=VLLM_MODEL_NAME, cpus=SERVER_CPUS, env=env, no_enable_prefix_caching=True
+    )
+
+
 @pytest.fixture(scope="session")
 def vllm_server(
     tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory
@@ -54,13 +62,7 @@ def vllm_server(
 
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
     found = cache_at_launch("vllm", env)
-    with engines.vllm_server(
-        tiny_qwen3_moe,
-        served_model_name=VLLM_MODEL_NAME,
-        cpus=SERVER_CPUS,
-        env=env,
-        no_enable_prefix_caching=True,
-    ) as handle:
+    with shared_vllm(tiny_qwen3_moe, env) as handle:
         handle.extra.update(env=env, cache_at_launch=found)
         yield handle
 

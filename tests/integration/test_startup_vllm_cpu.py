@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.integration.conftest import SERVER_CPUS, VLLM_MODEL_NAME
+from tests.integration.conftest import shared_vllm
 from tests.support import engines
 
 from servelab.engines.startup import cache_at_launch, parse
@@ -25,13 +25,7 @@ def test_vllm_cpu_cold_then_warm(vllm_server: engines.ServerHandle, tiny_qwen3_m
         "vllm", vllm_server.log_path.read_text(), vllm_server.startup_s, vllm_server.extra["cache_at_launch"]
     )
     launch = cache_at_launch("vllm", env)
-    with engines.vllm_server(
-        tiny_qwen3_moe,
-        served_model_name=VLLM_MODEL_NAME,
-        cpus=SERVER_CPUS,
-        env=env,
-        no_enable_prefix_caching=True,
-    ) as h:
+    with shared_vllm(tiny_qwen3_moe, env) as h:
         warm = parse("vllm", h.log_path.read_text(), h.startup_s, launch)
     seen = [cold, warm]
     assert (cold.cache, warm.cache) == ("cold", "warm")
