@@ -6,18 +6,21 @@ dense MLP, each routed expert, shared experts, lm_head) rather than one total. F
 GQA (Llama, Qwen3), MoE with shared experts and first-k-dense layers (Qwen3-MoE, Mixtral, gpt-oss,
 MiniMax, Qwen3.5 with linear attention), MLA (DeepSeek-V3, Kimi-K2.5), GLM-5's `glm_moe_dsa` (MLA plus
 a top-k sparse-attention indexer), Llama 4 (MoE interleaved with dense layers, a shared expert
-per MoE layer), Qwen3-Next (gated DeltaNet linear attention), and MTP/next-n layers.
+per MoE layer), Qwen3-Next (gated DeltaNet linear attention), Gemma 3 (sliding-window layers interleaved
+with global ones, `sliding_window_pattern`), and MTP/next-n layers.
 
 Multimodal configs are read through their `text_config`: the counts are the language model's and the
 vision tower is excluded (it is under 1 B parameters for every bundled multimodal model; the published
 figures these counts are checked against, `data/model_configs/published.toml`, are stated the same way).
-Facts about an architecture that its config.json does not state live in `data/model_families.toml`.
+Facts about an architecture that its config.json does not state live in `data/model_families.toml`,
+among them the fields a publisher leaves to transformers' config class defaults (Gemma 3's vocabulary).
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -150,6 +153,7 @@ class FamilyFacts:
     implicit_shared_experts: int = 0
     dense_intermediate_field: str = "intermediate_size"
     attn_output_gate: bool = False
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)  # transformers' class defaults
 
 
 @cache
@@ -203,6 +207,8 @@ def parse_config(
         cfg["quantization_config"] = config["quantization_config"]
     model_type = str(cfg.get("model_type") or config.get("model_type") or "unknown")
     facts = family_facts(model_type)
+    # what transformers' config class would fill in; a field the config states (at either level) wins
+    cfg = {**{k: v for k, v in facts.config_defaults.items() if k not in config}, **cfg}
     missing = [f for f in REQUIRED if cfg.get(f) is None]
     is_mla = cfg.get("kv_lora_rank") is not None
     if is_mla:
@@ -255,6 +261,11 @@ def parse_config(
     if not layer_types and cfg.get("full_attention_interval"):
         k = int(cfg["full_attention_interval"])
         layer_types = ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n_layers)]
+    pattern = int(_get(cfg, "sliding_window_pattern", "_sliding_window_pattern", default=0) or 0)
+    if not layer_types and pattern > 1:  # Gemma 3: every pattern-th layer global, the rest windowed
+        layer_types = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)
+        ]
     n_linear = sum(1 for t in layer_types if "linear" in t)
     n_sliding = sum(1 for t in layer_types if "sliding" in t)
     window = int(cfg.get("sliding_window") or 0)

@@ -140,3 +140,40 @@ def test_multimodal_configs_count_the_language_model() -> None:
     text = load_model("Qwen3-235B-A22B")
     assert vl.total_params == text.total_params
     assert vl.model_type == "qwen3_vl_moe_text"
+
+
+def test_gemma3_reads_its_local_global_layers_and_the_fields_its_config_leaves_out() -> None:
+    """google/gemma-3-27b-it's config.json states no text vocabulary, no tie and no layer pattern:
+    transformers' Gemma3TextConfig defaults fill them in, read from data/model_families.toml."""
+    import json
+
+    from servelab.model.architecture import _configs_dir, family_facts
+    from servelab.model.memory import plan_memory
+    from servelab.model.predict import make_setup
+
+    base = json.loads(_configs_dir().joinpath("gemma-3-27b-it.json").read_text())
+    text = base["text_config"]
+    assert not {"vocab_size", "tie_word_embeddings", "sliding_window_pattern", "layer_types"} & set(text)
+    defaults = family_facts("gemma3_text").config_defaults
+    arch = load_model("google/gemma-3-27b-it")
+    assert arch.model_type == "gemma3_text"
+    assert arch.vocab_size == defaults["vocab_size"] == 262208
+    assert arch.tie_embeddings and arch.lm_head_params == 0
+    # 5 sliding-window layers, then a global one: 52 + 10 over 62 layers
+    assert (arch.n_sliding_layers, arch.n_full_layers, arch.sliding_window) == (52, 10, 1024)
+    h = 5376
+    # the stated head_dim (128), not hidden / heads (168): 32 query heads, 16 KV heads
+    assert arch.attn_params == h * 32 * 128 + 2 * h * 16 * 128 + 32 * 128 * h
+    assert arch.dense_mlp_params == 3 * h * 21504  # GeGLU: gate, up and down projections
+    assert arch.kv_elems_per_token == 2 * 16 * 128
+    setup = make_setup("gemma-3-27b-it", "h100-sxm", 1, tp=1)
+    mem = plan_memory(setup.arch, setup.quant, setup.host, setup.layout, setup.mem_fraction)
+    assert mem.kv_bytes_per_token == 62 * 2 * 16 * 128 * 2  # BF16 K and V, every layer
+    # what the config states wins over the defaults, at either level
+    assert parse_config({**base, "text_config": {**text, "vocab_size": 262144}}).vocab_size == 262144
+    assert not parse_config({**base, "tie_word_embeddings": False}).tie_embeddings
+    two = parse_config({**base, "text_config": {**text, "sliding_window_pattern": 2}})
+    assert (two.n_sliding_layers, two.n_full_layers) == (31, 31)
+    listed = ["sliding_attention"] * 61 + ["full_attention"]
+    one = parse_config({**base, "text_config": {**text, "layer_types": listed}})
+    assert (one.n_sliding_layers, one.n_full_layers) == (61, 1)
