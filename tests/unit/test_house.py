@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "servelab.energy": CONTRACT,  # a level's energy and cost: pure, imports nothing of ours
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
+    "servelab.tasks": CONTRACT,
     "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
     "servelab.startup": CONTRACT,  # a launch's start-up phases as a type: engines read, store keeps, fronts show
     "servelab.arguments": CONTRACT,  # the options a CLI command and its MCP tool share, declared once

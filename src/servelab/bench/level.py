@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 
+from servelab import tasks
 from servelab.bench import metrics as M
 from servelab.bench import saturation as S
 from servelab.bench import sessions as SE
@@ -94,9 +95,7 @@ async def run_one_level(
             records, wall, monitor = done, time.perf_counter() - t_start, None
         finally:
             if sampler is not None:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
+                await tasks.stop(sampler)
     regular = len(scrape.samples)  # the samples on the fixed schedule (the saturation check's)
     if sampler is not None and status == "completed":
         # a closing sample at the level's end: the series (and the energy integrated over it) reaches it

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab import tasks
 from servelab.bench.client import Client, StreamResult
 from servelab.load import kind_of
 from servelab.results import RequestRecord
@@ -117,9 +118,7 @@ class ClientMonitor:
         self.cpu_s = time.process_time() - self._cpu0
         self.wall_s = time.perf_counter() - self._wall0
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await tasks.stop(self._task)
 
     def summary(self, output_tokens: int, median_itl_ms: float | None) -> dict[str, Any]:
         lags = np.asarray(self.lags or [0.0]) * 1000

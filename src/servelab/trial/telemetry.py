@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
+from servelab import tasks
 from servelab.bench.client import Client
 
 TelemetryReader = Callable[[], Awaitable[tuple[float, float] | None]]
@@ -37,9 +38,7 @@ class Telemetry:
 
     async def stop(self) -> dict[str, float]:
         if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+            await tasks.stop(self.task)
             self.task = None
         if not self.samples:
             return {}
