@@ -81,3 +81,27 @@ def test_a_cancellation_of_the_caller_during_stop_is_raised(loop: str) -> None:
     else:
         cancelled, after = asyncio.run(_cancel_while_stopping("tasks.stop"))
     assert cancelled and after == []
+
+
+def test_a_caller_that_already_caught_a_cancellation_still_stops_its_helper() -> None:
+    """A level cancelled by Ctrl-C catches it, then stops its sampler and stores its records as
+    interrupted before raising again: that stop must not raise the old cancellation (it did once, and
+    the level stayed `running` in the store)."""
+
+    async def level() -> str:
+        helper = asyncio.ensure_future(_slow_to_stop(asyncio.Event()))
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            status = "interrupted"
+        finally:
+            await tasks.stop(helper)
+        return status
+
+    async def main() -> str:
+        task = asyncio.ensure_future(level())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        return await task
+
+    assert asyncio.run(main()) == "interrupted"
