@@ -29,9 +29,11 @@ def token(label: str) -> str:
     return f"{slug}-{digest}"
 
 
-def run_marker(prefix: str, uid: str, label: str, repeat: int) -> str:
-    """The SERVELAB_RUN value of one trial: `PREFIX:UID:TOKEN:REPEAT` (`PREFIX:UID:` finds a study's)."""
-    return f"{prefix}:{uid}:{token(label)}:{repeat}"
+def run_marker(prefix: str, uid: str, label: str, repeat: int, attempt: int = 0) -> str:
+    """The SERVELAB_RUN value of one trial: `PREFIX:UID:TOKEN:REPEAT` (`PREFIX:UID:` finds a study's).
+    A rerun on another node after a lost one adds `:ATTEMPT`: the lost attempt's teardown (on a node of
+    the same machine, run late) ends the processes carrying its marker, never the rerun's."""
+    return f"{prefix}:{uid}:{token(label)}:{repeat}" + (f":{attempt}" if attempt else "")
 
 
 def study_markers(uid: str) -> str:

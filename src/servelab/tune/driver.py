@@ -395,13 +395,13 @@ class Tuner:
         """One repeat of a candidate, placed by the executor. On a cluster a trial whose node dies is
         marked `lost` and run once more on another node; lost again, it fails with that diagnosis."""
         label = cand.label
-        marker = naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat)
         kept, carried = kept_levels(before, repeat)
         gpus = spec.tp * spec.pp * (spec.dp or 1)
         # Repeats on nodes not used yet: a candidate's interval then holds the node-to-node noise too.
         avoid = frozenset(n.id for _, n in spread.node_trials(self.repo, cand.id))
         rung = self._rung.get(label, 0)
         for attempt in (0, 1):
+            marker = naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat, attempt)
             tid = self.repo.start_trial(
                 cand.id, repeat, marker, **carried, **({"rung": rung} if rung else {})
             )
@@ -425,7 +425,9 @@ class Tuner:
             try:
                 async with self.executor.place(gpus, avoid) as placed:
                     recorder.placed(placed)
-                    outcome = await self._run_trial(uid, label, tid, repeat, spec, placed, recorder, kept)
+                    outcome = await self._run_trial(
+                        uid, label, tid, repeat, marker, spec, placed, recorder, kept
+                    )
                 return outcome.status, outcome.record()
             except ConfigError as exc:  # no live node can take it any more
                 outcome = recorder.place_failed(exc.message)
@@ -456,6 +458,7 @@ class Tuner:
         label: str,
         tid: int,
         repeat: int,
+        marker: str,
         spec: CandidateSpec,
         placed: Placement,
         recorder: TrialRecorder,
@@ -482,7 +485,7 @@ class Tuner:
         )
         return await trial.run(
             settings,
-            naming.run_marker(naming.STUDY_MARKER_PREFIX, uid, label, repeat),
+            marker,
             log_path,
             timeout,
             baseline=self.baseline_levels(label),

@@ -227,3 +227,27 @@ def test_labels_that_share_a_slug_get_different_log_files() -> None:
     assert len(names) == 5
     assert naming.log_name("a/b", 0, 3) != naming.log_name("a/b", 0, 4)  # a retry keeps the old log
     assert all(n.startswith("a_b-") for n in names)
+
+
+def test_a_rerun_after_a_lost_node_carries_its_own_marker() -> None:
+    """The lost attempt's teardown (late, on a node of the same machine) ends the processes carrying its
+    marker: the rerun's server must not be one of them (a Ray test once saw the rerun's simulator get
+    SIGTERM before it was ready). Real processes, found by their environment as teardown finds them."""
+    import os
+    import subprocess
+
+    from servelab.host import processes
+
+    first, rerun = (naming.run_marker(MARKER_PREFIX, "st-1", "tp4-pp2", 0, attempt) for attempt in (0, 1))
+    assert first == f"{MARKER_PREFIX}:st-1:{naming.token('tp4-pp2')}:0" and rerun == f"{first}:1"
+    assert first.startswith(naming.study_markers("st-1")) and rerun.startswith(naming.study_markers("st-1"))
+    procs = [subprocess.Popen(["sleep", "60"], env={**os.environ, "SERVELAB_RUN": m}) for m in (first, rerun)]
+    try:
+        assert [p.pid for p in processes.with_marker(first)] == [procs[0].pid]
+        assert [p.pid for p in processes.with_marker(rerun)] == [procs[1].pid]
+        found = {p.pid for p in processes.with_marker(prefix=naming.study_markers("st-1"))}
+        assert found >= {procs[0].pid, procs[1].pid}  # a resume's sweep still finds both
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
