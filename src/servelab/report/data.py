@@ -8,6 +8,7 @@ disagree about a number. Strings are kept as stored (the renderers escape them);
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from servelab import analyze
@@ -38,7 +39,7 @@ from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, layout
 from servelab.report.pareto import front as pareto_front
 from servelab.report.pareto import point as pareto_point
 from servelab.report.top import Winner, top_lines
-from servelab.results import LevelSummary
+from servelab.results import LevelSummary, RunContext
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
 
@@ -75,9 +76,19 @@ def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool
     )
 
 
-def load_contexts(store: Store, cands: list[CandidateRows]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TrialContext:
+    """What one trial's first bench run recorded about what it ran on."""
+
+    candidate: str
+    repeat: int
+    run: str  # the bench run's uid
+    context: RunContext
+
+
+def load_contexts(store: Store, cands: list[CandidateRows]) -> list[TrialContext]:
     """What each trial's first bench run recorded about what it ran on (`results.RunContext`): one entry per
-    trial that has a stored run, `{"candidate", "repeat", "run", "context"}`."""
+    trial that has a stored run."""
     from servelab.errors import NotFoundError
     from servelab.store.bench import BenchRepo
 
@@ -92,7 +103,7 @@ def load_contexts(store: Store, cands: list[CandidateRows]) -> list[dict[str, An
                 ctx = bench.load(str(uid)).context
             except NotFoundError:  # a run removed from the store: the study's own facts still stand
                 continue
-            out.append({"candidate": c.label, "repeat": t.repeat, "run": uid, "context": ctx.to_json()})
+            out.append(TrialContext(c.label, t.repeat, str(uid), ctx))
     return out
 
 
@@ -121,7 +132,7 @@ def build(
     plan: PlanView | None = None,
     host: dict[str, Any] | None = None,
     model: bool = True,
-    contexts: list[dict[str, Any]] | None = None,
+    contexts: list[TrialContext] | None = None,
 ) -> StudyReport:
     """The report model from a study row and its candidates (each with `trials`); `contexts` are the
     bench runs' recorded contexts (`load_contexts`)."""
@@ -250,7 +261,7 @@ def _host(
     spec: dict[str, Any],
     cands: list[CandidateReport],
     gathered: dict[str, Any] | None,
-    contexts: list[dict[str, Any]],
+    contexts: list[TrialContext],
 ) -> HostReport:
     """The host the study ran on, from what the study recorded: its bench runs' contexts first (what each run
     was of), the study file's [host] where they are silent. `this_machine` is the machine writing the report,
@@ -259,22 +270,22 @@ def _host(
     versions = sorted({t.engine_version for c in cands for t in c.trials if t.engine_version})
     recorded = []
     for item in contexts:
-        ctx = item["context"]
-        hst, lay, clock = ctx.get("host") or {}, ctx.get("layout") or {}, ctx.get("clock") or {}
+        ctx, hst = item.context, item.context.host
+        lay = ctx.layout.model_dump()
         recorded.append(
             RecordedRun(
-                candidate=item["candidate"],
-                repeat=item["repeat"],
-                run=item["run"],
-                engine=ctx.get("engine"),
-                personality=ctx.get("personality"),
-                gpu=hst.get("gpu"),
-                num_gpus=hst.get("num_gpus"),
-                interconnect=hst.get("interconnect"),
-                source=hst.get("source"),
+                candidate=item.candidate,
+                repeat=item.repeat,
+                run=item.run,
+                engine=ctx.engine,
+                personality=ctx.personality,
+                gpu=hst.gpu,
+                num_gpus=hst.num_gpus,
+                interconnect=hst.interconnect,
+                source=hst.source,
                 layout=", ".join(f"{k}={v}" for k, v in lay.items() if v is not None) or None,
-                speed=clock.get("speed"),
-                time_base="simulated GPU time" if (clock.get("speed") or 1.0) != 1.0 else "wall clock",
+                speed=ctx.clock.speed,
+                time_base=ctx.clock.time_base,
             )
         )
     first = next((r for r in recorded if r.gpu), None)
