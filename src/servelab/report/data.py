@@ -17,6 +17,7 @@ from servelab.config.sections import CostSpec
 from servelab.model.hardware import default_price
 from servelab.report.model import (
     CandidateReport,
+    CandidateSettings,
     ConfigRow,
     CurvePoint,
     Curves,
@@ -386,7 +387,7 @@ def _readable_score(c: CandidateReport, slo: Any) -> CandidateReport:
     )
 
 
-def _settings(spec: dict[str, Any]) -> dict[str, Any]:
+def _settings(spec: dict[str, Any]) -> CandidateSettings:
     from servelab.space import FIELDS as keys  # the candidate fields a layout or value sets
 
     d = {k: spec[k] for k in keys if spec.get(k) not in (None, 1) or k == "tp"}
@@ -394,7 +395,7 @@ def _settings(spec: dict[str, Any]) -> dict[str, Any]:
         d["args"] = list(spec["args"])
     if spec.get("env"):
         d["env"] = dict(spec["env"])
-    return d
+    return CandidateSettings.model_validate(d)
 
 
 def _command(trials: list[StoredTrial]) -> str | None:
@@ -447,7 +448,7 @@ def pareto(cands: list[CandidateReport], slo: Any = None) -> Curves:
         if not c.measured:
             continue
         s = c.settings
-        gpus = layout_gpus(s.get("tp"), s.get("pp"), s.get("dp"))
+        gpus = layout_gpus(s.tp, s.pp, s.dp)
         for lv in c.levels:
             x, y = lv.get("output_throughput"), lv.get("tpot_ms_p50")
             if (pp := pareto_point(c.label, lv["level"], x, y, gpus)) is not None:
@@ -604,7 +605,7 @@ def _explain(
         from servelab.model.predict import Workload, evaluate, make_setup
 
         s = pick.settings
-        tp, pp, dp = int(s.get("tp") or 1), int(s.get("pp") or 1), int(s.get("dp") or 1)
+        tp, pp, dp = s.tp or 1, s.pp or 1, s.dp or 1
         eng = spec.get("engine") or {}
         personality = (eng.get("options") or {}).get("personality") or eng.get("name")
         model_spec = spec.get("model") or {}
@@ -614,10 +615,10 @@ def _explain(
             min(int(host.get("num_gpus") or tp), tp * pp * dp),
             tp=tp,
             pp=pp,
-            ep=int(s.get("ep") or 1),
+            ep=s.ep or 1,
             dp=dp,
-            quant=s.get("quantization"),
-            kv_dtype=s.get("kv_cache_dtype"),
+            quant=s.quantization,
+            kv_dtype=s.kv_cache_dtype,
             factors=default_factors(personality),
         )
         w = spec.get("workload") or {}

@@ -293,8 +293,8 @@ def tried_section(cands: list[CandidateReport], ui: bool = False) -> str:
     rows = []
     for c in cands:
         s = c.score or {}
-        settings = ", ".join(f"{k}={v}" for k, v in c.settings.items() if k not in ("args", "env"))
-        args = " ".join(c.settings.get("args") or [])
+        settings = ", ".join(f"{k}={v}" for k, v in c.settings.shown())
+        args = " ".join(c.settings.args or [])
         mark = " (winner)" if c.winner else " (baseline)" if c.baseline else ""
         rows.append(
             [

@@ -157,6 +157,44 @@ class TrialReport(_Part):
     startup: StartupPhases | None
 
 
+class CandidateSettings(_Part):
+    """What a candidate sets (`space.FIELDS`, then its args and env), as its stored spec holds them: a field
+    left at 1 or unset is absent (tp is always there), so the settings column lists only what was chosen."""
+
+    _omit_none = (
+        "pp",
+        "ep",
+        "dp",
+        "quantization",
+        "kv_cache_dtype",
+        "max_concurrency",
+        "mem_fraction",
+        "max_model_len",
+        "args",
+        "env",
+    )
+
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    dp: int | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    max_concurrency: int | None = None
+    mem_fraction: int | float | None = None
+    max_model_len: int | None = None
+    args: list[str] | None = None
+    env: dict[str, str] | None = None
+
+    def shown(self) -> list[tuple[str, object]]:
+        """(field, value) of every setting present but args and env, in order: the report's settings column."""
+        return [
+            (k, getattr(self, k))
+            for k in type(self).model_fields
+            if k not in ("args", "env") and (k == "tp" or getattr(self, k) is not None)
+        ]
+
+
 class CandidateReport(_Part):
     """One candidate: its settings, its outcome and why, requested against effective, its levels, trials."""
 
@@ -166,7 +204,7 @@ class CandidateReport(_Part):
     outcome: str  # the status in words
     baseline: bool
     winner: bool
-    settings: dict[str, Any]  # the candidate fields it sets (space.FIELDS; args, env): a subset by design
+    settings: CandidateSettings
     predicted: dict[str, Any] | None  # the model's prediction as tune stored it
     config: list[ConfigRow]
     not_applied: list[dict[str, Any]]  # the engine's mismatches as the trial stored them

@@ -11,7 +11,7 @@ from tests.unit.report.study_builder import build_study
 
 from servelab.cli.main import cli
 from servelab.report import data, html
-from servelab.report.model import Explained, NoExplain
+from servelab.report.model import CandidateSettings, Explained, NoExplain
 from servelab.store.db import Store, open_store
 
 
@@ -27,6 +27,16 @@ def test_explain_sets_the_winner_beside_the_model(golden_store: Store) -> None:
     assert dec.concurrency == 64 and dec.measured_tpot_ms == tp8.levels[-1]["tpot_ms_p50"]
     step = dec.predicted_step_ms or 0.0
     assert abs(sum(dec.predicted_breakdown_ms.values()) - step) < 0.01 * step
+
+
+def test_candidate_settings_name_every_candidate_field() -> None:
+    """The report's settings hold every field a layout or value sets (space.FIELDS), then args and env; the
+    JSON lists only what a candidate chose (tp always)."""
+    from servelab.space import FIELDS
+
+    assert tuple(CandidateSettings.model_fields) == (*FIELDS, "args", "env")
+    dumped = CandidateSettings(tp=None, pp=2, mem_fraction=0.9).model_dump(mode="json")
+    assert dumped == {"tp": None, "pp": 2, "mem_fraction": 0.9}
 
 
 def test_unknown_model_leaves_a_note_not_an_error(golden_store: Store) -> None:
