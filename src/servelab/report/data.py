@@ -17,6 +17,7 @@ from servelab.config.sections import CostSpec
 from servelab.model.hardware import default_price
 from servelab.report.model import (
     CandidateReport,
+    CandidateScore,
     CandidateSettings,
     ConfigRow,
     CurvePoint,
@@ -371,8 +372,7 @@ def _candidate(
 def _readable_score(c: CandidateReport, slo: Any) -> CandidateReport:
     """The score's reason in words: where no level met the SLOs, which limit each level missed (the stored
     reason spells it as a Python dict)."""
-    s = c.score or {}
-    if s.get("value") is not None or slo is None or not c.measured:
+    if (c.score and c.score.value is not None) or slo is None or not c.measured:
         return c
     misses = [
         {"level": lv["level"], "reasons": analyze.slo_failures(lv, slo)}
@@ -382,9 +382,9 @@ def _readable_score(c: CandidateReport, slo: Any) -> CandidateReport:
     if not any(m["reasons"] for m in misses):
         return c
     text = "; ".join(f"at level {m['level']:g}, {', '.join(m['reasons'])}" for m in misses if m["reasons"])
-    return c.model_copy(
-        update={"score": s | {"why": f"no level meets the SLOs: {text}", "slo_misses": misses}}
-    )
+    stored = c.score.model_dump(mode="json") if c.score else {}
+    why = {"why": f"no level meets the SLOs: {text}", "slo_misses": misses}
+    return c.model_copy(update={"score": CandidateScore.model_validate(stored | why)})
 
 
 def _settings(spec: dict[str, Any]) -> CandidateSettings:
@@ -511,7 +511,7 @@ def _winner(ranking: dict[str, Any] | None, cands: list[CandidateReport]) -> Win
             why="no ranking yet: the study has not finished",
         )
     w = ranking.get("winner")
-    score = next((c.score for c in cands if c.label == w), None) or {}
+    score = next((c.score for c in cands if c.label == w), None) or CandidateScore()
     sig = ranking.get("significant")
     noise = {
         True: "exceeds the noise",
@@ -540,7 +540,7 @@ def _winner(ranking: dict[str, Any] | None, cands: list[CandidateReport]) -> Win
         label=w,
         runner_up=runner_up,
         runner_up_value=next(
-            ((c.score or {}).get("value") for c in cands if runner_up and c.label == runner_up), None
+            (c.score.value if c.score else None for c in cands if runner_up and c.label == runner_up), None
         ),
         node_spread=_node_spread(judged.get("node_spread"), ranking.get("margin")),
         margin=ranking.get("margin"),
@@ -549,9 +549,9 @@ def _winner(ranking: dict[str, Any] | None, cands: list[CandidateReport]) -> Win
         noise=noise,
         noise_method=method,
         objective=ranking.get("objective"),
-        value=score.get("value"),
-        half_width=score.get("half_width"),
-        level=score.get("level"),
+        value=score.value,
+        half_width=score.half_width,
+        level=score.level,
         why=ranking.get("verdict"),
     )
 

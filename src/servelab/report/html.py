@@ -10,7 +10,15 @@ from typing import Any
 from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.markdown import LEVEL_HEAD, run_head_lines
-from servelab.report.model import CandidateReport, Explained, HostReport, NoExplain, PlanView, StudyReport
+from servelab.report.model import (
+    CandidateReport,
+    CandidateScore,
+    Explained,
+    HostReport,
+    NoExplain,
+    PlanView,
+    StudyReport,
+)
 from servelab.report.runreport import RunReport
 from servelab.report.startup import HEAD as STARTUP_HEAD
 from servelab.report.startup import NOTE as STARTUP_NOTE
@@ -216,9 +224,9 @@ def candidate_detail(c: CandidateReport, ui: bool = False) -> str:
         f'<h3 id="cand-{h(c.label)}">{h(c.label)}</h3>',
         f'<p>Outcome: <strong class="status-{h(c.status)}">{h(c.outcome)}</strong></p>',
     ]
-    s = c.score or {}
-    if s.get("why"):
-        out.append(f'<p class="note">Score: {h(s["why"])}</p>')
+    s = c.score or CandidateScore()
+    if s.why:
+        out.append(f'<p class="note">Score: {h(s.why)}</p>')
     if c.config:
         out.append(
             table(
@@ -292,7 +300,7 @@ def candidate_detail(c: CandidateReport, ui: bool = False) -> str:
 def tried_section(cands: list[CandidateReport], ui: bool = False) -> str:
     rows = []
     for c in cands:
-        s = c.score or {}
+        s = c.score or CandidateScore()
         settings = ", ".join(f"{k}={v}" for k, v in c.settings.shown())
         args = " ".join(c.settings.args or [])
         mark = " (winner)" if c.winner else " (baseline)" if c.baseline else ""
@@ -301,8 +309,8 @@ def tried_section(cands: list[CandidateReport], ui: bool = False) -> str:
                 f'<a href="#cand-{h(c.label)}">{h(c.label)}</a>{mark}',
                 h(settings) + (f" <code>{h(args)}</code>" if args else ""),
                 f'<span class="status-{h(c.status)}">{h(c.outcome)}</span>',
-                num(s.get("value"), 1, "score"),
-                num(s.get("level"), level_digits(s.get("level")), "score_level"),
+                num(s.value, 1, "score"),
+                num(s.level, level_digits(s.level), "score_level"),
                 num((c.predicted or {}).get("output_throughput"), 0, "predicted"),
             ]
         )

@@ -12,7 +12,7 @@ from typing import Any
 
 from servelab.load import in_flight_text
 from servelab.report.figures import Figure, figures, run_figures
-from servelab.report.model import CandidateReport, HostReport, NoExplain, StudyReport
+from servelab.report.model import CandidateReport, CandidateScore, HostReport, NoExplain, StudyReport
 from servelab.report.runreport import RunReport
 from servelab.report.startup import HEAD as STARTUP_HEAD
 from servelab.report.startup import NOTE as STARTUP_NOTE
@@ -189,7 +189,7 @@ def _tried(cands: list[CandidateReport]) -> list[str]:
     L = ["## What was tried", ""]
     rows = []
     for c in cands:
-        s = c.score or {}
+        s = c.score or CandidateScore()
         settings = ", ".join(f"{k}={v}" for k, v in c.settings.shown())
         args = " ".join(c.settings.args or [])
         mark = " (winner)" if c.winner else " (baseline)" if c.baseline else ""
@@ -198,8 +198,8 @@ def _tried(cands: list[CandidateReport]) -> list[str]:
                 md(c.label) + mark,
                 md(settings) + (" " + md_inline_code(args) if args else ""),
                 md(c.outcome),
-                fmt(s.get("value")),
-                fmt_level(s.get("level")),
+                fmt(s.value),
+                fmt_level(s.level),
                 fmt((c.predicted or {}).get("output_throughput"), 0),
             ]
         )
@@ -209,9 +209,9 @@ def _tried(cands: list[CandidateReport]) -> list[str]:
         L += _table(STARTUP_HEAD, [[md(r.label), str(r.repeat), *r.cells()] for r in starts])
     for c in cands:
         L += [f"### {md(c.label)}", "", f"Outcome: **{md(c.outcome)}**.", ""]
-        s = c.score or {}
-        if s.get("why"):
-            L += [f"Score: {md(s['why'])}", ""]
+        s = c.score or CandidateScore()
+        if s.why:
+            L += [f"Score: {md(s.why)}", ""]
         if c.config:
             L += ["Requested against what the engine runs:", ""]
             L += _table(

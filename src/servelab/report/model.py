@@ -5,7 +5,7 @@ The JSON the fronts publish is `StudyReport.to_json()` (`"format": "servelab-rep
 the field order here is the order of its keys, and a key some reports lack is dropped when it is None
 (`_omit_none`) so that the published shape stays what it was. Numbers read back from the store keep the
 type they were stored with (`int | float`: a level `4` stays `4`, not `4.0`). What another writer stores
-as open JSON (a level digest, a score, the ranking, a diagnosis) stays a `dict[str, Any]`, said so at
+as open JSON (a level digest, the ranking, a diagnosis) stays a `dict[str, Any]`, said so at
 the field: this model does not own that shape.
 """
 
@@ -32,18 +32,23 @@ FORMAT: Literal["servelab-report/1"] = "servelab-report/1"
 
 class _Part(BaseModel):
     """A frozen part of the report; `_omit_none` names the keys the JSON leaves out when they are None
-    (keys that some reports never had)."""
+    (keys that some reports never had); `_as_given`: the JSON has only the fields it was given (a part read
+    back from what another writer stored, whose older rows lack later fields)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     _omit_none: ClassVar[tuple[str, ...]] = ()
+    _as_given: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         out = handler(self)
-        if self._omit_none and isinstance(out, dict):
+        if isinstance(out, dict):
             for k in self._omit_none:
                 if out.get(k, 0) is None:
                     del out[k]
+            if self._as_given:
+                for k in set(type(self).model_fields) - self.model_fields_set:
+                    out.pop(k, None)
         return out
 
 
@@ -195,6 +200,30 @@ class CandidateSettings(_Part):
         ]
 
 
+class SloMiss(_Part):
+    """The SLO limits one level missed, in words."""
+
+    level: int | float
+    reasons: list[str]
+
+
+class CandidateScore(_Part):
+    """`analyze.Score` as tune stored it (its keys only, in its order), and, where no level met the SLOs, the
+    report's reading of why: `why` in words and `slo_misses` per level."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # a later Score's fields pass through as stored
+    _as_given = True
+
+    label: str | None = None
+    status: str | None = None
+    value: int | float | None = None  # the objective at the best level meeting every SLO
+    half_width: int | float | None = None  # its 95 % confidence half-width (repeats ≥ 2)
+    level: int | float | None = None  # that level
+    why: str | None = None
+    levels_meeting_slo: list[int | float] | None = None
+    slo_misses: list[SloMiss] | None = None
+
+
 class CandidateReport(_Part):
     """One candidate: its settings, its outcome and why, requested against effective, its levels, trials."""
 
@@ -210,8 +239,7 @@ class CandidateReport(_Part):
     not_applied: list[dict[str, Any]]  # the engine's mismatches as the trial stored them
     diagnosis: dict[str, Any] | None  # logs.diagnose's verdict as the trial stored it
     anomalies: list[dict[str, Any]]  # analyze.Anomaly as the outcome stored them
-    # analyze.Score as stored, plus `why` (the SLO misses in words) and `slo_misses` when none met the SLOs
-    score: dict[str, Any] | None
+    score: CandidateScore | None
     # the stored level digests (`results.LevelSummary.digest`, combined over repeats by analyze): open
     # JSON whose keys grow with the digest (energy, cost, ci)
     levels: list[dict[str, Any]]
@@ -220,7 +248,7 @@ class CandidateReport(_Part):
 
     def ranked_level(self) -> float | None:
         """The level its score was taken at (None: no score)."""
-        lv = (self.score or {}).get("level")
+        lv = self.score.level if self.score else None
         return None if lv is None else float(lv)
 
     @property

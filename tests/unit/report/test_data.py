@@ -11,7 +11,7 @@ from tests.unit.report.study_builder import build_study
 
 from servelab.cli.main import cli
 from servelab.report import data, html
-from servelab.report.model import CandidateSettings, Explained, NoExplain
+from servelab.report.model import CandidateScore, CandidateSettings, Explained, NoExplain
 from servelab.store.db import Store, open_store
 
 
@@ -37,6 +37,16 @@ def test_candidate_settings_name_every_candidate_field() -> None:
     assert tuple(CandidateSettings.model_fields) == (*FIELDS, "args", "env")
     dumped = CandidateSettings(tp=None, pp=2, mem_fraction=0.9).model_dump(mode="json")
     assert dumped == {"tp": None, "pp": 2, "mem_fraction": 0.9}
+
+
+def test_a_stored_score_keeps_its_keys() -> None:
+    """A score stored by an older servelab (no `levels_meeting_slo`) or a later one (a field this model does
+    not know) is published with the keys it was stored with, in their order."""
+    old = {"label": "tp8", "status": "measured", "value": 503, "half_width": None, "level": 64.0, "why": ""}
+    assert CandidateScore.model_validate(old).model_dump(mode="json") == old
+    assert list(CandidateScore.model_validate(old).model_dump(mode="json")) == list(old)
+    later = old | {"levels_meeting_slo": [1.0, 64.0], "novel": {"x": 1}}
+    assert CandidateScore.model_validate(later).model_dump(mode="json") == later
 
 
 def test_unknown_model_leaves_a_note_not_an_error(golden_store: Store) -> None:
