@@ -16,6 +16,7 @@ from servelab import load as load_kinds
 from servelab.config.sections import CostSpec
 from servelab.model.hardware import default_price
 from servelab.report.model import (
+    AnomalyNote,
     CandidateReport,
     CandidateScore,
     CandidateSettings,
@@ -30,6 +31,7 @@ from servelab.report.model import (
     HostReport,
     LoadInfo,
     NoExplain,
+    NotApplied,
     PlanView,
     RecordedRun,
     SloLimit,
@@ -359,9 +361,9 @@ def _candidate(
         settings=_settings(c.spec or {}),
         predicted=c.predicted,
         config=config,
-        not_applied=list(mismatches.values()),
+        not_applied=[NotApplied.model_validate(m) for m in mismatches.values()],
         diagnosis=diag,
-        anomalies=outcome.get("anomalies") or [],
+        anomalies=[AnomalyNote.model_validate(a) for a in outcome.get("anomalies") or []],
         score=outcome.get("score"),
         levels=levels,
         command=_command(trials),

@@ -36,9 +36,9 @@ def _series(c: CandidateReport, y_key: str, x_key: str = "level") -> Series:
     by_level = {float(lv["level"]): lv for lv in levels}
     marks = []
     for a in c.anomalies:
-        lv = by_level.get(float(a["level"]))
+        lv = by_level.get(float(a.level))
         if lv is not None and lv.get(y_key) is not None and lv.get(x_key) is not None:
-            marks.append((float(lv[x_key]), float(lv[y_key]), f"{a['kind']}: {a['detail']}"))
+            marks.append((float(lv[x_key]), float(lv[y_key]), f"{a.kind}: {a.detail}"))
     errors = [
         (float(lv[x_key]), float(lv[y_key]), float((lv.get("ci") or {})[y_key]))
         for lv in levels

@@ -248,8 +248,8 @@ def candidate_detail(c: CandidateReport, ui: bool = False) -> str:
         )
     for m in c.not_applied:
         out.append(
-            f'<p class="bad">not applied: {h(m.get("key"))} requested {_v(m.get("requested"))}, the engine '
-            f"runs {_v(m.get('effective'))}</p>"
+            f'<p class="bad">not applied: {h(m.key)} requested {_v(m.requested)}, the engine '
+            f"runs {_v(m.effective)}</p>"
         )
     d = c.diagnosis
     if d:
@@ -266,8 +266,7 @@ def candidate_detail(c: CandidateReport, ui: bool = False) -> str:
         out.append(
             "<ul>"
             + "".join(
-                f'<li class="anomaly">anomaly at level {fmt_level(a["level"])}: {h(a["kind"])}: '
-                f"{h(a['detail'])}</li>"
+                f'<li class="anomaly">anomaly at level {fmt_level(a.level)}: {h(a.kind)}: {h(a.detail)}</li>'
                 for a in c.anomalies
             )
             + "</ul>"

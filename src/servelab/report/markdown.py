@@ -229,8 +229,8 @@ def _tried(cands: list[CandidateReport]) -> list[str]:
             )
         for m in c.not_applied:
             L += [
-                f"- **not applied**: {md(m.get('key'))} requested {_value(m.get('requested'))}, the engine runs "
-                f"{_value(m.get('effective'))}"
+                f"- **not applied**: {md(m.key)} requested {_value(m.requested)}, the engine runs "
+                f"{_value(m.effective)}"
             ]
         if c.not_applied:
             L.append("")
@@ -247,8 +247,7 @@ def _tried(cands: list[CandidateReport]) -> list[str]:
                 L += ["Evidence:", "", md_code(d["evidence"]), ""]
         if c.anomalies:
             L += [
-                f"- anomaly at level {fmt_level(a['level'])}: {md(a['kind'])}: {md(a['detail'])}"
-                for a in c.anomalies
+                f"- anomaly at level {fmt_level(a.level)}: {md(a.kind)}: {md(a.detail)}" for a in c.anomalies
             ] + [""]
         if c.command:
             L += ["Command:", "", md_code(c.command), ""]

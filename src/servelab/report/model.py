@@ -200,6 +200,29 @@ class CandidateSettings(_Part):
         ]
 
 
+class NotApplied(_Part):
+    """A setting the engine did not apply (`applied.Mismatch` as the trial stored it: its keys only)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    _as_given = True
+
+    key: str | None = None
+    requested: JsonValue = None
+    effective: JsonValue = None  # what the engine runs instead
+    evidence: str | None = None  # the log line that shows it
+
+
+class AnomalyNote(_Part):
+    """An anomaly at one level (`analyze.Anomaly` as the outcome stored it)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    _as_given = True
+
+    level: int | float
+    kind: str  # throughput_collapse | power_drop | utilization_drop | error_rate | server_died
+    detail: str
+
+
 class SloMiss(_Part):
     """The SLO limits one level missed, in words."""
 
@@ -236,9 +259,9 @@ class CandidateReport(_Part):
     settings: CandidateSettings
     predicted: dict[str, Any] | None  # the model's prediction as tune stored it
     config: list[ConfigRow]
-    not_applied: list[dict[str, Any]]  # the engine's mismatches as the trial stored them
+    not_applied: list[NotApplied]
     diagnosis: dict[str, Any] | None  # logs.diagnose's verdict as the trial stored it
-    anomalies: list[dict[str, Any]]  # analyze.Anomaly as the outcome stored them
+    anomalies: list[AnomalyNote]
     score: CandidateScore | None
     # the stored level digests (`results.LevelSummary.digest`, combined over repeats by analyze): open
     # JSON whose keys grow with the digest (energy, cost, ci)

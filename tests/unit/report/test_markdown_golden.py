@@ -104,7 +104,7 @@ def test_report_model_holds_the_stored_numbers(golden_store: Store) -> None:
     assert m.winner.significant is True  # 503 ± 19 vs 461 ± 6: the margin exceeds the noise
     assert c["tp8-trtllm"].status == "not_applied" and c["tp8-trtllm"].levels == []
     assert c["arfusion"].status == "anomalous"
-    assert {a["kind"] for a in c["arfusion"].anomalies} >= {"throughput_collapse", "power_drop"}
+    assert {a.kind for a in c["arfusion"].anomalies} >= {"throughput_collapse", "power_drop"}
     assert (c["broken"].diagnosis or {})["class"] == "cuda_init"
     assert m.plan_state == {
         "done": ["tp8", "tp4-pp2", "arfusion"],
