@@ -35,6 +35,7 @@ from servelab.report.model import (
     PlanView,
     RecordedRun,
     SloLimit,
+    StoredRanking,
     StudyInfo,
     StudyReport,
     TrialReport,
@@ -142,7 +143,7 @@ def build(
     bench runs' recorded contexts (`load_contexts`)."""
     spec = st.spec or {}
     result = st.result or {}
-    ranking = result.get("ranking") or None
+    ranking = StoredRanking.model_validate(result["ranking"]) if result.get("ranking") else None
     baseline = result.get("baseline") or _baseline_label(spec)
     slo = _slo(spec)
     candidates = [_readable_score(_candidate(c, trials, ranking, baseline), slo) for c, trials in cands]
@@ -327,7 +328,7 @@ def _host(
 
 
 def _candidate(
-    c: StoredCandidate, trials: list[StoredTrial], ranking: dict[str, Any] | None, baseline: str | None
+    c: StoredCandidate, trials: list[StoredTrial], ranking: StoredRanking | None, baseline: str | None
 ) -> CandidateReport:
     outcome = c.outcome or {}
     levels = outcome.get("levels")
@@ -357,7 +358,7 @@ def _candidate(
         status=status,
         outcome=OUTCOME_TEXT.get(status, status),
         baseline=c.label == baseline,
-        winner=bool(ranking and ranking.get("winner") == c.label),
+        winner=bool(ranking and ranking.winner == c.label),
         settings=_settings(c.spec or {}),
         predicted=c.predicted,
         config=config,
@@ -494,7 +495,7 @@ def energy_points(cands: list[CandidateReport]) -> list[EnergyPoint]:
     ]
 
 
-def _winner(ranking: dict[str, Any] | None, cands: list[CandidateReport]) -> Winner:
+def _winner(ranking: StoredRanking | None, cands: list[CandidateReport]) -> Winner:
     if not ranking:
         return Winner(
             label=None,
@@ -512,15 +513,15 @@ def _winner(ranking: dict[str, Any] | None, cands: list[CandidateReport]) -> Win
             level=None,
             why="no ranking yet: the study has not finished",
         )
-    w = ranking.get("winner")
+    w = ranking.winner
     score = next((c.score for c in cands if c.label == w), None) or CandidateScore()
-    sig = ranking.get("significant")
+    sig = ranking.significant
     noise = {
         True: "exceeds the noise",
         False: "is within the noise",
         None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)",
     }[sig]
-    judged = ranking.get("noise") or {}
+    judged = ranking.noise or {}
     method = judged.get("method")
     if sig is None and judged.get("reason") and judged.get("reason") != "one trial each":
         noise = f"cannot be judged against the noise ({judged['reason']})"
@@ -537,24 +538,24 @@ def _winner(ranking: dict[str, Any] | None, cands: list[CandidateReport]) -> Win
             else ""
         )
         noise = f"{noise} (judged by {method}{where})"
-    runner_up = ranking.get("runner_up")
+    runner_up = ranking.runner_up
     return Winner(
         label=w,
         runner_up=runner_up,
         runner_up_value=next(
             (c.score.value if c.score else None for c in cands if runner_up and c.label == runner_up), None
         ),
-        node_spread=_node_spread(judged.get("node_spread"), ranking.get("margin")),
-        margin=ranking.get("margin"),
-        margin_pct=ranking.get("margin_pct"),
+        node_spread=_node_spread(judged.get("node_spread"), ranking.margin),
+        margin=ranking.margin,
+        margin_pct=ranking.margin_pct,
         significant=sig,
         noise=noise,
         noise_method=method,
-        objective=ranking.get("objective"),
+        objective=ranking.objective,
         value=score.value,
         half_width=score.half_width,
         level=score.level,
-        why=ranking.get("verdict"),
+        why=ranking.verdict,
     )
 
 
@@ -589,7 +590,7 @@ def plan_state(cands: list[CandidateReport]) -> dict[str, list[str]]:
 
 
 def _explain(
-    spec: dict[str, Any], cands: list[CandidateReport], ranking: dict[str, Any] | None
+    spec: dict[str, Any], cands: list[CandidateReport], ranking: StoredRanking | None
 ) -> Explained | NoExplain:
     """`servelab explain` for the winner (or the baseline): measured beside predicted at every level, and
     the predicted decode step at the main level split into its parts."""

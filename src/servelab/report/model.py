@@ -5,7 +5,7 @@ The JSON the fronts publish is `StudyReport.to_json()` (`"format": "servelab-rep
 the field order here is the order of its keys, and a key some reports lack is dropped when it is None
 (`_omit_none`) so that the published shape stays what it was. Numbers read back from the store keep the
 type they were stored with (`int | float`: a level `4` stays `4`, not `4.0`). What another writer stores
-as open JSON (a level digest, the ranking, a diagnosis) stays a `dict[str, Any]`, said so at
+as open JSON (a level digest, a diagnosis, how the noise was judged) stays a `dict[str, Any]`, said so at
 the field: this model does not own that shape.
 """
 
@@ -279,6 +279,25 @@ class CandidateReport(_Part):
         return self.status in ("measured", "anomalous")
 
 
+class StoredRanking(_Part):
+    """`analyze.Ranking` as tune stored it (`servelab runs STUDY --json`): its keys only, in its order."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    _as_given = True
+
+    objective: str | None = None
+    ranked: list[CandidateScore] | None = None
+    winner: str | None = None
+    runner_up: str | None = None
+    margin: int | float | None = None  # winner − runner-up, in the objective's unit
+    margin_pct: int | float | None = None
+    significant: bool | None = None  # the margin exceeds the noise (None: cannot be judged)
+    verdict: str | None = None
+    # how the noise was judged: each method writes its own keys (analyze.rank: a bootstrap's interval, the
+    # t-interval's half-width, capacity brackets; guard_node_spread adds node_spread), so it stays open
+    noise: dict[str, Any] | None = None
+
+
 class SloLimit(_Part):
     metric: str
     stat: str
@@ -377,7 +396,7 @@ class StudyReport(_Part):
     # J per output token against output tok/s (every level with energy), and its front
     energy_points: list[EnergyPoint]
     energy_front: list[EnergyPoint]
-    ranking: dict[str, Any] | None  # analyze.Ranking as tune stored it (`servelab runs STUDY --json`)
+    ranking: StoredRanking | None
     search: dict[str, Any] | None  # the search driver's stored summary (search.driver), its own JSON
     winner: Winner
     top: list[TopLine]  # one line per declared objective, then the front's members (report.top)
