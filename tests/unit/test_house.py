@@ -236,6 +236,7 @@ LAYERS: dict[str, int] = {
             "host",
             "html",
             "markdown",
+            "model",
             "pareto",
             "plots",
             "runreport",

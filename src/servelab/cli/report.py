@@ -175,12 +175,12 @@ def report(
         facts: dict[str, Any] | None = None
         if host_checks if host_checks is not None else host is not None:
             facts = gather() if target is None else _remote_facts(target, remote_python, spec_host)
-        model = redact(data.load(store, study, host=facts))  # what the files and JSON publish: no secret
+        model = data.load(store, study, host=facts).redacted()  # what the files and JSON publish: no secret
     written = _write_all(
         html_file, md_file, lambda: html_report.render(model), lambda path: md_report.write(model, path)
     )
     if as_json:
-        emit({**model, "written": written}, True)
+        emit({**model.to_json(), "written": written}, True)
         return
     if not written:
         sys.stdout.write(md_report.render(model))
@@ -191,4 +191,4 @@ def report(
             stdout.print(f"wrote {escape(p)}")
         stdout.print(escape(d["winner"]["why"] or ""))
 
-    emit({**model, "written": written}, False, show)
+    emit({**model.to_json(), "written": written}, False, show)

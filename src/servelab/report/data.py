@@ -1,4 +1,5 @@
-"""A study's findings as one plain, JSON-ready dict: the store is read once (`load`), the rest is `build`.
+"""A study's findings as one typed model (`report.model.StudyReport`): the store is read once (`load`), the
+rest is `build`.
 
 Markdown, HTML, the web UI and `servelab report --json` all render this one model, so they cannot
 disagree about a number. Strings are kept as stored (the renderers escape them); numbers are not rounded.
@@ -7,17 +8,43 @@ disagree about a number. Strings are kept as stored (the renderers escape them);
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from servelab import analyze
 from servelab import load as load_kinds
 from servelab.config.sections import CostSpec
 from servelab.model.hardware import default_price
+from servelab.report.model import (
+    AnomalyNote,
+    CandidateReport,
+    CandidateScore,
+    CandidateSettings,
+    ConfigRow,
+    CurvePoint,
+    Curves,
+    DeclaredHost,
+    DecodeView,
+    EngineInfo,
+    Explained,
+    ExplainLevel,
+    HostReport,
+    LoadInfo,
+    NoExplain,
+    NotApplied,
+    PlanView,
+    RecordedRun,
+    SloLimit,
+    StoredRanking,
+    StudyInfo,
+    StudyReport,
+    TrialReport,
+)
 from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, layout_gpus, throughput_front
 from servelab.report.pareto import front as pareto_front
 from servelab.report.pareto import point as pareto_point
 from servelab.report.top import Winner, top_lines
-from servelab.results import LevelSummary
+from servelab.results import LevelSummary, RunContext
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
 
@@ -36,7 +63,7 @@ OUTCOME_TEXT = {
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
-def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool = True) -> dict[str, Any]:
+def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool = True) -> StudyReport:
     """Everything the report needs about study `ref` (uid, id, name or `last`).
 
     `host` is what `report.host.gather()` saw on *this* machine (None: not gathered), shown apart from the
@@ -54,9 +81,19 @@ def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool
     )
 
 
-def load_contexts(store: Store, cands: list[CandidateRows]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TrialContext:
+    """What one trial's first bench run recorded about what it ran on."""
+
+    candidate: str
+    repeat: int
+    run: str  # the bench run's uid
+    context: RunContext
+
+
+def load_contexts(store: Store, cands: list[CandidateRows]) -> list[TrialContext]:
     """What each trial's first bench run recorded about what it ran on (`results.RunContext`): one entry per
-    trial that has a stored run, `{"candidate", "repeat", "run", "context"}`."""
+    trial that has a stored run."""
     from servelab.errors import NotFoundError
     from servelab.store.bench import BenchRepo
 
@@ -71,101 +108,91 @@ def load_contexts(store: Store, cands: list[CandidateRows]) -> list[dict[str, An
                 ctx = bench.load(str(uid)).context
             except NotFoundError:  # a run removed from the store: the study's own facts still stand
                 continue
-            out.append({"candidate": c.label, "repeat": t.repeat, "run": uid, "context": ctx.to_json()})
+            out.append(TrialContext(c.label, t.repeat, str(uid), ctx))
     return out
 
 
-def load_plan(store: Store, name: str) -> dict[str, Any]:
+def load_plan(store: Store, name: str) -> PlanView:
     """The plan named `name` (a study's plan is named by its uid), when the plan module is installed."""
     try:
         from servelab.store.plans import PlanRepo
     except ImportError:
-        return {"available": False, "note": "plans are not available in this servelab", "items": []}
+        return PlanView(available=False, note="plans are not available in this servelab", items=[])
     try:
         plan = PlanRepo(store).load(name)
     except Exception as exc:  # an older store without the plan tables, or a plan module mid-change
-        return {"available": False, "note": f"the plan could not be read: {exc}", "items": []}
+        return PlanView(available=False, note=f"the plan could not be read: {exc}", items=[])
     items = [i.to_dict() for i in plan.items]
     note = (
         ""
         if items
         else f"nothing stored in the plan of {name} (`servelab plan --plan {name} add ...` adds items)"
     )
-    return {"available": bool(items), "note": note, "name": name, "items": items}
+    return PlanView(available=bool(items), note=note, name=name, items=items)
 
 
 def build(
     st: StoredStudy,
     cands: list[CandidateRows],
-    plan: dict[str, Any] | None = None,
+    plan: PlanView | None = None,
     host: dict[str, Any] | None = None,
     model: bool = True,
-    contexts: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    contexts: list[TrialContext] | None = None,
+) -> StudyReport:
     """The report model from a study row and its candidates (each with `trials`); `contexts` are the
     bench runs' recorded contexts (`load_contexts`)."""
     spec = st.spec or {}
     result = st.result or {}
-    ranking = result.get("ranking") or None
+    ranking = StoredRanking.model_validate(result["ranking"]) if result.get("ranking") else None
     baseline = result.get("baseline") or _baseline_label(spec)
     slo = _slo(spec)
     candidates = [_readable_score(_candidate(c, trials, ranking, baseline), slo) for c, trials in cands]
-    model_view = (
-        _explain(spec, candidates, ranking) if model else {"available": False, "note": "not computed"}
-    )
+    model_view = _explain(spec, candidates, ranking) if model else NoExplain(note="not computed")
     curves = pareto(candidates, slo)
     energy = energy_points(candidates)
-    front = throughput_front([ParetoPoint.of(d) for d in curves["per_gpu"]])
+    front = throughput_front(curves.per_gpu)
     winner = _winner(ranking, candidates)
     measured = any(
         lv.get(k) is not None
         for c in candidates
-        for lv in c["levels"]
+        for lv in c.levels
         for k in ("j_per_output_token", "usd_per_m_output_tokens")
     )
     cost = CostSpec.model_validate(spec.get("cost") or {})
     gpu = (spec.get("host") or {}).get("gpu")
-    study = _study(st, spec, baseline) | {"price_note": price_note(cost, gpu) if measured else None}
+    study = _study(st, spec, baseline, price_note(cost, gpu) if measured else None)
     # every other declared objective at each candidate's ranked level: (candidate, level, value)
     others = {
         o: [
-            (c["label"], float(lv["level"]), float(lv[o]))
+            (c.label, float(lv["level"]), float(lv[o]))
             for c in candidates
-            for lv in c["levels"]
-            if (c.get("score") or {}).get("level") is not None
-            and float(lv["level"]) == float(c["score"]["level"])
-            and lv.get(o) is not None
+            for lv in c.levels
+            if (at := c.ranked_level()) is not None and float(lv["level"]) == at and lv.get(o) is not None
         ]
-        for o in study["objectives"][1:]
+        for o in study.objectives[1:]
+        if o
     }
-    return {
-        "format": "servelab-report/1",
-        "study": study,
-        "host": _host(spec, candidates, host, contexts or []),
-        "candidates": candidates,
-        "slo": [{"metric": m, "stat": s, "limit": v} for m, s, v in slo.limits()] if slo else [],
-        "max_startup_s": slo.max_startup_s if slo else None,
-        "pareto": curves,
-        # output tok/s per GPU against tok/s per user: the levels no other level beats on both
-        "pareto_front": [p.to_json() for p in front],
-        # J per output token against output tok/s (every level with energy): its front, fewest joules at
-        # the most throughput
-        "energy_points": [p.to_json() for p in energy],
-        "energy_front": [
-            p.to_json()
-            for p in pareto_front(
-                energy, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
-            )
-        ],
-        "ranking": ranking,
-        "search": result.get("search"),
-        "winner": winner,
-        # the report's top: one line per declared objective, then the front's members (report.top)
-        "top": [t.to_json() for t in top_lines(study["objectives"], winner, others, front)],
-        "explain": model_view,
-        "plan_state": plan_state(candidates),
-        "plan": plan or {"available": False, "note": "not loaded", "items": []},
-    }
+    return StudyReport(
+        study=study,
+        host=_host(spec, candidates, host, contexts or []),
+        candidates=candidates,
+        slo=[SloLimit(metric=m, stat=s, limit=v) for m, s, v in slo.limits()] if slo else [],
+        max_startup_s=slo.max_startup_s if slo else None,
+        pareto=curves,
+        pareto_front=front,
+        energy_points=energy,
+        # fewest joules at the most throughput
+        energy_front=pareto_front(
+            energy, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
+        ),
+        ranking=ranking,
+        search=result.get("search"),
+        winner=winner,
+        top=top_lines(study.objectives, winner, others, front),
+        explain=model_view,
+        plan_state=plan_state(candidates),
+        plan=plan or PlanView(available=False, note="not loaded", items=[]),
+    )
 
 
 def price_note(cost: CostSpec, gpu: str | None) -> str | None:
@@ -202,108 +229,107 @@ def _slo(spec: dict[str, Any]) -> Any:
         return None
 
 
-def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None) -> dict[str, Any]:
+def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None, note: str | None) -> StudyInfo:
     eng = spec.get("engine") or {}
     try:
         load = load_kinds.from_spec(spec.get("load") or {}, spec.get("workload")).summary()
     except ValueError:  # a study stored without a load (never written by tune): show what there is
         load = {"mode": "concurrency", "levels": [], "main": None, "unit": load_kinds.ConcurrencyLoad.unit}
     src = st.source
-    return {
-        "uid": st.uid,
-        "name": st.name,
-        "status": st.status,
-        "created_at": st.created_at,
-        "finished_at": st.finished_at,
-        "source": src,
-        "description": (spec.get("study") or {}).get("description") or "",
-        "objective": spec.get("objective"),
+    return StudyInfo(
+        uid=st.uid,
+        name=st.name,
+        status=st.status,
+        created_at=st.created_at,
+        finished_at=st.finished_at,
+        source=src,
+        description=(spec.get("study") or {}).get("description") or "",
+        objective=spec.get("objective"),
         # every objective the study declared: a search's (the first ranks the winner), else the one
-        "objectives": list((spec.get("search") or {}).get("objectives") or [spec.get("objective")]),
-        "repeats": spec.get("repeats", 1),
-        "baseline": baseline,
-        "model": (spec.get("model") or {}).get("path"),
-        "engine": {
-            "name": eng.get("name"),
-            "personality": (eng.get("options") or {}).get("personality"),
-            "args": eng.get("args") or [],
-        },
-        "workload": spec.get("workload") or {},
-        "load": load,
-        "command": shlex.join(["servelab", "tune", src]) if src else None,
-    }
+        objectives=list((spec.get("search") or {}).get("objectives") or [spec.get("objective")]),
+        repeats=spec.get("repeats", 1),
+        baseline=baseline,
+        model=(spec.get("model") or {}).get("path"),
+        engine=EngineInfo(
+            name=eng.get("name"),
+            personality=(eng.get("options") or {}).get("personality"),
+            args=eng.get("args") or [],
+        ),
+        workload=spec.get("workload") or {},
+        load=LoadInfo.model_validate(load),
+        command=shlex.join(["servelab", "tune", src]) if src else None,
+        price_note=note,
+    )
 
 
 def _host(
     spec: dict[str, Any],
-    cands: list[dict[str, Any]],
+    cands: list[CandidateReport],
     gathered: dict[str, Any] | None,
-    contexts: list[dict[str, Any]],
-) -> dict[str, Any]:
+    contexts: list[TrialContext],
+) -> HostReport:
     """The host the study ran on, from what the study recorded: its bench runs' contexts first (what each run
     was of), the study file's [host] where they are silent. `this_machine` is the machine writing the report,
     which may be another one; the renderers show it apart."""
     h = spec.get("host") or {}
-    versions = sorted({t["engine_version"] for c in cands for t in c["trials"] if t.get("engine_version")})
+    versions = sorted({t.engine_version for c in cands for t in c.trials if t.engine_version})
     recorded = []
     for item in contexts:
-        ctx = item["context"]
-        hst, lay, clock = ctx.get("host") or {}, ctx.get("layout") or {}, ctx.get("clock") or {}
+        ctx, hst = item.context, item.context.host
+        lay = ctx.layout.model_dump()
         recorded.append(
-            {
-                "candidate": item["candidate"],
-                "repeat": item["repeat"],
-                "run": item["run"],
-                "engine": ctx.get("engine"),
-                "personality": ctx.get("personality"),
-                "gpu": hst.get("gpu"),
-                "num_gpus": hst.get("num_gpus"),
-                "interconnect": hst.get("interconnect"),
-                "source": hst.get("source"),
-                "layout": ", ".join(f"{k}={v}" for k, v in lay.items() if v is not None) or None,
-                "speed": clock.get("speed"),
-                "time_base": "simulated GPU time" if (clock.get("speed") or 1.0) != 1.0 else "wall clock",
-            }
+            RecordedRun(
+                candidate=item.candidate,
+                repeat=item.repeat,
+                run=item.run,
+                engine=ctx.engine,
+                personality=ctx.personality,
+                gpu=hst.gpu,
+                num_gpus=hst.num_gpus,
+                interconnect=hst.interconnect,
+                source=hst.source,
+                layout=", ".join(f"{k}={v}" for k, v in lay.items() if v is not None) or None,
+                speed=ctx.clock.speed,
+                time_base=ctx.clock.time_base,
+            )
         )
-    first = next((r for r in recorded if r["gpu"]), None)
-    gpu = first["gpu"] if first else h.get("gpu")
-    num = (first["num_gpus"] if first and first["num_gpus"] else None) or h.get("num_gpus")
+    first = next((r for r in recorded if r.gpu), None)
+    gpu = first.gpu if first else h.get("gpu")
+    num = (first.num_gpus if first and first.num_gpus else None) or h.get("num_gpus")
     engine = (spec.get("engine") or {}).get("name")
-    speeds = sorted({float(r["speed"]) for r in recorded if r["speed"]})
-    out: dict[str, Any] = {
-        "gpu": gpu,
-        "num_gpus": num,
-        "interconnect": first["interconnect"] if first else h.get("interconnect"),
-        "gpu_name": None,
-        "gpu_memory_gb": None,
-        "source": "the study's bench runs" if first else "the study file" if h.get("gpu") else None,
-        "declared": {
-            "gpu": h.get("gpu"),
-            "num_gpus": h.get("num_gpus"),
-            "interconnect": h.get("interconnect"),
-        },
-        "recorded": recorded,
-        "simulated": engine == "sim" or any(s != 1.0 for s in speeds),
-        "clock_speeds": speeds,
-        "engine_versions": versions,
-        "this_machine": gathered,
-    }
+    speeds = sorted({float(r.speed) for r in recorded if r.speed})
+    interconnect = first.interconnect if first else h.get("interconnect")
+    gpu_name, memory_gb = None, None
     if gpu:
         try:
             from servelab.model.hardware import make_host
 
-            hs = make_host(str(gpu), int(num or 1), out["interconnect"])
-            out["interconnect"] = f"{hs.interconnect.name} ({hs.interconnect.description})"
-            out["gpu_name"] = hs.gpu.description
-            out["gpu_memory_gb"] = hs.gpu.memory_gb
+            hs = make_host(str(gpu), int(num or 1), interconnect)
+            interconnect = f"{hs.interconnect.name} ({hs.interconnect.description})"
+            gpu_name, memory_gb = hs.gpu.description, hs.gpu.memory_gb
         except Exception:  # an unknown GPU kind: the report still shows what was recorded
             pass
-    return out
+    return HostReport(
+        gpu=gpu,
+        num_gpus=num,
+        interconnect=interconnect,
+        gpu_name=gpu_name,
+        gpu_memory_gb=memory_gb,
+        source="the study's bench runs" if first else "the study file" if h.get("gpu") else None,
+        declared=DeclaredHost(
+            gpu=h.get("gpu"), num_gpus=h.get("num_gpus"), interconnect=h.get("interconnect")
+        ),
+        recorded=recorded,
+        simulated=engine == "sim" or any(s != 1.0 for s in speeds),
+        clock_speeds=speeds,
+        engine_versions=versions,
+        this_machine=gathered,
+    )
 
 
 def _candidate(
-    c: StoredCandidate, trials: list[StoredTrial], ranking: dict[str, Any] | None, baseline: str | None
-) -> dict[str, Any]:
+    c: StoredCandidate, trials: list[StoredTrial], ranking: StoredRanking | None, baseline: str | None
+) -> CandidateReport:
     outcome = c.outcome or {}
     levels = outcome.get("levels")
     if levels is None:  # a study still running: combine what the trials measured so far
@@ -314,56 +340,57 @@ def _candidate(
     mismatches = {m.get("key"): m for m in (last_na or [])}
     requested = next((t.requested for t in reversed(trials) if t.requested), None) or {}
     config = [
-        {
-            "key": k,
-            "requested": v,
-            "effective": (eff.get("effective") or {}).get(k, None),
-            "evidence": (eff.get("evidence") or {}).get(k),
-            "applied": k not in mismatches,
-            "confirmed": k in (eff.get("effective") or {}),
-        }
+        ConfigRow(
+            key=k,
+            requested=v,
+            effective=(eff.get("effective") or {}).get(k, None),
+            evidence=(eff.get("evidence") or {}).get(k),
+            applied=k not in mismatches,
+            confirmed=k in (eff.get("effective") or {}),
+        )
         for k, v in requested.items()
     ]
     diag = next((t.diagnosis for t in reversed(trials) if t.diagnosis), None)
     status = c.status
-    return {
-        "label": c.label,
-        "idx": c.idx,
-        "status": status,
-        "outcome": OUTCOME_TEXT.get(status, status),
-        "baseline": c.label == baseline,
-        "winner": bool(ranking and ranking.get("winner") == c.label),
-        "settings": _settings(c.spec or {}),
-        "predicted": c.predicted,
-        "config": config,
-        "not_applied": list(mismatches.values()),
-        "diagnosis": diag,
-        "anomalies": outcome.get("anomalies") or [],
-        "score": outcome.get("score"),
-        "levels": levels,
-        "command": _command(trials),
-        "trials": [_trial(t) for t in trials],
-    }
+    return CandidateReport(
+        label=c.label,
+        idx=c.idx,
+        status=status,
+        outcome=OUTCOME_TEXT.get(status, status),
+        baseline=c.label == baseline,
+        winner=bool(ranking and ranking.winner == c.label),
+        settings=_settings(c.spec or {}),
+        predicted=c.predicted,
+        config=config,
+        not_applied=[NotApplied.model_validate(m) for m in mismatches.values()],
+        diagnosis=diag,
+        anomalies=[AnomalyNote.model_validate(a) for a in outcome.get("anomalies") or []],
+        score=outcome.get("score"),
+        levels=levels,
+        command=_command(trials),
+        trials=[_trial(t) for t in trials],
+    )
 
 
-def _readable_score(c: dict[str, Any], slo: Any) -> dict[str, Any]:
+def _readable_score(c: CandidateReport, slo: Any) -> CandidateReport:
     """The score's reason in words: where no level met the SLOs, which limit each level missed (the stored
     reason spells it as a Python dict)."""
-    s = c.get("score") or {}
-    if s.get("value") is not None or slo is None or c["status"] not in ("measured", "anomalous"):
+    if (c.score and c.score.value is not None) or slo is None or not c.measured:
         return c
     misses = [
         {"level": lv["level"], "reasons": analyze.slo_failures(lv, slo)}
-        for lv in c["levels"]
+        for lv in c.levels
         if lv.get("level") is not None
     ]
     if not any(m["reasons"] for m in misses):
         return c
     text = "; ".join(f"at level {m['level']:g}, {', '.join(m['reasons'])}" for m in misses if m["reasons"])
-    return c | {"score": s | {"why": f"no level meets the SLOs: {text}", "slo_misses": misses}}
+    stored = c.score.model_dump(mode="json") if c.score else {}
+    why = {"why": f"no level meets the SLOs: {text}", "slo_misses": misses}
+    return c.model_copy(update={"score": CandidateScore.model_validate(stored | why)})
 
 
-def _settings(spec: dict[str, Any]) -> dict[str, Any]:
+def _settings(spec: dict[str, Any]) -> CandidateSettings:
     from servelab.space import FIELDS as keys  # the candidate fields a layout or value sets
 
     d = {k: spec[k] for k in keys if spec.get(k) not in (None, 1) or k == "tp"}
@@ -371,7 +398,7 @@ def _settings(spec: dict[str, Any]) -> dict[str, Any]:
         d["args"] = list(spec["args"])
     if spec.get("env"):
         d["env"] = dict(spec["env"])
-    return d
+    return CandidateSettings.model_validate(d)
 
 
 def _command(trials: list[StoredTrial]) -> str | None:
@@ -383,25 +410,25 @@ def _command(trials: list[StoredTrial]) -> str | None:
     return None
 
 
-def _trial(t: StoredTrial) -> dict[str, Any]:
-    runs = [lv.get("bench_run") for lv in t.levels or [] if lv.get("bench_run")]
+def _trial(t: StoredTrial) -> TrialReport:
+    runs = [str(lv["bench_run"]) for lv in t.levels or [] if lv.get("bench_run")]
     verify = t.verify
-    return {
-        "repeat": t.repeat,
-        "status": t.status,
-        "started_at": t.started_at,
-        "finished_at": t.finished_at,
-        "url": t.url,
-        "log_path": t.log_path,
-        "engine_version": t.engine_version,
-        "ready_s": t.ready_s,
-        "error": t.error,
-        "bench_runs": runs,
-        "verify_ok": None if verify is None else bool(verify.get("ok")),
-        "teardown": _teardown_text(t.teardown),
-        "levels_done": len(t.levels or []),
-        "startup": None if t.startup is None else t.startup.model_dump(mode="json"),
-    }
+    return TrialReport(
+        repeat=t.repeat,
+        status=t.status,
+        started_at=t.started_at,
+        finished_at=t.finished_at,
+        url=t.url,
+        log_path=t.log_path,
+        engine_version=t.engine_version,
+        ready_s=t.ready_s,
+        error=t.error,
+        bench_runs=runs,
+        verify_ok=None if verify is None else bool(verify.get("ok")),
+        teardown=_teardown_text(t.teardown),
+        levels_done=len(t.levels or []),
+        startup=t.startup,
+    )
 
 
 def _teardown_text(td: Any) -> str | None:
@@ -413,7 +440,7 @@ def _teardown_text(td: Any) -> str | None:
     return ", ".join(parts[:8]) or None
 
 
-def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
+def pareto(cands: list[CandidateReport], slo: Any = None) -> Curves:
     """Throughput against TPOT p50 over every measured level; the front of the levels that meet the SLOs
     (no other SLO-meeting point has more throughput at a lower TPOT). `per_gpu`: every measured level as a
     `report.pareto.ParetoPoint` (output tok/s per GPU, tok/s per user), each candidate's tok/s divided by
@@ -421,60 +448,54 @@ def pareto(cands: list[dict[str, Any]], slo: Any = None) -> dict[str, Any]:
     points = []
     per_gpu: list[ParetoPoint] = []
     for c in cands:
-        if c["status"] not in ("measured", "anomalous"):
+        if not c.measured:
             continue
-        s = c["settings"]
-        gpus = layout_gpus(s.get("tp"), s.get("pp"), s.get("dp"))
-        for lv in c["levels"]:
+        s = c.settings
+        gpus = layout_gpus(s.tp, s.pp, s.dp)
+        for lv in c.levels:
             x, y = lv.get("output_throughput"), lv.get("tpot_ms_p50")
-            if (pp := pareto_point(c["label"], lv["level"], x, y, gpus)) is not None:
+            if (pp := pareto_point(c.label, lv["level"], x, y, gpus)) is not None:
                 per_gpu.append(pp)
             if x is None or y is None:
                 continue
             ok = not analyze.slo_failures(lv, slo) if slo is not None else True
             points.append(
-                {
-                    "label": c["label"],
-                    "level": lv["level"],
-                    "output_throughput": x,
-                    "tpot_ms_p50": y,
-                    "meets_slo": ok,
-                }
+                CurvePoint(label=c.label, level=lv["level"], output_throughput=x, tpot_ms_p50=y, meets_slo=ok)
             )
-    good = [p for p in points if p["meets_slo"]]
+    good = [p for p in points if p.meets_slo]
     front = [
         p
         for p in good
         if not any(
             q is not p
-            and q["output_throughput"] >= p["output_throughput"]
-            and q["tpot_ms_p50"] <= p["tpot_ms_p50"]
-            and (q["output_throughput"] > p["output_throughput"] or q["tpot_ms_p50"] < p["tpot_ms_p50"])
+            and q.output_throughput >= p.output_throughput
+            and q.tpot_ms_p50 <= p.tpot_ms_p50
+            and (q.output_throughput > p.output_throughput or q.tpot_ms_p50 < p.tpot_ms_p50)
             for q in good
         )
     ]
-    front.sort(key=lambda p: p["output_throughput"])
+    front.sort(key=lambda p: p.output_throughput)
     # output tok/s per GPU against tok/s per user: every measured level, SLOs or not (the trade-off itself;
     # the TPOT limit is a line on that chart); its front is `build`'s "pareto_front"
-    return {"points": points, "front": front, "per_gpu": [p.to_json() for p in per_gpu]}
+    return Curves(points=points, front=front, per_gpu=per_gpu)
 
 
-def energy_points(cands: list[dict[str, Any]]) -> list[EnergyPoint]:
+def energy_points(cands: list[CandidateReport]) -> list[EnergyPoint]:
     """Every measured level with both its output throughput and its J per output token (the points of the
     report's energy chart, `energy_points`; `energy_front` the levels no other beats on both: more output
     tok/s for fewer J per output token)."""
     return [
         EnergyPoint(
-            c["label"], float(lv["level"]), float(lv["output_throughput"]), float(lv["j_per_output_token"])
+            c.label, float(lv["level"]), float(lv["output_throughput"]), float(lv["j_per_output_token"])
         )
         for c in cands
-        if c["status"] in ("measured", "anomalous")
-        for lv in c["levels"]
+        if c.measured
+        for lv in c.levels
         if lv.get("output_throughput") is not None and lv.get("j_per_output_token") is not None
     ]
 
 
-def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winner:
+def _winner(ranking: StoredRanking | None, cands: list[CandidateReport]) -> Winner:
     if not ranking:
         return Winner(
             label=None,
@@ -492,15 +513,15 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winn
             level=None,
             why="no ranking yet: the study has not finished",
         )
-    w = ranking.get("winner")
-    score = next((c["score"] for c in cands if c["label"] == w), None) or {}
-    sig = ranking.get("significant")
+    w = ranking.winner
+    score = next((c.score for c in cands if c.label == w), None) or CandidateScore()
+    sig = ranking.significant
     noise = {
         True: "exceeds the noise",
         False: "is within the noise",
         None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)",
     }[sig]
-    judged = ranking.get("noise") or {}
+    judged = ranking.noise or {}
     method = judged.get("method")
     if sig is None and judged.get("reason") and judged.get("reason") != "one trial each":
         noise = f"cannot be judged against the noise ({judged['reason']})"
@@ -517,24 +538,24 @@ def _winner(ranking: dict[str, Any] | None, cands: list[dict[str, Any]]) -> Winn
             else ""
         )
         noise = f"{noise} (judged by {method}{where})"
-    runner_up = ranking.get("runner_up")
+    runner_up = ranking.runner_up
     return Winner(
         label=w,
         runner_up=runner_up,
         runner_up_value=next(
-            ((c["score"] or {}).get("value") for c in cands if runner_up and c["label"] == runner_up), None
+            (c.score.value if c.score else None for c in cands if runner_up and c.label == runner_up), None
         ),
-        node_spread=_node_spread(judged.get("node_spread"), ranking.get("margin")),
-        margin=ranking.get("margin"),
-        margin_pct=ranking.get("margin_pct"),
+        node_spread=_node_spread(judged.get("node_spread"), ranking.margin),
+        margin=ranking.margin,
+        margin_pct=ranking.margin_pct,
         significant=sig,
         noise=noise,
         noise_method=method,
-        objective=ranking.get("objective"),
-        value=score.get("value"),
-        half_width=score.get("half_width"),
-        level=score.get("level"),
-        why=ranking.get("verdict"),
+        objective=ranking.objective,
+        value=score.value,
+        half_width=score.half_width,
+        level=score.level,
+        why=ranking.verdict,
     )
 
 
@@ -554,43 +575,40 @@ def _node_spread(ns: Any, margin: Any) -> str | None:
     return f"it exceeds the node-to-node spread {spread:,.4g}{pct} measured on the baseline"
 
 
-def plan_state(cands: list[dict[str, Any]]) -> dict[str, list[str]]:
+def plan_state(cands: list[CandidateReport]) -> dict[str, list[str]]:
     """The study's own todo list: what was done, what the engine did not apply, what is not done yet."""
     out: dict[str, list[str]] = {"done": [], "not_applied": [], "failed": [], "not_yet_done": []}
     for c in cands:
-        if c["status"] == "pruned":  # never a plan item: the search ruled it out before it ran
-            out.setdefault("pruned", []).append(c["label"])
+        if c.status == "pruned":  # never a plan item: the search ruled it out before it ran
+            out.setdefault("pruned", []).append(c.label)
             continue
         key = {"measured": "done", "anomalous": "done", "not_applied": "not_applied", "failed": "failed"}.get(
-            c["status"], "not_yet_done"
+            c.status, "not_yet_done"
         )
-        out[key].append(c["label"])
+        out[key].append(c.label)
     return out
 
 
 def _explain(
-    spec: dict[str, Any], cands: list[dict[str, Any]], ranking: dict[str, Any] | None
-) -> dict[str, Any]:
+    spec: dict[str, Any], cands: list[CandidateReport], ranking: StoredRanking | None
+) -> Explained | NoExplain:
     """`servelab explain` for the winner (or the baseline): measured beside predicted at every level, and
     the predicted decode step at the main level split into its parts."""
-    pick = next((c for c in cands if c["winner"]), None) or next(
-        (c for c in cands if c["baseline"] and c["levels"]), None
+    pick = next((c for c in cands if c.winner), None) or next(
+        (c for c in cands if c.baseline and c.levels), None
     )
-    if pick is None or not pick["levels"]:
-        return {"available": False, "note": "no measured candidate to set beside the model"}
+    if pick is None or not pick.levels:
+        return NoExplain(note="no measured candidate to set beside the model")
     host = spec.get("host") or {}
     if not host.get("gpu"):
-        return {
-            "available": False,
-            "note": "the study does not name its GPU ([host] gpu), so there is no prediction",
-        }
+        return NoExplain(note="the study does not name its GPU ([host] gpu), so there is no prediction")
     try:
         from servelab.model.explain import explain_levels
         from servelab.model.factors import default_factors
         from servelab.model.predict import Workload, evaluate, make_setup
 
-        s = pick["settings"]
-        tp, pp, dp = int(s.get("tp") or 1), int(s.get("pp") or 1), int(s.get("dp") or 1)
+        s = pick.settings
+        tp, pp, dp = s.tp or 1, s.pp or 1, s.dp or 1
         eng = spec.get("engine") or {}
         personality = (eng.get("options") or {}).get("personality") or eng.get("name")
         model_spec = spec.get("model") or {}
@@ -600,57 +618,56 @@ def _explain(
             min(int(host.get("num_gpus") or tp), tp * pp * dp),
             tp=tp,
             pp=pp,
-            ep=int(s.get("ep") or 1),
+            ep=s.ep or 1,
             dp=dp,
-            quant=s.get("quantization"),
-            kv_dtype=s.get("kv_cache_dtype"),
+            quant=s.quantization,
+            kv_dtype=s.kv_cache_dtype,
             factors=default_factors(personality),
         )
         w = spec.get("workload") or {}
         isl, osl = int(w.get("input_len") or 1024), int(w.get("output_len") or 128)
         kind = load_kinds.from_spec(spec.get("load") or {}, w)
-        runs = [LevelSummary.from_digest(lv, mode=kind.mode) for lv in pick["levels"]]
+        runs = [LevelSummary.from_digest(lv, mode=kind.mode) for lv in pick.levels]
         ex = explain_levels(setup, runs, isl, osl)
         main = kind.main
         at = min(range(len(runs)), key=lambda i: abs(runs[i].value - main))
-        main_lv, main_run = pick["levels"][at], runs[at]
+        main_lv, main_run = pick.levels[at], runs[at]
         p = evaluate(setup, Workload(isl, osl, main_run.concurrency))
     except Exception as exc:  # the model's gaps (unknown model, GPU) must not stop the report
-        return {"available": False, "note": f"the performance model cannot describe this setup: {exc}"}
+        return NoExplain(note=f"the performance model cannot describe this setup: {exc}")
     simulated = (spec.get("engine") or {}).get("name") == "sim"
-    return {
-        "available": True,
-        "label": pick["label"],
-        "same_model": simulated,
-        "caveat": (
+    return Explained(
+        label=pick.label,
+        same_model=simulated,
+        caveat=(
             "The engine is servelab's simulator, which times every request with this same performance model: "
             "measured against predicted here checks the simulator against its own model, not the model "
             "against a GPU."
             if simulated
             else None
         ),
-        "largest_gap": ex.largest_gap,
-        "levels": [
-            {
-                "mode": lv.mode,
-                "level": lv.level,
-                "concurrency": lv.concurrency,
-                "measured": lv.measured,
-                "predicted": lv.predicted,
-                "error_pct": lv.error_pct,
-                "attribution": lv.attribution,
-                "gap": lv.largest_gap,
-            }
+        largest_gap=ex.largest_gap,
+        levels=[
+            ExplainLevel(
+                mode=lv.mode,
+                level=lv.level,
+                concurrency=lv.concurrency,
+                measured=lv.measured,
+                predicted=lv.predicted,
+                error_pct=lv.error_pct,
+                attribution=lv.attribution,
+                gap=lv.largest_gap,
+            )
             for lv in ex.levels
         ],
-        "decode": {
+        decode=DecodeView(
             **kind.describe(main_run.value),
-            "concurrency": main_run.concurrency,
-            "predicted_step_ms": p.decode_step_ms,
-            "predicted_tpot_ms": p.tpot_ms,
-            "predicted_breakdown_ms": dict(p.decode_breakdown_ms),
-            "measured_tpot_ms": main_lv.get("tpot_ms_p50"),
-            "bottleneck": p.bottleneck,
-            "allreduce_share": p.allreduce_share,
-        },
-    }
+            concurrency=main_run.concurrency,
+            predicted_step_ms=p.decode_step_ms,
+            predicted_tpot_ms=p.tpot_ms,
+            predicted_breakdown_ms=dict(p.decode_breakdown_ms),
+            measured_tpot_ms=main_lv.get("tpot_ms_p50"),
+            bottleneck=p.bottleneck,
+            allreduce_share=p.allreduce_share,
+        ),
+    )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from servelab.load import kind_of
+from servelab.report.model import CandidateReport, Explained, StudyReport
 from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, front, members_text
 from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
 from servelab.report.runreport import RunReport, Timeline
@@ -25,8 +26,8 @@ class Figure:
     svg: str
 
 
-def _series(c: dict[str, Any], y_key: str, x_key: str = "level") -> Series:
-    levels = c["levels"]
+def _series(c: CandidateReport, y_key: str, x_key: str = "level") -> Series:
+    levels = c.levels
     pts = [
         (float(lv[x_key]), float(lv[y_key]))
         for lv in levels
@@ -34,10 +35,10 @@ def _series(c: dict[str, Any], y_key: str, x_key: str = "level") -> Series:
     ]
     by_level = {float(lv["level"]): lv for lv in levels}
     marks = []
-    for a in c.get("anomalies") or []:
-        lv = by_level.get(float(a["level"]))
+    for a in c.anomalies:
+        lv = by_level.get(float(a.level))
         if lv is not None and lv.get(y_key) is not None and lv.get(x_key) is not None:
-            marks.append((float(lv[x_key]), float(lv[y_key]), f"{a['kind']}: {a['detail']}"))
+            marks.append((float(lv[x_key]), float(lv[y_key]), f"{a.kind}: {a.detail}"))
     errors = [
         (float(lv[x_key]), float(lv[y_key]), float((lv.get("ci") or {})[y_key]))
         for lv in levels
@@ -45,10 +46,8 @@ def _series(c: dict[str, Any], y_key: str, x_key: str = "level") -> Series:
         and lv.get(y_key) is not None
         and isinstance((lv.get("ci") or {}).get(y_key), int | float)
     ]
-    name = c["label"] + (" (winner)" if c.get("winner") else "")
-    return Series(
-        name, pts, marks, dashed=c["status"] != "measured" and c["status"] != "running", errors=errors
-    )
+    name = c.label + (" (winner)" if c.winner else "")
+    return Series(name, pts, marks, dashed=c.status != "measured" and c.status != "running", errors=errors)
 
 
 def _bars_note(series: list[Series], y_key: str) -> str:
@@ -67,11 +66,11 @@ def _log_note(svg: str) -> str:
     return " The latency axis is logarithmic: its values span decades." if 'data-y-scale="log"' in svg else ""
 
 
-def _limit(model: dict[str, Any], metric: str) -> list[tuple[float, str]]:
+def _limit(model: StudyReport, metric: str) -> list[tuple[float, str]]:
     return [
-        (s["limit"], f"SLO {metric.split('_')[0].upper()} {s['stat']} {s['limit']:g} ms")
-        for s in model.get("slo") or []
-        if s["metric"] == metric
+        (s.limit, f"SLO {metric.split('_')[0].upper()} {s.stat} {s.limit:g} ms")
+        for s in model.slo
+        if s.metric == metric
     ]
 
 
@@ -178,9 +177,9 @@ def _energy_figure(points: list[EnergyPoint]) -> list[Figure]:
     ]
 
 
-def figures(model: dict[str, Any]) -> list[Figure]:
-    cands = [c for c in model["candidates"] if c["status"] in PLOTTED and c["levels"]]
-    mode = model["study"]["load"]["mode"]
+def figures(model: StudyReport) -> list[Figure]:
+    cands = [c for c in model.candidates if c.status in PLOTTED and c.levels]
+    mode = model.study.load.mode
     x_label = kind_of(mode).axis_label
     thr = [_series(c, "output_throughput") for c in cands]
     thr_svg = line_chart(
@@ -199,7 +198,7 @@ def figures(model: dict[str, Any]) -> list[Figure]:
         y_label="TPOT p50 (ms)",
         log_y=None,
         hlines=_limit(model, "tpot_ms"),
-        front=[(p["output_throughput"], p["tpot_ms_p50"]) for p in model["pareto"]["front"]],
+        front=[(p.output_throughput, p.tpot_ms_p50) for p in model.pareto.front],
         ident="fig-latency",
     )
     ttft = [_series(c, "ttft_ms_p99") for c in cands]
@@ -231,16 +230,16 @@ def figures(model: dict[str, Any]) -> list[Figure]:
             tpot_svg,
         ),
         _per_gpu_figure(
-            [ParetoPoint.of(d) for d in model["pareto"]["per_gpu"]],
-            {c["label"]: c["label"] + (" (winner)" if c.get("winner") else "") for c in model["candidates"]},
+            model.pareto.per_gpu,
+            {c.label: c.label + (" (winner)" if c.winner else "") for c in model.candidates},
             lambda p: p.name,
             [
-                (1000.0 / s["limit"], f"SLO TPOT p50 {s['limit']:g} ms")
-                for s in model.get("slo") or []
-                if s["metric"] == "tpot_ms" and s["stat"] == "p50" and s["limit"] > 0
+                (1000.0 / s.limit, f"SLO TPOT p50 {s.limit:g} ms")
+                for s in model.slo
+                if s.metric == "tpot_ms" and s.stat == "p50" and s.limit > 0
             ],
         ),
-        *_energy_figure([EnergyPoint.of(d) for d in model.get("energy_points") or []]),
+        *_energy_figure(model.energy_points),
         Figure(
             "ttft",
             "TTFT p99 against load",
@@ -250,23 +249,23 @@ def figures(model: dict[str, Any]) -> list[Figure]:
             ttft_svg,
         ),
     ]
-    ex = model.get("explain") or {}
-    dec = ex.get("decode") if ex.get("available") else None
-    if dec and dec.get("predicted_breakdown_ms"):
-        parts = dec["predicted_breakdown_ms"]
+    ex = model.explain
+    dec = ex.decode if isinstance(ex, Explained) else None
+    if isinstance(ex, Explained) and dec and dec.predicted_breakdown_ms:
+        parts = dec.predicted_breakdown_ms
         pred = [(k, float(v)) for k, v in parts.items() if v]
-        stall = (dec.get("predicted_tpot_ms") or 0.0) - sum(v for _, v in pred)
+        stall = (dec.predicted_tpot_ms or 0.0) - sum(v for _, v in pred)
         if stall > 0:
             pred.append(("prefill stalls", stall))
         physics = sum(float(parts.get(k, 0.0)) for k in ("weights", "kv_cache", "compute"))
         bars = [("predicted", pred)]
-        if dec.get("measured_tpot_ms") is not None:
+        if dec.measured_tpot_ms is not None:
             bars.append(
                 (
                     "measured",
                     [
                         ("weights + KV + compute (model)", physics),
-                        ("the rest, measured", float(dec["measured_tpot_ms"]) - physics),
+                        ("the rest, measured", float(dec.measured_tpot_ms) - physics),
                     ],
                 )
             )
@@ -274,11 +273,11 @@ def figures(model: dict[str, Any]) -> list[Figure]:
             Figure(
                 "decode",
                 "Where a decode step goes",
-                f"{ex['label']} at concurrency {dec['concurrency']}: the model's split of the time per "
+                f"{ex.label} at concurrency {dec.concurrency}: the model's split of the time per "
                 "output token, beside the measured TPOT (the model's weights + KV + compute time taken "
                 "as given, the rest measured).",
                 stacked_bars(
-                    f"Time per output token, {ex['label']} at {dec['concurrency']}",
+                    f"Time per output token, {ex.label} at {dec.concurrency}",
                     bars,
                     unit="ms",
                     ident="fig-decode",

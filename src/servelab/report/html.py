@@ -10,10 +10,19 @@ from typing import Any
 from servelab.load import in_flight_text, kind_of
 from servelab.report.figures import Figure, figures, run_figures
 from servelab.report.markdown import LEVEL_HEAD, run_head_lines
+from servelab.report.model import (
+    CandidateReport,
+    CandidateScore,
+    Explained,
+    HostReport,
+    NoExplain,
+    PlanView,
+    StudyReport,
+)
 from servelab.report.runreport import RunReport
 from servelab.report.startup import HEAD as STARTUP_HEAD
 from servelab.report.startup import NOTE as STARTUP_NOTE
-from servelab.report.startup import startup_rows
+from servelab.report.startup import report_rows
 from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
 
 CSS = """
@@ -111,50 +120,49 @@ def _v(value: Any) -> str:
     return "-" if value is None else f"<code>{h(value)}</code>"
 
 
-def summary_section(model: dict[str, Any]) -> str:
-    st = model["study"]
-    slo = "; ".join(f"{h(s['metric'])} {h(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none"
-    if model.get("max_startup_s"):
-        slo += f"; start-up ≤ {model['max_startup_s']:g} s"
+def summary_section(model: StudyReport) -> str:
+    st = model.study
+    slo = "; ".join(f"{h(s.metric)} {h(s.stat)} ≤ {s.limit:g}" for s in model.slo) or "none"
+    if model.max_startup_s:
+        slo += f"; start-up ≤ {model.max_startup_s:g} s"
     out = [
-        f"<h1>Findings: {h(st['name'])}</h1>",
-        f'<p class="note">{h(st["description"])}</p>' if st["description"] else "",
+        f"<h1>Findings: {h(st.name)}</h1>",
+        f'<p class="note">{h(st.description)}</p>' if st.description else "",
         "<ul>",
-        f"<li>study <code>{h(st['uid'])}</code>, {h(st['status'])}; started {h(st['created_at'])}, finished "
-        f"{h(st['finished_at'] or '-')}</li>",
-        f"<li>{h(st['repeats'])} repeat(s) per candidate, baseline {h(st['baseline'] or '-')}</li>",
-        f"<li>model {h(st['model'])}; engine {h(st['engine']['name'])} {h(st['engine'].get('personality') or '')}"
-        "</li>",
-        f"<li>load: {h(st['load']['mode'])} {h(', '.join(fmt_level(v) for v in st['load']['levels']))}; workload "
-        f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens"
+        f"<li>study <code>{h(st.uid)}</code>, {h(st.status)}; started {h(st.created_at)}, finished "
+        f"{h(st.finished_at or '-')}</li>",
+        f"<li>{h(st.repeats)} repeat(s) per candidate, baseline {h(st.baseline or '-')}</li>",
+        f"<li>model {h(st.model)}; engine {h(st.engine.name)} {h(st.engine.personality or '')}</li>",
+        f"<li>load: {h(st.load.mode)} {h(', '.join(fmt_level(v) for v in st.load.levels))}; workload "
+        f"{fmt(st.workload.get('input_len'), 0)} in / {fmt(st.workload.get('output_len'), 0)} out tokens"
         "</li>",
         f"<li>SLOs: {slo}</li></ul>",
     ]
-    if st.get("command"):
-        out.append(f"<p>Run it again:</p><pre>{h(st['command'])}</pre>")
+    if st.command:
+        out.append(f"<p>Run it again:</p><pre>{h(st.command)}</pre>")
     out.append('<h2 id="winner">The winner</h2>')
     out.append('<ul class="top">')
-    for t in model["top"]:
-        cls = ' class="winner"' if t["winner"] else ""
-        best = f"<strong{cls}>{h(t['best'])}</strong>" if t["best"] else ""
-        out.append(f"<li><strong>{h(t['head'])}</strong>: {best}{h(t['rest'])}</li>")
+    for t in model.top:
+        cls = ' class="winner"' if t.winner else ""
+        best = f"<strong{cls}>{h(t.best)}</strong>" if t.best else ""
+        out.append(f"<li><strong>{h(t.head)}</strong>: {best}{h(t.rest)}</li>")
     out.append("</ul>")
     return "\n".join(out)
 
 
-def host_section(hst: dict[str, Any]) -> str:
+def host_section(hst: HostReport) -> str:
     rows = [
-        ["GPUs", f"{fmt(hst.get('num_gpus'))} × {h(hst.get('gpu') or '-')} {h(hst.get('gpu_name') or '')}"],
-        ["interconnect", h(hst.get("interconnect") or "not known")],
-        ["engine versions", h(", ".join(hst.get("engine_versions") or []) or "not reported")],
+        ["GPUs", f"{fmt(hst.num_gpus)} × {h(hst.gpu or '-')} {h(hst.gpu_name or '')}"],
+        ["interconnect", h(hst.interconnect or "not known")],
+        ["engine versions", h(", ".join(hst.engine_versions) or "not reported")],
     ]
-    if hst.get("simulated"):
-        rows.append(["clock", h(clock_sentence(hst))])
+    if hst.simulated:
+        rows.append(["clock", h(clock_sentence(hst.clock_speeds))])
     out = [
         '<h2 id="host">Host</h2>',
-        table(["", f"as recorded by {h(hst.get('source') or 'the study')}"], rows, "host"),
+        table(["", f"as recorded by {h(hst.source or 'the study')}"], rows, "host"),
     ]
-    rec = hst.get("recorded") or []
+    rec = hst.recorded
     if rec:
         out.append("<p>What each trial's bench run recorded about its server:</p>")
         out.append(
@@ -162,20 +170,20 @@ def host_section(hst: dict[str, Any]) -> str:
                 ["candidate", "repeat", "run", "engine", "GPUs", "layout", "time base"],
                 [
                     [
-                        h(r["candidate"]),
-                        str(r["repeat"] + 1),
-                        h(r["run"]),
-                        h(r["engine"] or "-") + (f" ({h(r['personality'])})" if r.get("personality") else ""),
-                        f"{fmt(r['num_gpus'])} × {h(r['gpu'] or '-')}",
-                        h(r["layout"] or "-"),
-                        h(r["time_base"]),
+                        h(r.candidate),
+                        str(r.repeat + 1),
+                        h(r.run),
+                        h(r.engine or "-") + (f" ({h(r.personality)})" if r.personality else ""),
+                        f"{fmt(r.num_gpus)} × {h(r.gpu or '-')}",
+                        h(r.layout or "-"),
+                        h(r.time_base),
                     ]
                     for r in rec
                 ],
                 "host-runs",
             )
         )
-    here = hst.get("this_machine")
+    here = hst.this_machine
     if not here:
         return "\n".join(out)
     if here.get("host"):
@@ -210,40 +218,40 @@ def host_section(hst: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def candidate_detail(c: dict[str, Any], ui: bool = False) -> str:
+def candidate_detail(c: CandidateReport, ui: bool = False) -> str:
     """One candidate; in the web UI (`ui`) bench-run ids link to their pages."""
     out = [
-        f'<h3 id="cand-{h(c["label"])}">{h(c["label"])}</h3>',
-        f'<p>Outcome: <strong class="status-{h(c["status"])}">{h(c["outcome"])}</strong></p>',
+        f'<h3 id="cand-{h(c.label)}">{h(c.label)}</h3>',
+        f'<p>Outcome: <strong class="status-{h(c.status)}">{h(c.outcome)}</strong></p>',
     ]
-    s = c.get("score") or {}
-    if s.get("why"):
-        out.append(f'<p class="note">Score: {h(s["why"])}</p>')
-    if c["config"]:
+    s = c.score or CandidateScore()
+    if s.why:
+        out.append(f'<p class="note">Score: {h(s.why)}</p>')
+    if c.config:
         out.append(
             table(
                 ["setting", "requested", "effective", "applied", "evidence"],
                 [
                     [
-                        h(r["key"]),
-                        _v(r["requested"]),
-                        _v(r["effective"]) if r["confirmed"] else "not shown",
-                        "yes" if r["applied"] else '<span class="bad">NO</span>',
-                        f'<td class="evidence"><details><summary>log line</summary><code>{h(r["evidence"])}</code></details></td>'
-                        if r["evidence"]
+                        h(r.key),
+                        _v(r.requested),
+                        _v(r.effective) if r.confirmed else "not shown",
+                        "yes" if r.applied else '<span class="bad">NO</span>',
+                        f'<td class="evidence"><details><summary>log line</summary><code>{h(r.evidence)}</code></details></td>'
+                        if r.evidence
                         else "-",
                     ]
-                    for r in c["config"]
+                    for r in c.config
                 ],
                 "config",
             )
         )
-    for m in c["not_applied"]:
+    for m in c.not_applied:
         out.append(
-            f'<p class="bad">not applied: {h(m.get("key"))} requested {_v(m.get("requested"))}, the engine '
-            f"runs {_v(m.get('effective'))}</p>"
+            f'<p class="bad">not applied: {h(m.key)} requested {_v(m.requested)}, the engine '
+            f"runs {_v(m.effective)}</p>"
         )
-    d = c.get("diagnosis")
+    d = c.diagnosis
     if d:
         out.append(
             f'<p>Diagnosis: <strong class="bad">{h(d.get("class"))}</strong>'
@@ -254,34 +262,33 @@ def candidate_detail(c: dict[str, Any], ui: bool = False) -> str:
             out.append(f"<p>Advice: {h(d['advice'])}</p>")
         if d.get("evidence"):
             out.append(f'<pre class="evidence-log">{h(d["evidence"])}</pre>')
-    if c["anomalies"]:
+    if c.anomalies:
         out.append(
             "<ul>"
             + "".join(
-                f'<li class="anomaly">anomaly at level {fmt_level(a["level"])}: {h(a["kind"])}: '
-                f"{h(a['detail'])}</li>"
-                for a in c["anomalies"]
+                f'<li class="anomaly">anomaly at level {fmt_level(a.level)}: {h(a.kind)}: {h(a.detail)}</li>'
+                for a in c.anomalies
             )
             + "</ul>"
         )
-    if c["command"]:
-        out.append(f"<p>Command:</p><pre>{h(c['command'])}</pre>")
-    if c["trials"]:
+    if c.command:
+        out.append(f"<p>Command:</p><pre>{h(c.command)}</pre>")
+    if c.trials:
         out.append(
             table(
                 ["repeat", "status", "engine", "ready s", "bench runs", "teardown", "error"],
                 [
                     [
-                        str(t["repeat"] + 1),
-                        h(t["status"]),
-                        h(t["engine_version"] or "-"),
-                        h(fmt(t["ready_s"], 1)),
-                        " ".join(f'<a href="/run/{h(r)}">{h(r)}</a>' if ui else h(r) for r in t["bench_runs"])
+                        str(t.repeat + 1),
+                        h(t.status),
+                        h(t.engine_version or "-"),
+                        h(fmt(t.ready_s, 1)),
+                        " ".join(f'<a href="/run/{h(r)}">{h(r)}</a>' if ui else h(r) for r in t.bench_runs)
                         or "-",
-                        h(t["teardown"] or "-"),
-                        h(t["error"] or "-"),
+                        h(t.teardown or "-"),
+                        h(t.error or "-"),
                     ]
-                    for t in c["trials"]
+                    for t in c.trials
                 ],
                 "trials",
             )
@@ -289,21 +296,21 @@ def candidate_detail(c: dict[str, Any], ui: bool = False) -> str:
     return "\n".join(out)
 
 
-def tried_section(cands: list[dict[str, Any]], ui: bool = False) -> str:
+def tried_section(cands: list[CandidateReport], ui: bool = False) -> str:
     rows = []
     for c in cands:
-        s = c.get("score") or {}
-        settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items() if k not in ("args", "env"))
-        args = " ".join(c["settings"].get("args") or [])
-        mark = " (winner)" if c["winner"] else " (baseline)" if c["baseline"] else ""
+        s = c.score or CandidateScore()
+        settings = ", ".join(f"{k}={v}" for k, v in c.settings.shown())
+        args = " ".join(c.settings.args or [])
+        mark = " (winner)" if c.winner else " (baseline)" if c.baseline else ""
         rows.append(
             [
-                f'<a href="#cand-{h(c["label"])}">{h(c["label"])}</a>{mark}',
+                f'<a href="#cand-{h(c.label)}">{h(c.label)}</a>{mark}',
                 h(settings) + (f" <code>{h(args)}</code>" if args else ""),
-                f'<span class="status-{h(c["status"])}">{h(c["outcome"])}</span>',
-                num(s.get("value"), 1, "score"),
-                num(s.get("level"), level_digits(s.get("level")), "score_level"),
-                num((c.get("predicted") or {}).get("output_throughput"), 0, "predicted"),
+                f'<span class="status-{h(c.status)}">{h(c.outcome)}</span>',
+                num(s.value, 1, "score"),
+                num(s.level, level_digits(s.level), "score_level"),
+                num((c.predicted or {}).get("output_throughput"), 0, "predicted"),
             ]
         )
     out = [
@@ -315,7 +322,7 @@ def tried_section(cands: list[dict[str, Any]], ui: bool = False) -> str:
             3,
         ),
     ]
-    if starts := startup_rows(cands):
+    if starts := report_rows(cands):
         out += [
             '<h3 id="startup">Start-up</h3>',
             f'<p class="note">{h(STARTUP_NOTE)}</p>',
@@ -341,28 +348,28 @@ def figures_html(figs: list[Figure]) -> str:
     )
 
 
-def performance_section(model: dict[str, Any]) -> str:
+def performance_section(model: StudyReport) -> str:
     out = [
         '<h2 id="performance">Performance</h2>',
         '<p class="note">Latencies in ms, throughputs in tokens per second (± the 95 % confidence half-width '
         "where the study repeated a candidate).</p>",
     ]
-    if model["study"].get("price_note"):
-        out.append(f'<p class="note" data-key="price">{h(model["study"]["price_note"])}</p>')
-    for c in model["candidates"]:
-        if c["levels"]:
-            out += [f"<h3>{h(c['label'])}: every level</h3>", levels_table(c["label"], c["levels"])]
-    out.append(explain_section(model["explain"]))
+    if model.study.price_note:
+        out.append(f'<p class="note" data-key="price">{h(model.study.price_note)}</p>')
+    for c in model.candidates:
+        if c.levels:
+            out += [f"<h3>{h(c.label)}: every level</h3>", levels_table(c.label, c.levels)]
+    out.append(explain_section(model.explain))
     return "\n".join(out)
 
 
-def explain_section(ex: dict[str, Any]) -> str:
+def explain_section(ex: Explained | NoExplain) -> str:
     out = ["<h3>Decode step: measured against predicted</h3>"]
-    if not ex.get("available"):
-        return out[0] + f'<p class="note">Not available: {h(ex.get("note"))}</p>'
-    if ex.get("caveat"):
-        out.append(f'<p class="caveat"><strong>Note:</strong> {h(ex["caveat"])}</p>')
-    out.append(f"<p>{h(ex['label'])}, level by level (<code>servelab explain</code>):</p>")
+    if isinstance(ex, NoExplain):
+        return out[0] + f'<p class="note">Not available: {h(ex.note)}</p>'
+    if ex.caveat:
+        out.append(f'<p class="caveat"><strong>Note:</strong> {h(ex.caveat)}</p>')
+    out.append(f"<p>{h(ex.label)}, level by level (<code>servelab explain</code>):</p>")
     out.append(
         table(
             [
@@ -377,48 +384,48 @@ def explain_section(ex: dict[str, Any]) -> str:
             ],
             [
                 [
-                    num(lv["concurrency"], 0)
-                    if kind_of(lv.get("mode") or "concurrency").closed_loop
-                    else f'<td class="num">{h(in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]))}</td>',
-                    num(lv["measured"]["tpot_ms"], 2, "tpot_meas"),
-                    num(lv["predicted"]["tpot_ms"], 2, "tpot_pred"),
-                    num(lv["measured"]["ttft_ms"], 0, "ttft_meas"),
-                    num(lv["predicted"]["ttft_ms"], 0, "ttft_pred"),
-                    num(lv["measured"]["output_throughput"], 0, "thr_meas"),
-                    num(lv["predicted"]["output_throughput"], 0, "thr_pred"),
-                    h(lv["gap"]),
+                    num(lv.concurrency, 0)
+                    if kind_of(lv.mode or "concurrency").closed_loop
+                    else f'<td class="num">{h(in_flight_text(lv.mode, lv.level, lv.concurrency))}</td>',
+                    num(lv.measured["tpot_ms"], 2, "tpot_meas"),
+                    num(lv.predicted["tpot_ms"], 2, "tpot_pred"),
+                    num(lv.measured["ttft_ms"], 0, "ttft_meas"),
+                    num(lv.predicted["ttft_ms"], 0, "ttft_pred"),
+                    num(lv.measured["output_throughput"], 0, "thr_meas"),
+                    num(lv.predicted["output_throughput"], 0, "thr_pred"),
+                    h(lv.gap),
                 ]
-                for lv in ex["levels"]
+                for lv in ex.levels
             ],
             "explain",
             0,
         )
     )
-    dec = ex["decode"]
-    total = dec["predicted_step_ms"] or 0.0
+    dec = ex.decode
+    total = dec.predicted_step_ms or 0.0
     out.append(
-        f"<p>Predicted decode step at concurrency {dec['concurrency']}: {fmt(dec['predicted_step_ms'], 2)} ms "
-        f"(TPOT {fmt(dec['predicted_tpot_ms'], 2)} ms predicted, {fmt(dec['measured_tpot_ms'], 2)} ms "
-        f"measured); bottleneck {h(dec['bottleneck'])}.</p>"
+        f"<p>Predicted decode step at concurrency {dec.concurrency}: {fmt(dec.predicted_step_ms, 2)} ms "
+        f"(TPOT {fmt(dec.predicted_tpot_ms, 2)} ms predicted, {fmt(dec.measured_tpot_ms, 2)} ms "
+        f"measured); bottleneck {h(dec.bottleneck)}.</p>"
     )
     out.append(
         table(
             ["component", "ms", "share"],
             [
                 [h(k), num(v, 3), h(f"{v / total:.0%}" if total else "-")]
-                for k, v in dec["predicted_breakdown_ms"].items()
+                for k, v in dec.predicted_breakdown_ms.items()
             ],
             "breakdown",
             1,
         )
     )
-    if ex.get("largest_gap"):
-        out.append(f"<p>Largest gap: {h(ex['largest_gap'])}</p>")
+    if ex.largest_gap:
+        out.append(f"<p>Largest gap: {h(ex.largest_gap)}</p>")
     return "\n".join(out)
 
 
-def plan_section(model: dict[str, Any]) -> str:
-    ps = model["plan_state"]
+def plan_section(model: StudyReport) -> str:
+    ps = model.plan_state
     out = ['<h2 id="plan">The plan</h2>', "<ul>"]
     for key, title in (
         ("done", "done"),
@@ -428,14 +435,14 @@ def plan_section(model: dict[str, Any]) -> str:
     ):
         out.append(f"<li>{title}: {h(', '.join(ps[key]) or 'none')}</li>")
     out.append("</ul>")
-    out.append(plan_items(model["plan"]))
+    out.append(plan_items(model.plan))
     return "\n".join(out)
 
 
-def plan_items(plan: dict[str, Any]) -> str:
-    if not plan.get("available"):
-        return f'<p class="note">Stored plan: not available ({h(plan.get("note"))}).</p>'
-    return f"<p>Stored plan <code>{h(plan['name'])}</code>:</p>" + table(
+def plan_items(plan: PlanView) -> str:
+    if not plan.available:
+        return f'<p class="note">Stored plan: not available ({h(plan.note)}).</p>'
+    return f"<p>Stored plan <code>{h(plan.name)}</code>:</p>" + table(
         ["id", "status", "priority", "item", "evidence"],
         [
             [
@@ -450,29 +457,29 @@ def plan_items(plan: dict[str, Any]) -> str:
                     or "-"
                 ),
             ]
-            for i in plan["items"]
+            for i in plan.items
         ],
         "plan",
     )
 
 
-def study_body(model: dict[str, Any], figs: list[Figure] | None = None, ui: bool = False) -> str:
+def study_body(model: StudyReport, figs: list[Figure] | None = None, ui: bool = False) -> str:
     figs = figures(model) if figs is None else figs
     return "\n".join(
         [
             summary_section(model),
             figures_html(figs),
-            host_section(model["host"]),
-            tried_section(model["candidates"], ui),
+            host_section(model.host),
+            tried_section(model.candidates, ui),
             performance_section(model),
             plan_section(model),
         ]
     )
 
 
-def render(model: dict[str, Any]) -> str:
+def render(model: StudyReport) -> str:
     """The whole report as one HTML document."""
-    return page(f"servelab findings: {model['study']['name']}", study_body(model))
+    return page(f"servelab findings: {model.study.name}", study_body(model))
 
 
 def failures_html(model: RunReport) -> list[str]:

@@ -12,10 +12,11 @@ from typing import Any
 
 from servelab.load import in_flight_text
 from servelab.report.figures import Figure, figures, run_figures
+from servelab.report.model import CandidateReport, CandidateScore, HostReport, NoExplain, StudyReport
 from servelab.report.runreport import RunReport
 from servelab.report.startup import HEAD as STARTUP_HEAD
 from servelab.report.startup import NOTE as STARTUP_NOTE
-from servelab.report.startup import startup_rows
+from servelab.report.startup import report_rows
 from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
 
 LEVEL_HEAD = (
@@ -79,80 +80,76 @@ def level_row(lv: dict[str, Any]) -> list[str]:
     ]
 
 
-def render(model: dict[str, Any], assets: str = "report_files", figs: list[Figure] | None = None) -> str:
+def render(model: StudyReport, assets: str = "report_files", figs: list[Figure] | None = None) -> str:
     """The Markdown text; figures are referenced as `assets/NAME.svg` (see `write`)."""
     figs = figures(model) if figs is None else figs
-    st = model["study"]
-    L: list[str] = [f"# Findings: {md(st['name'])}", ""]
-    if st["description"]:
-        L += [md(st["description"]), ""]
+    st = model.study
+    L: list[str] = [f"# Findings: {md(st.name)}", ""]
+    if st.description:
+        L += [md(st.description), ""]
     L += [
-        f"- study `{st['uid']}`, {md(st['status'])}; started {md(st['created_at'])}, "
-        f"finished {md(st['finished_at'] or '-')}",
-        f"- {st['repeats']} repeat(s) per candidate, baseline {md(st['baseline'] or '-')}",
-        f"- model {md(st['model'])}; engine {md(st['engine']['name'])}"
-        + (f" ({md(st['engine']['personality'])})" if st["engine"].get("personality") else ""),
-        f"- load: {md(st['load']['mode'])} {', '.join(fmt_level(v) for v in st['load']['levels'])}; workload "
-        f"{fmt(st['workload'].get('input_len'), 0)} in / {fmt(st['workload'].get('output_len'), 0)} out tokens",
+        f"- study `{st.uid}`, {md(st.status)}; started {md(st.created_at)}, finished {md(st.finished_at or '-')}",
+        f"- {st.repeats} repeat(s) per candidate, baseline {md(st.baseline or '-')}",
+        f"- model {md(st.model)}; engine {md(st.engine.name)}"
+        + (f" ({md(st.engine.personality)})" if st.engine.personality else ""),
+        f"- load: {md(st.load.mode)} {', '.join(fmt_level(v) for v in st.load.levels)}; workload "
+        f"{fmt(st.workload.get('input_len'), 0)} in / {fmt(st.workload.get('output_len'), 0)} out tokens",
         "- SLOs: "
-        + ("; ".join(f"{md(s['metric'])} {md(s['stat'])} ≤ {s['limit']:g}" for s in model["slo"]) or "none")
-        + (f"; start-up ≤ {model['max_startup_s']:g} s" if model.get("max_startup_s") else ""),
+        + ("; ".join(f"{md(s.metric)} {md(s.stat)} ≤ {s.limit:g}" for s in model.slo) or "none")
+        + (f"; start-up ≤ {model.max_startup_s:g} s" if model.max_startup_s else ""),
         "",
     ]
-    if st.get("command"):
-        L += ["Run it again:", "", md_code(st["command"]), ""]
+    if st.command:
+        L += ["Run it again:", "", md_code(st.command), ""]
 
     L += ["## The winner", ""]
-    for t in model["top"]:
-        best = f"**{md(t['best'])}**" if t["best"] else ""
-        L.append(f"- **{md(t['head'])}**: {best}{md(t['rest'])}")
+    for t in model.top:
+        best = f"**{md(t.best)}**" if t.best else ""
+        L.append(f"- **{md(t.head)}**: {best}{md(t.rest)}")
     L.append("")
 
-    if model.get("search"):
+    if model.search:
         from servelab.report.search import search_lines
 
         L += ["## The search", ""]
-        L += [("- " + md(line.strip())) for line in search_lines(model["search"])]
+        L += [("- " + md(line.strip())) for line in search_lines(model.search)]
         L += [""]
-    L += _host(model["host"])
-    L += _tried([c for c in model["candidates"] if c.get("status") != "pruned"])
+    L += _host(model.host)
+    L += _tried([c for c in model.candidates if c.status != "pruned"])
     L += _performance(model, figs, assets)
     L += _plan(model)
     return "\n".join(L).rstrip("\n") + "\n"
 
 
-def _host(hst: dict[str, Any]) -> list[str]:
+def _host(hst: HostReport) -> list[str]:
     L = ["## Host", ""]
-    gpus = f"{fmt(hst.get('num_gpus'))} × {md(hst.get('gpu') or '-')}" + (
-        f" ({md(hst['gpu_name'])})" if hst.get("gpu_name") else ""
-    )
+    gpus = f"{fmt(hst.num_gpus)} × {md(hst.gpu or '-')}" + (f" ({md(hst.gpu_name)})" if hst.gpu_name else "")
     rows = [
         ["GPUs", gpus],
-        ["interconnect", md(hst.get("interconnect") or "not known")],
-        ["engine versions", md(", ".join(hst.get("engine_versions") or []) or "not reported")],
+        ["interconnect", md(hst.interconnect or "not known")],
+        ["engine versions", md(", ".join(hst.engine_versions) or "not reported")],
     ]
-    if hst.get("simulated"):
-        rows.append(["clock", clock_sentence(hst)])
-    L += _table(("", f"as recorded by {md(hst.get('source') or 'the study')}"), rows)
-    rec = hst.get("recorded") or []
-    if rec:
+    if hst.simulated:
+        rows.append(["clock", clock_sentence(hst.clock_speeds)])
+    L += _table(("", f"as recorded by {md(hst.source or 'the study')}"), rows)
+    if rec := hst.recorded:
         L += ["What each trial's bench run recorded about its server:", ""]
         L += _table(
             ("candidate", "repeat", "run", "engine", "GPUs", "layout", "time base"),
             [
                 [
-                    md(r["candidate"]),
-                    str(r["repeat"] + 1),
-                    md(r["run"]),
-                    md(r["engine"] or "-") + (f" ({md(r['personality'])})" if r.get("personality") else ""),
-                    f"{fmt(r['num_gpus'])} × {md(r['gpu'] or '-')}",
-                    md(r["layout"] or "-"),
-                    md(r["time_base"]),
+                    md(r.candidate),
+                    str(r.repeat + 1),
+                    md(r.run),
+                    md(r.engine or "-") + (f" ({md(r.personality)})" if r.personality else ""),
+                    f"{fmt(r.num_gpus)} × {md(r.gpu or '-')}",
+                    md(r.layout or "-"),
+                    md(r.time_base),
                 ]
                 for r in rec
             ],
         )
-    here = hst.get("this_machine")
+    here = hst.this_machine
     if here:
         L += (
             [
@@ -188,56 +185,56 @@ def _host(hst: dict[str, Any]) -> list[str]:
     return L
 
 
-def _tried(cands: list[dict[str, Any]]) -> list[str]:
+def _tried(cands: list[CandidateReport]) -> list[str]:
     L = ["## What was tried", ""]
     rows = []
     for c in cands:
-        s = c.get("score") or {}
-        settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items() if k not in ("args", "env"))
-        args = " ".join(c["settings"].get("args") or [])
-        mark = " (winner)" if c["winner"] else " (baseline)" if c["baseline"] else ""
+        s = c.score or CandidateScore()
+        settings = ", ".join(f"{k}={v}" for k, v in c.settings.shown())
+        args = " ".join(c.settings.args or [])
+        mark = " (winner)" if c.winner else " (baseline)" if c.baseline else ""
         rows.append(
             [
-                md(c["label"]) + mark,
+                md(c.label) + mark,
                 md(settings) + (" " + md_inline_code(args) if args else ""),
-                md(c["outcome"]),
-                fmt(s.get("value")),
-                fmt_level(s.get("level")),
-                fmt((c.get("predicted") or {}).get("output_throughput"), 0),
+                md(c.outcome),
+                fmt(s.value),
+                fmt_level(s.level),
+                fmt((c.predicted or {}).get("output_throughput"), 0),
             ]
         )
     L += _table(("candidate", "settings", "outcome", "objective", "at level", "predicted tok/s"), rows)
-    if starts := startup_rows(cands):
+    if starts := report_rows(cands):
         L += ["### Start-up", "", md(STARTUP_NOTE), ""]
         L += _table(STARTUP_HEAD, [[md(r.label), str(r.repeat), *r.cells()] for r in starts])
     for c in cands:
-        L += [f"### {md(c['label'])}", "", f"Outcome: **{md(c['outcome'])}**.", ""]
-        s = c.get("score") or {}
-        if s.get("why"):
-            L += [f"Score: {md(s['why'])}", ""]
-        if c["config"]:
+        L += [f"### {md(c.label)}", "", f"Outcome: **{md(c.outcome)}**.", ""]
+        s = c.score or CandidateScore()
+        if s.why:
+            L += [f"Score: {md(s.why)}", ""]
+        if c.config:
             L += ["Requested against what the engine runs:", ""]
             L += _table(
                 ("setting", "requested", "effective", "applied", "evidence"),
                 [
                     [
-                        md(r["key"]),
-                        _value(r["requested"]),
-                        _value(r["effective"]) if r["confirmed"] else "not shown",
-                        "yes" if r["applied"] else "**NO**",
-                        md_inline_code(r["evidence"]) if r["evidence"] else "-",
+                        md(r.key),
+                        _value(r.requested),
+                        _value(r.effective) if r.confirmed else "not shown",
+                        "yes" if r.applied else "**NO**",
+                        md_inline_code(r.evidence) if r.evidence else "-",
                     ]
-                    for r in c["config"]
+                    for r in c.config
                 ],
             )
-        for m in c["not_applied"]:
+        for m in c.not_applied:
             L += [
-                f"- **not applied**: {md(m.get('key'))} requested {_value(m.get('requested'))}, the engine runs "
-                f"{_value(m.get('effective'))}"
+                f"- **not applied**: {md(m.key)} requested {_value(m.requested)}, the engine runs "
+                f"{_value(m.effective)}"
             ]
-        if c["not_applied"]:
+        if c.not_applied:
             L.append("")
-        d = c.get("diagnosis")
+        d = c.diagnosis
         if d:
             L += [
                 f"Diagnosis: **{md(d.get('class'))}**"
@@ -248,33 +245,32 @@ def _tried(cands: list[dict[str, Any]]) -> list[str]:
                 L += [f"Advice: {md(d['advice'])}", ""]
             if d.get("evidence"):
                 L += ["Evidence:", "", md_code(d["evidence"]), ""]
-        if c["anomalies"]:
+        if c.anomalies:
             L += [
-                f"- anomaly at level {fmt_level(a['level'])}: {md(a['kind'])}: {md(a['detail'])}"
-                for a in c["anomalies"]
+                f"- anomaly at level {fmt_level(a.level)}: {md(a.kind)}: {md(a.detail)}" for a in c.anomalies
             ] + [""]
-        if c["command"]:
-            L += ["Command:", "", md_code(c["command"]), ""]
-        if c["trials"]:
+        if c.command:
+            L += ["Command:", "", md_code(c.command), ""]
+        if c.trials:
             L += _table(
                 ("repeat", "status", "engine", "ready s", "bench runs", "teardown", "error"),
                 [
                     [
-                        str(t["repeat"] + 1),
-                        md(t["status"]),
-                        md(t["engine_version"] or "-"),
-                        fmt(t["ready_s"], 1),
-                        md(", ".join(t["bench_runs"]) or "-"),
-                        md(t["teardown"] or "-"),
-                        md(t["error"] or "-"),
+                        str(t.repeat + 1),
+                        md(t.status),
+                        md(t.engine_version or "-"),
+                        fmt(t.ready_s, 1),
+                        md(", ".join(t.bench_runs) or "-"),
+                        md(t.teardown or "-"),
+                        md(t.error or "-"),
                     ]
-                    for t in c["trials"]
+                    for t in c.trials
                 ],
             )
     return L
 
 
-def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list[str]:
+def _performance(model: StudyReport, figs: list[Figure], assets: str) -> list[str]:
     L = [
         "## Performance",
         "",
@@ -284,21 +280,21 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
     ]
     for f in figs:
         L += [f"![{md(f.title)}]({assets}/{f.name}.svg)", "", f"*{md(f.caption)}*", ""]
-    if model["study"].get("price_note"):
-        L += [md(model["study"]["price_note"]), ""]
-    for c in model["candidates"]:
-        if not c["levels"]:
+    if model.study.price_note:
+        L += [md(model.study.price_note), ""]
+    for c in model.candidates:
+        if not c.levels:
             continue
-        L += [f"### {md(c['label'])}: every level", ""]
-        L += _table(LEVEL_HEAD, [level_row(lv) for lv in c["levels"]])
-    ex = model["explain"]
+        L += [f"### {md(c.label)}: every level", ""]
+        L += _table(LEVEL_HEAD, [level_row(lv) for lv in c.levels])
+    ex = model.explain
     L += ["### Decode step: measured against predicted", ""]
-    if not ex.get("available"):
-        L += [f"Not available: {md(ex.get('note'))}", ""]
+    if isinstance(ex, NoExplain):
+        L += [f"Not available: {md(ex.note)}", ""]
         return L
-    if ex.get("caveat"):
-        L += [f"**Note:** {md(ex['caveat'])}", ""]
-    L += [f"{md(ex['label'])}, level by level (`servelab explain`):", ""]
+    if ex.caveat:
+        L += [f"**Note:** {md(ex.caveat)}", ""]
+    L += [f"{md(ex.label)}, level by level (`servelab explain`):", ""]
     L += _table(
         (
             "concurrency",
@@ -312,40 +308,40 @@ def _performance(model: dict[str, Any], figs: list[Figure], assets: str) -> list
         ),
         [
             [
-                in_flight_text(lv.get("mode"), lv.get("level"), lv["concurrency"]),
-                fmt(lv["measured"]["tpot_ms"], 2),
-                fmt(lv["predicted"]["tpot_ms"], 2),
-                fmt(lv["measured"]["ttft_ms"], 0),
-                fmt(lv["predicted"]["ttft_ms"], 0),
-                fmt(lv["measured"]["output_throughput"], 0),
-                fmt(lv["predicted"]["output_throughput"], 0),
-                md(lv["gap"]),
+                in_flight_text(lv.mode, lv.level, lv.concurrency),
+                fmt(lv.measured["tpot_ms"], 2),
+                fmt(lv.predicted["tpot_ms"], 2),
+                fmt(lv.measured["ttft_ms"], 0),
+                fmt(lv.predicted["ttft_ms"], 0),
+                fmt(lv.measured["output_throughput"], 0),
+                fmt(lv.predicted["output_throughput"], 0),
+                md(lv.gap),
             ]
-            for lv in ex["levels"]
+            for lv in ex.levels
         ],
     )
-    dec = ex["decode"]
+    dec = ex.decode
     L += [
-        f"Predicted decode step at concurrency {dec['concurrency']}: {fmt(dec['predicted_step_ms'], 2)} ms "
-        f"(TPOT {fmt(dec['predicted_tpot_ms'], 2)} ms predicted, {fmt(dec['measured_tpot_ms'], 2)} ms measured); "
-        f"bottleneck {md(dec['bottleneck'])}, allreduce share {fmt((dec['allreduce_share'] or 0) * 100, 0)} %.",
+        f"Predicted decode step at concurrency {dec.concurrency}: {fmt(dec.predicted_step_ms, 2)} ms "
+        f"(TPOT {fmt(dec.predicted_tpot_ms, 2)} ms predicted, {fmt(dec.measured_tpot_ms, 2)} ms measured); "
+        f"bottleneck {md(dec.bottleneck)}, allreduce share {fmt((dec.allreduce_share or 0) * 100, 0)} %.",
         "",
     ]
-    total = dec["predicted_step_ms"] or 0.0
+    total = dec.predicted_step_ms or 0.0
     L += _table(
         ("component", "ms", "share"),
         [
             [md(k), fmt(v, 3), f"{v / total:.0%}" if total else "-"]
-            for k, v in dec["predicted_breakdown_ms"].items()
+            for k, v in dec.predicted_breakdown_ms.items()
         ],
     )
-    if ex.get("largest_gap"):
-        L += [f"Largest gap: {md(ex['largest_gap'])}", ""]
+    if ex.largest_gap:
+        L += [f"Largest gap: {md(ex.largest_gap)}", ""]
     return L
 
 
-def _plan(model: dict[str, Any]) -> list[str]:
-    ps = model["plan_state"]
+def _plan(model: StudyReport) -> list[str]:
+    ps = model.plan_state
     L = ["## The plan", ""]
     for key, title in (
         ("done", "done"),
@@ -355,9 +351,9 @@ def _plan(model: dict[str, Any]) -> list[str]:
     ):
         L.append(f"- {title}: " + (", ".join(md(x) for x in ps[key]) or "none"))
     L.append("")
-    plan = model["plan"]
-    if plan.get("available"):
-        L += [f"Stored plan `{md(plan['name'])}`:", ""]
+    plan = model.plan
+    if plan.available:
+        L += [f"Stored plan `{md(plan.name)}`:", ""]
         L += _table(
             ("id", "status", "priority", "item", "evidence"),
             [
@@ -374,11 +370,11 @@ def _plan(model: dict[str, Any]) -> list[str]:
                         or "-"
                     ),
                 ]
-                for i in plan["items"]
+                for i in plan.items
             ],
         )
     else:
-        L += [f"Stored plan: not available ({md(plan.get('note'))}).", ""]
+        L += [f"Stored plan: not available ({md(plan.note)}).", ""]
     return L
 
 
@@ -396,7 +392,7 @@ def _write_with_figures(path: Path, figs: list[Figure], text: Callable[[str], st
     return [path, *written]
 
 
-def write(model: dict[str, Any], path: Path) -> list[Path]:
+def write(model: StudyReport, path: Path) -> list[Path]:
     """Write `path` and its figures into `<stem>_files/` beside it; returns every file written."""
     figs = figures(model)
     return _write_with_figures(path, figs, lambda assets: render(model, assets, figs))

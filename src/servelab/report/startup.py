@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servelab.startup import PHASE_TITLES, PHASES, StartupPhases
+
+if TYPE_CHECKING:
+    from servelab.report.model import CandidateReport
 
 HEAD = ("candidate", "trial", "cache", *(PHASE_TITLES[p] for p in PHASES), "ready")
 NOTE = (
@@ -56,3 +60,8 @@ def startup_rows(cands: Iterable[Mapping[str, object]]) -> list[StartupRow]:
                 phases = StartupPhases.model_validate(t["startup"])
                 rows.append(StartupRow(str(c["label"]), int(str(t.get("repeat", 0))) + 1, phases))
     return rows
+
+
+def report_rows(cands: Iterable[CandidateReport]) -> list[StartupRow]:
+    """`startup_rows` of the study report's candidates (`report.model`), whose trials hold the phases typed."""
+    return [StartupRow(c.label, t.repeat + 1, t.startup) for c in cands for t in c.trials if t.startup]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
+from collections.abc import Sequence
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL/ST), other two-byte ESC sequences, then the C0/C1 controls left.
 _ANSI = re.compile(
@@ -85,9 +85,9 @@ def fmt(value: object, digits: int = 1) -> str:
     return clean(value)
 
 
-def clock_sentence(hst: dict[str, Any]) -> str:
+def clock_sentence(clock_speeds: Sequence[float]) -> str:
     """The host section's clock row for a simulated study, one wording for HTML and Markdown."""
-    speeds = ", ".join(f"{s:g}×" for s in hst.get("clock_speeds") or [])
+    speeds = ", ".join(f"{s:g}×" for s in clock_speeds)
     return "simulated: servelab's simulator standing in for these GPUs" + (
         f" (its clock ran {speeds} faster; every figure is in the simulated GPUs' time)" if speeds else ""
     )

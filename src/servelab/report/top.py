@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypedDict
+
+from pydantic import BaseModel, ConfigDict
 
 from servelab.objectives import objective as objective_type
 from servelab.report.pareto import ParetoPoint, members_text
@@ -17,22 +18,25 @@ from servelab.report.text import fmt, fmt_level
 FRONT_HEAD = "Pareto front (output tok/s per GPU against tok/s per user)"
 
 
-class Winner(TypedDict):
-    """The ranked objective's outcome as the report model holds it ("winner")."""
+class Winner(BaseModel):
+    """The ranked objective's outcome as the report model holds it ("winner"). Figures keep the number type
+    the store held them in (the published JSON is unchanged by this model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     label: str | None
     runner_up: str | None
-    runner_up_value: float | None
+    runner_up_value: int | float | None
     node_spread: str | None  # on a cluster: the margin against the baseline's node-to-node spread, in words
-    margin: float | None
-    margin_pct: float | None
+    margin: int | float | None
+    margin_pct: int | float | None
     significant: bool | None
     noise: str
     noise_method: str | None
     objective: str | None
-    value: float | None
-    half_width: float | None
-    level: float | None
+    value: int | float | None
+    half_width: int | float | None
+    level: int | float | None
     why: str | None
 
 
@@ -64,20 +68,20 @@ def _pm(value: float | None, half: float | None) -> str:
 
 def ranked_line(name: str, win: Winner) -> TopLine:
     head = f"{name}{direction(name)}"
-    if not win["label"]:
-        return TopLine(head, None, win["why"] or "no candidate met every SLO")
-    rest = f", {_pm(win['value'], win['half_width'])} at level {fmt_level(win['level'])}"
-    if win["runner_up"]:
-        pct = f" ({win['margin_pct']:+.1f} %)" if win["margin_pct"] is not None else ""
+    if not win.label:
+        return TopLine(head, None, win.why or "no candidate met every SLO")
+    rest = f", {_pm(win.value, win.half_width)} at level {fmt_level(win.level)}"
+    if win.runner_up:
+        pct = f" ({win.margin_pct:+.1f} %)" if win.margin_pct is not None else ""
         rest += (
-            f"; {fmt(win['margin'])}{pct} ahead of the runner-up {win['runner_up']} "
-            f"({fmt(win['runner_up_value'])}); the margin {win['noise']}"
+            f"; {fmt(win.margin)}{pct} ahead of the runner-up {win.runner_up} "
+            f"({fmt(win.runner_up_value)}); the margin {win.noise}"
         )
     else:
         rest += "; the only candidate that meets every SLO"
-    if win["node_spread"]:
-        rest += f"; {win['node_spread']}"
-    return TopLine(head, win["label"], rest + ".", winner=True)
+    if win.node_spread:
+        rest += f"; {win.node_spread}"
+    return TopLine(head, win.label, rest + ".", winner=True)
 
 
 def other_line(name: str, at: Sequence[tuple[str, float, float]]) -> TopLine:
@@ -95,14 +99,14 @@ def other_line(name: str, at: Sequence[tuple[str, float, float]]) -> TopLine:
 
 
 def top_lines(
-    declared: Sequence[str],
+    declared: Sequence[str | None],
     win: Winner,
     others: Mapping[str, Sequence[tuple[str, float, float]]],
     front: Sequence[ParetoPoint],
 ) -> list[TopLine]:
     """The ranked objective first (the winner's), every other declared one after it (`others`: its
     (candidate, level, value) at each candidate's ranked level), then the Pareto front's members."""
-    ranked = win["objective"] or (declared[0] if declared else "")
+    ranked = win.objective or (declared[0] if declared else None) or ""
     out = [ranked_line(ranked, win)]
     out += [other_line(o, others.get(o, ())) for o in declared if o and o != ranked]
     out.append(TopLine(FRONT_HEAD, None, members_text(front) + "."))

@@ -72,7 +72,7 @@ def route(store: Store, path: str, query: dict[str, str]) -> Response:
             case ["api", "studies"]:
                 return _json({"studies": [_study_row(store, s) for s in StudyRepo(store).list_studies(200)]})
             case ["api", "study", ref]:
-                return _json(data.load(store, ref))
+                return _json(data.load(store, ref).to_json())
             case ["api", "study", ref, "progress"]:
                 return _json(progress(store, ref))
             case ["api", "run", ref]:
@@ -206,10 +206,10 @@ PROGRESS_JS = """
 
 def study_page(store: Store, ref: str) -> Response:
     model = data.load(store, ref)
-    uid = model["study"]["uid"]
+    uid = model.study.uid
     script = ""
     top = ""
-    if model["study"]["status"] == "running":
+    if model.study.status == "running":
         p = progress(store, uid)
         seen = f"{p['status']}:{p['finished']}:{p['measured_levels']}"
         lines = "\n".join(f"{c['label']}: {c['status']}" for c in p["candidates"])
@@ -220,7 +220,7 @@ def study_page(store: Store, ref: str) -> Response:
         )
         script = PROGRESS_JS
     links = f'<p><a href="/plan/{quote(uid)}">the plan</a> · <a href="/api/study/{quote(uid)}">JSON</a></p>'
-    return _html(f"study {model['study']['name']}", top + study_body(model, ui=True) + links, script)
+    return _html(f"study {model.study.name}", top + study_body(model, ui=True) + links, script)
 
 
 def _run(store: Store, ref: str) -> dict[str, Any]:

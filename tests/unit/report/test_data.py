@@ -11,30 +11,50 @@ from tests.unit.report.study_builder import build_study
 
 from servelab.cli.main import cli
 from servelab.report import data, html
+from servelab.report.model import CandidateScore, CandidateSettings, Explained, NoExplain
 from servelab.store.db import Store, open_store
 
 
 def test_explain_sets_the_winner_beside_the_model(golden_store: Store) -> None:
     m = data.load(golden_store, "golden-study")
-    ex = m["explain"]
-    assert ex["available"] and ex["label"] == "tp8"
-    tp8 = next(c for c in m["candidates"] if c["label"] == "tp8")
-    assert [lv["measured"]["tpot_ms"] for lv in ex["levels"]] == [lv["tpot_ms_p50"] for lv in tp8["levels"]]
-    assert all(lv["predicted"]["tpot_ms"] > 0 for lv in ex["levels"])
-    dec = ex["decode"]
-    assert dec["concurrency"] == 64 and dec["measured_tpot_ms"] == tp8["levels"][-1]["tpot_ms_p50"]
-    assert (
-        abs(sum(dec["predicted_breakdown_ms"].values()) - dec["predicted_step_ms"])
-        < 0.01 * dec["predicted_step_ms"]
-    )
+    ex = m.explain
+    assert isinstance(ex, Explained) and ex.label == "tp8"
+    tp8 = m.candidate("tp8")
+    assert tp8 is not None
+    assert [lv.measured["tpot_ms"] for lv in ex.levels] == [lv["tpot_ms_p50"] for lv in tp8.levels]
+    assert all((lv.predicted["tpot_ms"] or 0) > 0 for lv in ex.levels)
+    dec = ex.decode
+    assert dec.concurrency == 64 and dec.measured_tpot_ms == tp8.levels[-1]["tpot_ms_p50"]
+    step = dec.predicted_step_ms or 0.0
+    assert abs(sum(dec.predicted_breakdown_ms.values()) - step) < 0.01 * step
+
+
+def test_candidate_settings_name_every_candidate_field() -> None:
+    """The report's settings hold every field a layout or value sets (space.FIELDS), then args and env; the
+    JSON lists only what a candidate chose (tp always)."""
+    from servelab.space import FIELDS
+
+    assert tuple(CandidateSettings.model_fields) == (*FIELDS, "args", "env")
+    dumped = CandidateSettings(tp=None, pp=2, mem_fraction=0.9).model_dump(mode="json")
+    assert dumped == {"tp": None, "pp": 2, "mem_fraction": 0.9}
+
+
+def test_a_stored_score_keeps_its_keys() -> None:
+    """A score stored by an older servelab (no `levels_meeting_slo`) or a later one (a field this model does
+    not know) is published with the keys it was stored with, in their order."""
+    old = {"label": "tp8", "status": "measured", "value": 503, "half_width": None, "level": 64.0, "why": ""}
+    assert CandidateScore.model_validate(old).model_dump(mode="json") == old
+    assert list(CandidateScore.model_validate(old).model_dump(mode="json")) == list(old)
+    later = old | {"levels_meeting_slo": [1.0, 64.0], "novel": {"x": 1}}
+    assert CandidateScore.model_validate(later).model_dump(mode="json") == later
 
 
 def test_unknown_model_leaves_a_note_not_an_error(golden_store: Store) -> None:
     golden_store.conn.execute(
         "UPDATE studies SET spec_json = json_set(spec_json, '$.model.path', 'no-such-model')"
     )
-    ex = data.load(golden_store, "golden-study")["explain"]
-    assert not ex["available"] and "cannot describe" in ex["note"]
+    ex = data.load(golden_store, "golden-study").explain
+    assert isinstance(ex, NoExplain) and "cannot describe" in ex.note
 
 
 class _Cells(HTMLParser):
@@ -57,9 +77,9 @@ def test_html_tables_hold_the_stored_numbers(golden_store: Store) -> None:
     m = data.load(golden_store, "golden-study", model=False)
     p = _Cells()
     p.feed(html.render(m))
-    for c in m["candidates"]:
+    for c in m.candidates:
         for key in ("output_throughput", "tpot_ms_p50", "ttft_ms_p99", "goodput", "e2e_ms_p50"):
-            assert p.values.get((c["label"], key), []) == [lv[key] for lv in c["levels"]]
+            assert p.values.get((c.label, key), []) == [lv[key] for lv in c.levels]
 
 
 def test_cli_writes_html_and_markdown_and_json(tmp_path: Path, servelab_home: Path) -> None:

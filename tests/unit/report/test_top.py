@@ -24,8 +24,7 @@ def winner(**over: object) -> Winner:
         level=64.0,
         why="tp8 wins on output_throughput: 503 vs tp4's 461 (+9.1 %); the margin exceeds the noise",
     )
-    base.update(over)  # type: ignore[typeddict-item]
-    return base
+    return base.model_copy(update=over)
 
 
 FRONT = [ParetoPoint("tp8", 64, 62.9, 9.5, 8), ParetoPoint("tp4", 1, 5.8, 50.8, 8)]
