@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "servelab.applied": CONTRACT,
     "servelab.crashpoint": CONTRACT,
     "servelab.tasks": CONTRACT,
+    "servelab.jsontypes": CONTRACT,  # JsonObject: JSON as a type, for what is only passed through or written
     "servelab.events": CONTRACT,  # progress as typed events: what rooms report, what fronts render
     "servelab.startup": CONTRACT,  # a launch's start-up phases as a type: engines read, store keeps, fronts show
     "servelab.arguments": CONTRACT,  # the options a CLI command and its MCP tool share, declared once
