@@ -7,8 +7,11 @@ the engine shows an effective value for is compared; a mismatch is reported with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from servelab.jsontypes import JsonObject
 
 # Keys whose effective value may legitimately differ from a request of "auto"/None (the engine chooses).
 _AUTO = {"auto", "none", "", "default"}
@@ -21,7 +24,7 @@ class Mismatch:
     effective: Any
     evidence: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     def sentence(self) -> str:
@@ -50,7 +53,7 @@ def same(requested: Any, effective: Any) -> bool:
 
 
 def compare(
-    requested: dict[str, Any], effective: dict[str, Any], evidence: dict[str, str]
+    requested: Mapping[str, object], effective: Mapping[str, object], evidence: Mapping[str, str]
 ) -> tuple[list[Mismatch], list[str]]:
     """(mismatches, keys the engine did not show) for every requested key; "auto" requests always match."""
     mismatches: list[Mismatch] = []

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.jsontypes import JsonObject
+
 OK = 0
 FAILED = 1
 USAGE = 2
@@ -31,14 +33,14 @@ class ServelabError(Exception):
     default_hint: str = ""
     # What `--json` prints instead of the error object, when the command has a result to show anyway
     # (an interrupted bench prints its stored run, `status: interrupted`).
-    document: dict[str, Any] | None = None
+    document: JsonObject | None = None
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint if hint is not None else self.default_hint
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> JsonObject:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
 
 
@@ -79,8 +81,8 @@ class EngineError(ServelabError):
     # A servelab.engines.base.Diagnosis (failure class, evidence, advice) when the failure was classified.
     diagnosis: Any = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = dict(super().to_dict())
+    def to_dict(self) -> JsonObject:
+        d = super().to_dict()
         if self.diagnosis is not None:
             d["diagnosis"] = self.diagnosis.to_dict()
         return d

@@ -4,14 +4,16 @@ they go, and what the fronts (the CLI's progress lines and bars) render by the e
 Each event is a small frozen dataclass with its `kind` (the name it always had) and `to_dict()`, the
 dict it was sent as before it had a type, so a log or a test that reads events as JSON sees the same.
 A trial's benchmark events reach the study wrapped in `TrialBench`, the candidate beside the level
-(`to_dict` keeps the old merged form, where the level's label wins). Imports nothing of ours: every
+(`to_dict` keeps the old merged form, where the level's label wins). Imports nothing of ours but `jsontypes`: every
 room below the fronts may report, and every front may render."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from servelab.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,7 @@ class Event:
 
     kind: ClassVar[str] = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -43,7 +45,7 @@ class RunStarted(BenchEvent):
     kind: ClassVar[str] = "run_started"
     uid: str
     levels: int
-    workload: dict[str, Any]
+    workload: JsonObject
     warnings: list[str]
     time_base: str
 
@@ -76,7 +78,7 @@ class LevelFinished(BenchEvent):
     index: int
     label: str
     status: str
-    client: dict[str, Any]
+    client: JsonObject
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,9 @@ class ProbeFinished(BenchEvent):
     """A capacity probe's verdict (its `CapacityProbe`, as JSON)."""
 
     kind: ClassVar[str] = "probe_finished"
-    probe: dict[str, Any]
+    probe: JsonObject
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dict(self.probe)
 
 
@@ -115,7 +117,7 @@ class TrialBench(Event):
     def kind(self) -> str:  # type: ignore[override]
         return f"bench_{self.event.kind}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         inner = self.event.to_dict()
         return inner if self.label is None else {"label": self.label, **inner}
 
@@ -135,7 +137,7 @@ class StudyStarted(Event):
 class StudyResumed(Event):
     kind: ClassVar[str] = "study_resumed"
     uid: str
-    orphans: list[dict[str, Any]]
+    orphans: list[JsonObject]
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,9 @@ class StudyFinished(Event):
     """The study's outcome (`StudyOutcome.to_dict()`, what `tune --json` prints)."""
 
     kind: ClassVar[str] = "study_finished"
-    outcome: dict[str, Any]
+    outcome: JsonObject
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dict(self.outcome)
 
 
@@ -156,7 +158,7 @@ class ExecutorStarted(Event):
     gpus: int
     s: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"kind": self.executor, "gpus": self.gpus, "s": self.s}
 
 
@@ -216,7 +218,7 @@ class LevelDone(CandidateEvent):
     """A level measured: its stored digest (`LevelResult.stored()`)."""
 
     kind: ClassVar[str] = "level_done"
-    digest: dict[str, Any]
+    digest: JsonObject
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,7 @@ class StoppedEarly(CandidateEvent):
 @dataclass(frozen=True)
 class ServerDied(CandidateEvent):
     kind: ClassVar[str] = "server_died"
-    diagnosis: dict[str, Any]
+    diagnosis: JsonObject
 
 
 @dataclass(frozen=True)
@@ -238,14 +240,14 @@ class TrialFinished(CandidateEvent):
 
     kind: ClassVar[str] = "trial_finished"
     status: str
-    record: dict[str, Any]
+    record: JsonObject
 
     @property
-    def diagnosis(self) -> dict[str, Any] | None:
+    def diagnosis(self) -> JsonObject | None:
         found = self.record.get("diagnosis")
         return found if isinstance(found, dict) else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"label": self.label, "status": self.status, **self.record}
 
 
@@ -260,7 +262,7 @@ class TrialLost(CandidateEvent):
 @dataclass(frozen=True)
 class TrialTeardown(CandidateEvent):
     kind: ClassVar[str] = "trial_teardown"
-    teardown: dict[str, Any]
+    teardown: JsonObject
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ class SearchProposed(CandidateEvent):
 @dataclass(frozen=True)
 class SearchPruned(CandidateEvent):
     kind: ClassVar[str] = "search_pruned"
-    region: dict[str, Any] | None
+    region: JsonObject | None
 
 
 @dataclass(frozen=True)

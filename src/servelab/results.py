@@ -18,12 +18,14 @@ requests/s). **Goodput** is `goodput`: output tokens per second of the requests 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servelab.energy import LevelCost, LevelEnergy
+from servelab.jsontypes import JsonObject
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -242,7 +244,7 @@ class LevelSummary(_Model):
         time: latencies and durations × speed, rates ÷ speed. The identity at speed 1."""
         if speed == 1:
             return self
-        update: dict[str, Any] = {m: getattr(self, m).scaled(speed) for m in LATENCY_METRICS}
+        update: dict[str, object] = {m: getattr(self, m).scaled(speed) for m in LATENCY_METRICS}
         for name in RATES:
             v = getattr(self, name)
             if v is not None:
@@ -259,10 +261,10 @@ class LevelSummary(_Model):
             update["cost"] = self.cost.in_gpu_time(speed)
         return self.model_copy(update=update)
 
-    def digest(self) -> dict[str, Any]:
+    def digest(self) -> JsonObject:
         """The flat numbers a study compares per level (`tpot_ms_p50`, `output_throughput`, …): the
         objective and SLO names of the study file are keys of this. Same units as the summary."""
-        d: dict[str, Any] = {
+        d: JsonObject = {
             "level": self.value,
             "mode": self.mode,
             "completed": self.completed,
@@ -289,11 +291,11 @@ class LevelSummary(_Model):
         return d
 
     @classmethod
-    def from_digest(cls, d: dict[str, Any], mode: str | None = None) -> LevelSummary:
+    def from_digest(cls, d: Mapping[str, object], mode: str | None = None) -> LevelSummary:
         """The inverse of `digest()` for what a digest keeps (a study's stored levels, repeats combined):
         the readers of a study's levels see the same typed summary as the readers of a run. The level's
         mode is the digest's; a digest stored before it carried one takes `mode` (the study's load kind)."""
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             m: {st: d.get(f"{m}_{st}") for st in ("mean", "p50", "p90", "p95", "p99")}
             for m in LATENCY_METRICS
         }
@@ -301,11 +303,14 @@ class LevelSummary(_Model):
             k: d[k] for k in ("completed", "failed", "failure_rate", "errors", *RATES) if d.get(k) is not None
         }
         level_mode = d.get("mode") or mode or "concurrency"
-        return cls.model_validate(data | {"mode": level_mode, "value": float(d.get("level") or 0)})
+        level = d.get("level")
+        return cls.model_validate(
+            data | {"mode": level_mode, "value": float(level) if isinstance(level, int | float) else 0.0}
+        )
 
-    def vllm_compatible(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def vllm_compatible(self, extra: JsonObject | None = None) -> JsonObject:
         """The same level in `vllm bench serve`'s result field names, so numbers compare with that tool."""
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "duration": self.duration_s,
             "completed": self.completed,
             "failed": self.failed,
@@ -327,7 +332,7 @@ class LevelSummary(_Model):
             out.update(extra)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return self.model_dump(mode="json")
 
 
@@ -395,6 +400,16 @@ class Clock(_Model):
         return "simulated GPU time" if self.simulated else "wall clock"
 
 
+_M = TypeVar("_M", bound=_Model)
+
+
+def _known_over(a: _M, b: _M) -> _M:
+    """`a` with every field `b` knows (is not None) taken from `b`."""
+    return type(a).model_validate(
+        {k: (v if v is not None else getattr(a, k)) for k, v in b.model_dump().items()}
+    )
+
+
 class RunContext(_Model):
     """What a run is *of*: engine, model config, host, layout, formats, clock. Learnt from the server's
     info routes where it tells, given by a study's candidate or by `bench --gpu/--tp/...` where not."""
@@ -414,13 +429,10 @@ class RunContext(_Model):
     def merged(self, over: RunContext) -> RunContext:
         """`over`'s known facts on top of ours (field by field; unknowns do not erase knowns)."""
 
-        def pick(a: _Model, b: _Model) -> dict[str, Any]:
-            return {k: (v if v is not None else getattr(a, k)) for k, v in b.model_dump().items()}
-
-        host = Host(**pick(self.host, over.host))
-        layout = Layout(**pick(self.layout, over.layout))
+        host = _known_over(self.host, over.host)
+        layout = _known_over(self.layout, over.layout)
         clock = over.clock if over.clock.source else self.clock
-        path = NetPath(**pick(self.path, over.path))
+        path = _known_over(self.path, over.path)
         return RunContext(
             engine=over.engine or self.engine,
             personality=over.personality or self.personality,
@@ -433,7 +445,7 @@ class RunContext(_Model):
             path=path,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return self.model_dump(mode="json", by_alias=True)
 
 
@@ -498,7 +510,7 @@ class CapacityResult(_Model):
     warmup_fraction: float = 0.0  # the share of each probe's requests left out of its verdict
     speed: float = 1.0  # the clock's; a rate capacity is in the client's clock (÷ speed: the GPU's)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return self.model_dump(mode="json")
 
 
@@ -548,7 +560,7 @@ class LevelSeries(_Model):
             }
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return self.model_dump(mode="json")
 
 
@@ -562,8 +574,8 @@ class Level(_Model):
     value: float
     summary: LevelSummary
     wall: LevelSummary
-    server_metrics: dict[str, Any] = Field(default_factory=dict)
-    client: dict[str, Any] = Field(default_factory=dict)
+    server_metrics: JsonObject = Field(default_factory=dict)  # the engine's /metrics deltas, shown as stored
+    client: JsonObject = Field(default_factory=dict)  # the client's own counters, shown as stored
     saturation: Saturation | None = None  # open-loop levels: did it reach a steady state
     series: LevelSeries = Field(default_factory=LevelSeries)  # in the time base shown, like `summary`
     wall_series: LevelSeries = Field(default_factory=LevelSeries)  # on the client's clock, as stored
@@ -572,7 +584,7 @@ class Level(_Model):
     def concurrency(self) -> int:
         return self.summary.concurrency
 
-    def vllm_compatible(self, max_concurrency: int | None = None, burstiness: float = 1.0) -> dict[str, Any]:
+    def vllm_compatible(self, max_concurrency: int | None = None, burstiness: float = 1.0) -> JsonObject:
         """This level as `vllm bench serve` would write it (`--export-vllm`), in the shown time base."""
         return self.summary.vllm_compatible(
             {
@@ -584,7 +596,7 @@ class Level(_Model):
 
     def to_json(
         self, simulated: bool, max_concurrency: int | None = None, burstiness: float = 1.0
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         return {
             "index": self.index,
             "label": self.summary.label or f"{self.value:g}",
@@ -612,8 +624,8 @@ class Run(_Model):
     api: str
     context: RunContext = Field(default_factory=RunContext)
     workload: WorkloadInfo = Field(default_factory=WorkloadInfo)
-    capabilities: dict[str, Any] = Field(default_factory=dict)
-    config: dict[str, Any] = Field(default_factory=dict)  # the full (redacted) bench options, as given
+    capabilities: JsonObject = Field(default_factory=dict)  # what the server was seen to support
+    config: JsonObject = Field(default_factory=dict)  # the full (redacted) bench options, as given
     warnings: list[str] = Field(default_factory=list)
     levels: list[Level] = Field(default_factory=list)
     capacity: CapacityResult | None = None  # `bench --find-capacity`
@@ -626,10 +638,13 @@ class Run(_Model):
     def clock(self) -> Clock:
         return self.context.clock
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The stable `--json` view (`runs show`): figures in the time base shown to users, the wall
         clock's own beside them where the two differ."""
         simulated = self.clock.simulated
+        mc, burst = self.config.get("max_concurrency"), self.config.get("burstiness")
+        max_concurrency = mc if isinstance(mc, int) else None
+        burstiness = float(burst) if isinstance(burst, int | float) and burst else 1.0
         return {
             "run": self.uid,
             "status": self.status,
@@ -644,12 +659,7 @@ class Run(_Model):
             "workload": self.workload.model_dump(mode="json"),
             "capabilities": self.capabilities,
             "config": self.config,
-            "warnings": self.warnings,
-            "levels": [
-                lv.to_json(
-                    simulated, self.config.get("max_concurrency"), float(self.config.get("burstiness") or 1.0)
-                )
-                for lv in self.levels
-            ],
+            "warnings": [*self.warnings],
+            "levels": [lv.to_json(simulated, max_concurrency, burstiness) for lv in self.levels],
             "capacity": self.capacity.to_json() if self.capacity else None,
         }

@@ -313,7 +313,8 @@ LAYERS: dict[str, int] = {
 # Beyond the layers: rooms that must not know each other although the layers would let them (a sibling on
 # the same layer, or a room below that is not theirs to use). A room on the left imports none on the right.
 APART: dict[str, tuple[str, ...]] = {
-    # the data contract: nothing of ours but errors, paths, redact and energy (its LevelEnergy, LevelCost)
+    # the data contract: nothing of ours but errors, paths, redact, energy (its LevelEnergy, LevelCost) and
+    # jsontypes (JsonObject: what it keeps as stored JSON)
     "servelab.results": ("servelab",),
     "servelab.model": ("servelab.engines", "servelab.sim", "servelab.bench", "servelab.store"),
     "servelab.store": ("servelab.bench", "servelab.model", "servelab.engines", "servelab.sim"),
@@ -345,7 +346,13 @@ APART: dict[str, tuple[str, ...]] = {
     ),
     "servelab.ui": ("servelab.cli",),
 }
-APART_ALLOWED = {"servelab.errors", "servelab.paths", "servelab.redact", "servelab.energy"}
+APART_ALLOWED = {
+    "servelab.errors",
+    "servelab.paths",
+    "servelab.redact",
+    "servelab.energy",
+    "servelab.jsontypes",
+}
 
 # (importer, imported) pairs that still run up a floor or close a circle, each with why it is not yet fixed.
 # The list only shrinks: an entry that neither runs up a floor nor closes a circle any more fails the test.

@@ -75,7 +75,11 @@ def import_run(store: Store, run: Run, requests: list[list[RequestRecord]]) -> i
     repo.set_run_info(run_id, engine=run.context.engine, warnings=run.warnings)
     for level, records in zip(run.levels, requests, strict=True):
         level_id = repo.create_level(
-            run_id, level.index, level.mode, level.value, run.config.get("max_concurrency")
+            run_id,
+            level.index,
+            level.mode,
+            level.value,
+            mc if isinstance(mc := run.config.get("max_concurrency"), int) else None,
         )
         for rec in records:
             repo.add_request(level_id, rec)

@@ -120,8 +120,8 @@ class _ProgressObserver:
             case LevelFinished():
                 if self.progress is not None and self.task is not None:
                     self.progress.remove_task(self.task)
-                for w in event.client.get("warnings", []):
-                    warn(f"[{event.label}] {w}")
+                for note in ws if isinstance(ws := event.client.get("warnings", []), list) else []:
+                    warn(f"[{event.label}] {note}")
             case RunFinished() if self.progress is not None:
                 self.progress.stop()
 

@@ -170,8 +170,9 @@ def report(
         if is_run(store, study, run_flag):
             _run_report(store, study, html_file, md_file, as_json)
             return
-        spec_host = (StudyRepo(store).resolve(study).spec or {}).get("host") or {}
-        target = transport.target_of(host, spec_host.get("ssh"))
+        found = StudyRepo(store).resolve(study).spec.get("host")
+        spec_host = found if isinstance(found, dict) else {}
+        target = transport.target_of(host, ssh if isinstance(ssh := spec_host.get("ssh"), str) else None)
         facts: dict[str, Any] | None = None
         if host_checks if host_checks is not None else host is not None:
             facts = gather() if target is None else _remote_facts(target, remote_python, spec_host)

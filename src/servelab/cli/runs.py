@@ -27,7 +27,7 @@ def _study_rows(repo: StudyRepo, studies: list[StoredStudy]) -> list[dict[str, A
     out = []
     for st in studies:
         cands = repo.candidates(st.id)
-        ranking = (st.result or {}).get("ranking") or {}
+        ranking = r if isinstance(r := (st.result or {}).get("ranking"), dict) else {}
         out.append(
             {
                 "uid": st.uid,
@@ -41,8 +41,12 @@ def _study_rows(repo: StudyRepo, studies: list[StoredStudy]) -> list[dict[str, A
                     {
                         "label": c.label,
                         "status": c.status,
-                        "score": ((c.outcome or {}).get("score") or {}).get("value"),
-                        "level": ((c.outcome or {}).get("score") or {}).get("level"),
+                        "score": sc.get("value")
+                        if isinstance(sc := (c.outcome or {}).get("score"), dict)
+                        else None,
+                        "level": sc.get("level")
+                        if isinstance(sc := (c.outcome or {}).get("score"), dict)
+                        else None,
                         "trials": len(repo.trials(c.id)),
                     }
                     for c in cands
@@ -198,5 +202,5 @@ def show(run: str, export_requests_to: str | None, as_json: bool) -> None:
     with open_store() as store:
         data = BenchRepo(store).load(run).to_json()
     if out is not None:
-        export_requests(data["run"], *out)
+        export_requests(str(data["run"]), *out)
     emit(data, as_json, render_bench)

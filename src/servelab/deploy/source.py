@@ -125,7 +125,8 @@ def resolve(store: Store, ref: str) -> LaunchRecord:
     study = repo.resolve(study_ref)
     cands = repo.candidates(study.id)
     if not label:
-        label = ((study.result or {}).get("ranking") or {}).get("winner") or ""
+        ranking = r if isinstance(r := (study.result or {}).get("ranking"), dict) else {}
+        label = w if isinstance(w := ranking.get("winner"), str) else ""
         if not label:
             raise NotFoundError(
                 f"study {study.uid} has no winner (status {study.status})",
@@ -165,15 +166,15 @@ def _from_trial(store: Store, repo: StudyRepo, tid: int) -> LaunchRecord:
 
 
 def _record(study: StoredStudy, cand: StoredCandidate, trial: StoredTrial) -> LaunchRecord:
-    spec = study.spec or {}
-    eff = (trial.effective or {}).get("effective") or {}
+    spec = study.spec
+    eff = e if isinstance(e := (trial.effective or {}).get("effective"), dict) else {}
     argv = [str(a) for a in trial.argv or []]
     if not argv:
         raise ConfigError(
             f"trial {trial.id} recorded no command line (an external endpoint?)",
             hint="servelab can only deploy a server it launched itself",
         )
-    model = spec.get("model") or {}
+    model = m if isinstance(m := spec.get("model"), dict) else {}
     served = (
         eff.get("served_model_name")
         or model.get("served_name")
@@ -181,19 +182,22 @@ def _record(study: StoredStudy, cand: StoredCandidate, trial: StoredTrial) -> La
         or model.get("path")
         or ""
     )
-    kind = load_kinds.of_spec(spec.get("load"), spec.get("workload"))
+    load, workload = spec.get("load"), spec.get("workload")
+    kind = load_kinds.of_spec(
+        load if isinstance(load, dict) else None, workload if isinstance(workload, dict) else None
+    )
     return LaunchRecord(
         study_uid=study.uid,
         study_name=study.name,
         candidate=cand.label,
         trial_id=trial.id,
-        engine=(spec.get("engine") or {}).get("name", ""),
+        engine=str(engine.get("name", "")) if isinstance(engine := spec.get("engine"), dict) else "",
         argv=argv,
         env={str(k): str(v) for k, v in (trial.env or {}).items()},
         url=trial.url or "",
         served_model=str(served),
         model_path=str(eff.get("model") or flag_value(argv, "--model") or model.get("path")),
-        engine_version=trial.engine_version or eff.get("version"),
+        engine_version=trial.engine_version or (v if isinstance(v := eff.get("version"), str) else None),
         ready_s=trial.ready_s,
         levels=list(trial.levels or []),
         main_level=kind.main if kind is not None else None,

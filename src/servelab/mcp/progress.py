@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from servelab import load as load_kinds
+from servelab.jsontypes import JsonObject
 from servelab.mcp.models import (
     CandidateProgress,
     Driver,
@@ -26,11 +27,16 @@ def _ts(text: str | None) -> datetime | None:
 
 
 def _levels(trial: StoredTrial) -> list[float]:
-    return [float(lv["level"]) for lv in trial.levels or [] if lv.get("level") is not None]
+    return [float(x) for lv in trial.levels or [] if isinstance(x := lv.get("level"), int | float)]
 
 
 def _number(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _dicts(v: object) -> list[JsonObject]:
+    """The objects of a stored JSON list (an absent or malformed one: none)."""
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
 def _figures(trial: StoredTrial) -> list[LevelFigures]:
@@ -38,7 +44,7 @@ def _figures(trial: StoredTrial) -> list[LevelFigures]:
     return [
         LevelFigures(
             repeat=trial.repeat,
-            level=float(lv["level"]),
+            level=_number(lv["level"]) or 0.0,
             output_throughput=_number(lv.get("output_throughput")),
             energy_j=_number(lv.get("energy_j")),
             j_per_output_token=_number(lv.get("j_per_output_token")),
@@ -58,14 +64,13 @@ def _findings(cand: StoredCandidate, trials: list[StoredTrial]) -> list[Finding]
             kind="not_applied",
             detail=f"requested {n.get('key')}={n.get('requested')!r}, the engine runs {n.get('effective')!r}",
         )
-        for n in (cand.outcome or {}).get("not_applied") or []
+        for n in _dicts((cand.outcome or {}).get("not_applied"))
     ]
     out += [
         Finding(
             candidate=label, kind=str(a.get("kind")), detail=f"level {a.get('level'):g}: {a.get('detail')}"
         )
-        for a in (cand.outcome or {}).get("anomalies") or []
-        if isinstance(a, dict)
+        for a in _dicts((cand.outcome or {}).get("anomalies"))
     ]
     if not out:  # a trial that ended without its candidate's outcome yet (the study still runs)
         for t in trials:
@@ -93,10 +98,13 @@ def progress(store: Store, ref: str, now: datetime | None = None) -> TuneProgres
     repo = StudyRepo(store)
     st = repo.resolve(ref)
     now = now or datetime.now(UTC)
-    spec = st.spec or {}
+    spec = st.spec
     adaptive = bool(spec.get("search"))
-    repeats = int(spec.get("repeats") or 1)
-    kind = load_kinds.of_spec(spec.get("load"), spec.get("workload"))
+    repeats = r if isinstance(r := spec.get("repeats"), int) and r else 1
+    load, workload = spec.get("load"), spec.get("workload")
+    kind = load_kinds.of_spec(
+        load if isinstance(load, dict) else None, workload if isinstance(workload, dict) else None
+    )
     planned_levels = len(kind.levels) if kind is not None else None
     cands = repo.candidates(st.id)
     running: list[TrialProgress] = []

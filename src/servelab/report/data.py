@@ -14,6 +14,7 @@ from typing import Any
 from servelab import analyze
 from servelab import load as load_kinds
 from servelab.config.sections import CostSpec
+from servelab.jsontypes import JsonObject
 from servelab.model.hardware import default_price
 from servelab.report.model import (
     AnomalyNote,
@@ -144,7 +145,7 @@ def build(
     spec = st.spec or {}
     result = st.result or {}
     ranking = StoredRanking.model_validate(result["ranking"]) if result.get("ranking") else None
-    baseline = result.get("baseline") or _baseline_label(spec)
+    baseline = b if isinstance(b := result.get("baseline"), str) and b else _baseline_label(spec)
     slo = _slo(spec)
     candidates = [_readable_score(_candidate(c, trials, ranking, baseline), slo) for c, trials in cands]
     model_view = _explain(spec, candidates, ranking) if model else NoExplain(note="not computed")
@@ -159,7 +160,7 @@ def build(
         for k in ("j_per_output_token", "usd_per_m_output_tokens")
     )
     cost = CostSpec.model_validate(spec.get("cost") or {})
-    gpu = (spec.get("host") or {}).get("gpu")
+    gpu = g if isinstance(sh := spec.get("host"), dict) and isinstance(g := sh.get("gpu"), str) else None
     study = _study(st, spec, baseline, price_note(cost, gpu) if measured else None)
     # every other declared objective at each candidate's ranked level: (candidate, level, value)
     others = {
@@ -186,7 +187,7 @@ def build(
             energy, lambda p: p.output_throughput, lambda p: p.j_per_output_token, maximise=ENERGY_AXES
         ),
         ranking=ranking,
-        search=result.get("search"),
+        search=found if isinstance(found := result.get("search"), dict) else None,
         winner=winner,
         top=top_lines(study.objectives, winner, others, front),
         explain=model_view,
@@ -331,26 +332,30 @@ def _candidate(
     c: StoredCandidate, trials: list[StoredTrial], ranking: StoredRanking | None, baseline: str | None
 ) -> CandidateReport:
     outcome = c.outcome or {}
-    levels = outcome.get("levels")
-    if levels is None:  # a study still running: combine what the trials measured so far
+    stored = outcome.get("levels")
+    levels: list[JsonObject] = [x for x in stored if isinstance(x, dict)] if isinstance(stored, list) else []
+    if stored is None:  # a study still running: combine what the trials measured so far
         levels = analyze.combine_repeats([t.levels for t in trials if t.levels])
     # the last trial that recorded each (a later trial may have stopped before it got that far)
     eff = next((t.effective for t in reversed(trials) if t.effective), None) or {}
     last_na = next((t.not_applied for t in reversed(trials) if t.not_applied), None)
     mismatches = {m.get("key"): m for m in (last_na or [])}
     requested = next((t.requested for t in reversed(trials) if t.requested), None) or {}
+    effective = e if isinstance(e := eff.get("effective"), dict) else {}
+    evidence = e if isinstance(e := eff.get("evidence"), dict) else {}
     config = [
         ConfigRow(
             key=k,
             requested=v,
-            effective=(eff.get("effective") or {}).get(k, None),
-            evidence=(eff.get("evidence") or {}).get(k),
+            effective=effective.get(k, None),
+            evidence=ev if isinstance(ev := evidence.get(k), str) else None,
             applied=k not in mismatches,
-            confirmed=k in (eff.get("effective") or {}),
+            confirmed=k in effective,
         )
         for k, v in requested.items()
     ]
     diag = next((t.diagnosis for t in reversed(trials) if t.diagnosis), None)
+    anomalies = an if isinstance(an := outcome.get("anomalies"), list) else []
     status = c.status
     return CandidateReport(
         label=c.label,
@@ -364,8 +369,8 @@ def _candidate(
         config=config,
         not_applied=[NotApplied.model_validate(m) for m in mismatches.values()],
         diagnosis=diag,
-        anomalies=[AnomalyNote.model_validate(a) for a in outcome.get("anomalies") or []],
-        score=outcome.get("score"),
+        anomalies=[AnomalyNote.model_validate(a) for a in anomalies],
+        score=None if (sc := outcome.get("score")) is None else CandidateScore.model_validate(sc),
         levels=levels,
         command=_command(trials),
         trials=[_trial(t) for t in trials],

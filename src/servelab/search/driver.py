@@ -12,20 +12,21 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from servelab import analyze
 from servelab import space as sp
 from servelab.config.sections import CandidateSpec, LoadSpec, WorkloadSpec
 from servelab.config.study import Study
 from servelab.events import SearchPromoted, SearchProposed, SearchPruned
+from servelab.jsontypes import JsonObject
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
-from servelab.search.base import History, NamedSetting, Outcome, Proposal, Tried, candidate, point_key
+from servelab.search.base import History, NamedSetting, Origin, Outcome, Proposal, Tried, candidate, point_key
 from servelab.search.runner import TrialRunner
 from servelab.search.strategies import Budget, make, promoted
 from servelab.space import label as point_label
-from servelab.store.studies import StoredCandidate, StoredTrial
+from servelab.store.studies import CandidateSearch, SearchPredicted, StoredCandidate, StoredTrial
 
 # Anomalies that rule a configuration out: throughput collapsed against the baseline, or the server died.
 # A power or utilization drop alone is what a smaller batch cap does at the same load: a slower point, not
@@ -111,8 +112,8 @@ class SearchDriver:
             # a trial a kill cut short (or a lost node's) is run again, not charged to the budget
             h.trials_used += sum(1 for x in trials if x.status not in ("interrupted", "lost"))
             h.elapsed_s += sum(_seconds(x.started_at, x.finished_at) for x in trials)
-            search = c.search or {}
-            point = search.get("point")
+            search = c.search or CandidateSearch()
+            point: JsonObject | None = search.point
             if point is None:
                 spec = CandidateSpec.model_validate(c.spec)
                 point = {"layout": _layout(spec)} if "layout" in self.space.keys else {}
@@ -123,13 +124,13 @@ class SearchDriver:
         self,
         c: StoredCandidate,
         trials: list[StoredTrial],
-        search: dict[str, Any],
+        search: CandidateSearch,
         point: dict[str, Any],
         base_levels: list[dict[str, Any]] | None,
     ) -> Tried:
         status = c.status
-        origin = search.get("origin", "listed")
-        target = int(search.get("rung", 0))
+        origin = cast(Origin, search.origin or "listed")
+        target = search.rung
         measured = self.t.scored_trials(c.id)
         rung = max((x.rung or 0 for x in measured), default=0)
         values: tuple[float | None, ...] = ()
@@ -138,10 +139,13 @@ class SearchDriver:
         setting: NamedSetting | None = None
         keys: tuple[str, ...] = ()
         if status == "pruned":
-            outcome, reason = "pruned", (search.get("region") or {}).get("reason", "")
+            outcome, reason = "pruned", str((search.region or {}).get("reason", ""))
         elif status == "not_applied":
             outcome = "not_applied"
-            mism = (trials[-1].not_applied if trials else None) or (c.outcome or {}).get("not_applied") or []
+            na = (c.outcome or {}).get("not_applied")
+            mism = (trials[-1].not_applied if trials else None) or (
+                [m for m in na if isinstance(m, dict)] if isinstance(na, list) else []
+            )
             keys = tuple(str(m.get("key")) for m in mism if isinstance(m, dict))
             reason = (
                 "; ".join(
@@ -153,11 +157,12 @@ class SearchDriver:
         elif status == "failed":
             outcome = "failed"
             out = c.outcome or {}
-            diag = out.get("diagnosis") or (out if "class" in out else {})
+            found = out.get("diagnosis")
+            diag = found if isinstance(found, dict) and found else (out if "class" in out else {})
             setting = NamedSetting.from_stored(diag.get("setting"))
             reason = str(diag.get("class") or "failed")
-            if setting is not None:
-                reason += f": try {setting.name} = {setting.value!r} ({diag['setting'].get('reason', '')})"
+            if setting is not None and isinstance(stored := diag["setting"], dict):
+                reason += f": try {setting.name} = {setting.value!r} ({stored.get('reason', '')})"
         elif measured and (status in ("measured", "anomalous")):
             levels = analyze.combine_repeats([x.levels or [] for x in measured])
             flags = [
@@ -166,7 +171,7 @@ class SearchDriver:
             outcome = "collapsed" if flags else "measured"
             reason = "; ".join(f"{a.kind}: {a.detail}" for a in flags)
             values = tuple(self._value(c.label, levels, o) for o in self.objectives)
-            want = int(search.get("repeats", 1))
+            want = search.repeats
             if rung < target or len(measured) < want:
                 outcome = "pending"
         else:
@@ -225,7 +230,7 @@ class SearchDriver:
     async def run(self) -> None:
         t = self.t
         for c in t.repo.candidates(self.sid):  # listed candidates first: the user's seeds
-            if (c.search or {}).get("origin") == "listed":
+            if c.search is not None and c.search.origin == "listed":
                 await t.run_candidate(self.uid, c, CandidateSpec.model_validate(c.spec))
         pruned = 0
         width = self.width()
@@ -287,7 +292,7 @@ class SearchDriver:
             # the top `contenders` by what is measured now: a repeat can move one out and another in,
             # which then gets its repeats too, as long as the budget has room for them
             top = promoted(h, self.signs[0], self.spec.contenders)
-            todo = [x for x in top if not self._search_of(x.label).get("contender")]
+            todo = [x for x in top if not self._search_of(x.label).contender]
             extra = (self.study.repeats - 1) * len(todo)
             if not todo or (
                 self.spec.budget_trials is not None and h.trials_used + extra > self.spec.budget_trials
@@ -322,13 +327,14 @@ class SearchDriver:
             t.fill_plan(self.uid, [c for c in t.repo.candidates(self.sid) if c.id == cid])
             t.notify(SearchProposed(name, prop.origin, prop.predicted))
 
-    def _search_of(self, label: str) -> dict[str, Any]:
+    def _search_of(self, label: str) -> CandidateSearch:
         c = next(c for c in self.t.repo.candidates(self.sid) if c.label == label)
-        return dict(c.search or {})
+        return c.search or CandidateSearch()
 
     def _set_search(self, label: str, **changes: Any) -> None:
         c = next(c for c in self.t.repo.candidates(self.sid) if c.label == label)
-        self.t.repo.set_search(c.id, {**(c.search or {"origin": "listed", "point": None}), **changes})
+        stored = c.search.to_json() if c.search else {"origin": "listed", "point": None}
+        self.t.repo.set_search(c.id, {**stored, **changes})
 
     def _promote(self, label: str, rung: int) -> None:
         self._set_search(label, rung=rung, promoted=True)
@@ -337,9 +343,9 @@ class SearchDriver:
     async def _run(self, label: str) -> None:
         t = self.t
         c = next(c for c in t.repo.candidates(self.sid) if c.label == label)
-        search = c.search or {}
-        t.set_rung(label, int(search.get("rung", 0)))
-        t.set_repeats(label, int(search.get("repeats", 1)))
+        search = c.search or CandidateSearch()
+        t.set_rung(label, search.rung)
+        t.set_repeats(label, search.repeats)
         if c.status in ("measured", "anomalous"):
             t.repo.set_candidate(c.id, "running")
         fresh = next(x for x in t.repo.candidates(self.sid) if x.id == c.id)
@@ -396,7 +402,7 @@ def excluded(tuner: TrialRunner, cands: list[StoredCandidate]) -> dict[str, str]
     spec = tuner.study.search
     if spec is None:
         return {}
-    contenders = {c.label for c in cands if (c.search or {}).get("contender")}
+    contenders = {c.label for c in cands if c.search is not None and c.search.contender}
     out: dict[str, str] = {}
     if spec.strategy == "halving":
         rungs = {c.label: max((x.rung or 0 for x in tuner.scored_trials(c.id)), default=0) for c in cands}
@@ -432,34 +438,34 @@ def summary(
         trials_used += sum(x.status not in ("interrupted", "lost") for x in trials)
         redone += sum(x.status in ("interrupted", "lost") for x in trials)
         elapsed += sum(_seconds(x.started_at, x.finished_at) for x in trials)
-        search = c.search or {}
+        search = c.search or CandidateSearch()
         o = by_label.get(c.label, {})
         # what was measured, also for a candidate left out of the ranking (one trial, or halving's rung 0)
         score = analyze.score(c.label, "measured", o.get("levels") or [], study.slo, study.objective).value
         if c.status not in ("measured", "anomalous"):
             score = None
-        pred = search.get("predicted") or {}
+        pred = search.predicted or SearchPredicted()
         row: dict[str, Any] = {
             "label": c.label,
-            "origin": search.get("origin", "grid" if spec.strategy == "grid" else "listed"),
+            "origin": search.origin or ("grid" if spec.strategy == "grid" else "listed"),
             "status": c.status,
             "rung": max((x.rung or 0 for x in trials if x.status == "measured"), default=0),
             "trials": len(trials),
             "measured": score,
-            "predicted_prior": pred.get("prior"),
-            "predicted_refit": pred.get("refit"),
+            "predicted_prior": pred.prior,
+            "predicted_refit": pred.refit,
         }
         # the model predicts the main level: its error is judged there (the score may sit at another level)
         at_main = next((d for d in o.get("levels") or [] if float(d["level"]) == main), None)
         m = at_main.get(study.objective) if at_main and c.status in ("measured", "anomalous") else None
         row["measured_at_main"] = m
         for k in ("prior", "refit"):
-            p = pred.get(k)
+            p = pred.prior if k == "prior" else pred.refit
             row[f"error_{k}"] = abs(p / m - 1.0) if (p and m) else None
-        if c.status == "pruned" and search.get("region"):
-            reg = search["region"]
+        if c.status == "pruned" and search.region:
+            reg = search.region
             row["pruned_by"] = reg
-            regions.setdefault(reg["where"], {**reg, "pruned": 0})["pruned"] += 1
+            regions.setdefault(str(reg["where"]), {**reg, "pruned": 0})["pruned"] += 1
         rows.append(row)
     errs = {k: [r[f"error_{k}"] for r in rows if r[f"error_{k}"] is not None] for k in ("prior", "refit")}
     out_d: dict[str, Any] = {
@@ -474,7 +480,7 @@ def summary(
         "model_error": {
             k: {"median": sorted(v)[len(v) // 2] if v else None, "n": len(v)} for k, v in errs.items()
         },
-        "contenders": [c.label for c in cands if (c.search or {}).get("contender")],
+        "contenders": [c.label for c in cands if c.search is not None and c.search.contender],
     }
     if ranking.winner and ranking.significant is False:
         lo_hi = (ranking.noise or {}).get("difference_ci95")

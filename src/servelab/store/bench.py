@@ -5,11 +5,13 @@ stored JSON is parsed here, once, and nowhere else."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from servelab.errors import NotFoundError
+from servelab.jsontypes import JsonObject
 from servelab.redact import redact
 from servelab.results import (
     CapacityResult,
@@ -38,7 +40,7 @@ class BenchRepo:
         url: str,
         model: str,
         api: str,
-        config: dict[str, Any],
+        config: Mapping[str, object],
         dataset_hash: str | None,
         context: RunContext | None = None,
         *,
@@ -124,8 +126,8 @@ class BenchRepo:
         level_id: int,
         status: str,
         summary: LevelSummary,
-        server: dict[str, Any],
-        client: dict[str, Any],
+        server: Mapping[str, object],
+        client: Mapping[str, object],
         series: LevelSeries | None = None,
     ) -> None:
         """The level's outcome; `series`: its telemetry time series on the client's clock."""
@@ -271,7 +273,7 @@ def _loads(text: str | None) -> Any:
 def _run(row: Any, level_rows: list[Any]) -> Run:
     """One stored run into the contract. A run stored before `context_json` existed has an empty context
     (its engine name only): its host and layout are unknown, not guessed."""
-    config: dict[str, Any] = _loads(row["config_json"]) or {}
+    config: JsonObject = _loads(row["config_json"]) or {}
     raw_ctx = _loads(row["context_json"])
     context = RunContext.model_validate(raw_ctx) if raw_ctx else RunContext()
     if context.engine is None and row["engine"]:
@@ -311,7 +313,7 @@ def _run(row: Any, level_rows: list[Any]) -> Run:
         api=row["api"],
         context=context,
         workload=WorkloadInfo.model_validate(config.get("workload_info") or {}),
-        capabilities=config.get("capabilities") or {},
+        capabilities=caps if isinstance(caps := config.get("capabilities"), dict) else {},
         config=config,
         warnings=_loads(row["warnings_json"]) or [],
         levels=levels,

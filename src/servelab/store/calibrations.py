@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from servelab.errors import NotFoundError
+from servelab.jsontypes import JsonObject
 from servelab.store.db import Store, utcnow
 
 
@@ -18,8 +20,8 @@ class Calibration:
     kind: str
     source: str
     gpu: str | None
-    factors: dict[str, Any]
-    report: dict[str, Any]
+    factors: JsonObject  # the model's factor names and values, as fitted or measured
+    report: JsonObject  # how they were found, shown as stored
 
 
 def _row(r: Any) -> Calibration:
@@ -39,8 +41,8 @@ def save(
     name: str,
     kind: str,
     source: str,
-    factors: dict[str, Any],
-    report: dict[str, Any] | None = None,
+    factors: Mapping[str, object],
+    report: Mapping[str, object] | None = None,
     gpu: str | None = None,
 ) -> Calibration:
     """Insert or replace the calibration called `name`."""

@@ -15,12 +15,12 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import psutil
 
 from servelab.errors import StudyBusy
 from servelab.host import processes
+from servelab.jsontypes import JsonObject
 from servelab.store.db import Store, utcnow
 
 
@@ -46,7 +46,7 @@ class Owner:
     def since(self) -> str:
         return datetime.fromtimestamp(self.started, UTC).isoformat(timespec="seconds")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"pid": self.pid, "host": self.host, "since": self.since(), "alive": self.alive()}
 
 

@@ -10,16 +10,30 @@ events; if the operation raises, the transaction rolls back and nothing changed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from servelab.jsontypes import JsonObject
 from servelab.plan import study
 from servelab.plan.items import Event, Item, Outcome, Plan
 from servelab.redact import redact
 from servelab.store.db import Row, Store, utcnow
 
 WORKSPACE = "workspace"
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """One stored plan as `PlanRepo.plans` lists it: its items, and how many are still open."""
+
+    name: str
+    kind: str
+    study_uid: str | None
+    created_at: str
+    items: int
+    open: int
 
 
 def _j(obj: Any) -> str:
@@ -44,13 +58,23 @@ class PlanRepo:
         )
         return Plan(name, tuple(_item(r) for r in rows.fetchall()))
 
-    def plans(self) -> list[dict[str, Any]]:
+    def plans(self) -> list[PlanSummary]:
         rows = self.db.execute(
             "SELECT p.name, p.kind, p.study_uid, p.created_at, COUNT(i.id) AS items,"
             " SUM(CASE WHEN i.status IN ('pending', 'in_progress', 'blocked') THEN 1 ELSE 0 END) AS open"
             " FROM plans p LEFT JOIN plan_items i ON i.plan_id = p.id GROUP BY p.id ORDER BY p.id"
         )
-        return [dict(r) | {"open": r["open"] or 0} for r in rows.fetchall()]
+        return [
+            PlanSummary(
+                name=r["name"],
+                kind=r["kind"],
+                study_uid=r["study_uid"],
+                created_at=r["created_at"],
+                items=int(r["items"]),
+                open=int(r["open"] or 0),
+            )
+            for r in rows.fetchall()
+        ]
 
     def history(self, name: str = WORKSPACE, key: str | None = None) -> list[Event]:
         """Every recorded change, oldest first (of one item when `key` is given)."""
@@ -168,7 +192,7 @@ def _item(r: Row) -> Item:
 
 # -- the study loop's API ---------------------------------------------------------------------------
 def fill_from_study(
-    store: Store, study_uid: str, candidates: list[tuple[str, float | None, dict[str, Any]]]
+    store: Store, study_uid: str, candidates: list[tuple[str, float | None, JsonObject]]
 ) -> list[str]:
     """Add one item per candidate (label, predicted value or None, requested normalized config) to the
     study's plan, in the order given. Idempotent: candidates that already have an item are skipped, so a
@@ -185,7 +209,7 @@ def on_trial(
     study_uid: str,
     label: str,
     status: str,
-    evidence: dict[str, Any],
+    evidence: JsonObject,
     *,
     actor: str = study.TUNE_WORKER,
 ) -> Item:
@@ -201,7 +225,7 @@ def on_trial(
     return out.plan.get(study.item_for(out.plan, study_uid, label).id)
 
 
-def close_not_applied(store: Store, study_uid: str, label: str, evidence: dict[str, Any]) -> Item:
+def close_not_applied(store: Store, study_uid: str, label: str, evidence: JsonObject) -> Item:
     """At the end of a study: close a not-applied candidate's item as not applied (`plan.study.close_not_applied`),
     evidence {"run"?, "trial"?, "effective"?, "not_applied", "unconfirmed"?}. Returns the item as stored."""
     out = PlanRepo(store).apply(

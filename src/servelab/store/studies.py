@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
 from servelab.errors import NotFoundError
+from servelab.jsontypes import JsonObject
 from servelab.redact import redact
 from servelab.results import Node
 from servelab.startup import StartupPhases
@@ -36,6 +37,37 @@ _TRIAL_JSON = (
 )
 
 
+class SearchPredicted(BaseModel):
+    """What the model predicted for a search's candidate when it was proposed: the prior and, once runs
+    were fitted, the refitted model's objective value."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    prior: float | None = None
+    refit: float | None = None
+    refit_from_runs: int = 0
+    refit_factors: JsonObject | None = None
+
+
+class CandidateSearch(BaseModel):
+    """What the search knows of a candidate (its `search_json`), read by attribute by the search and the
+    tuner. Keeps the stored keys only (`to_json`), so a rewrite merged onto it stores what it always did."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    origin: str | None = None  # listed | grid | tpe | ... (None: not told; readers choose the default)
+    point: JsonObject | None = None
+    rung: int = 0
+    repeats: int = 1
+    predicted: SearchPredicted | None = None
+    region: JsonObject | None = None  # the pruned region (`search.base.Region.to_dict`)
+    promoted: bool = False
+    contender: bool = False
+
+    def to_json(self) -> JsonObject:
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
 class StoredStudy(BaseModel):
     """A study as stored, its JSON columns parsed once here (readers use attributes, not keys)."""
 
@@ -48,9 +80,9 @@ class StoredStudy(BaseModel):
     finished_at: str | None
     status: str
     source: str | None
-    spec: dict[str, Any]  # the validated study file, redacted (config's Study is a layer above the store)
+    spec: JsonObject  # the validated study file, redacted (config's Study is a layer above the store)
     spec_hash: str
-    result: dict[str, Any] | None  # ranking, baseline, search view
+    result: JsonObject | None  # ranking, baseline, search view
 
 
 class StoredCandidate(BaseModel):
@@ -62,11 +94,11 @@ class StoredCandidate(BaseModel):
     study_id: int
     idx: int
     label: str
-    spec: dict[str, Any]  # a CandidateSpec dumped (space/config sit a layer above the store)
-    predicted: dict[str, Any] | None
+    spec: JsonObject  # a CandidateSpec dumped (space/config sit a layer above the store)
+    predicted: JsonObject | None  # the model's prediction at the main level
     status: str
-    outcome: dict[str, Any] | None
-    search: dict[str, Any] | None  # origin, point, rung, contender, region: what the search knows of it
+    outcome: JsonObject | None  # the trial's record (diagnosis, what was not applied, score, ...)
+    search: CandidateSearch | None  # origin, point, rung, contender, region: what the search knows of it
 
 
 class StoredTrial(BaseModel):
@@ -93,13 +125,13 @@ class StoredTrial(BaseModel):
     rung: int | None
     argv: list[str] | None
     env: dict[str, str] | None
-    requested: dict[str, Any] | None
-    effective: dict[str, Any] | None  # {"effective": {...}, "evidence": {...}}
-    not_applied: list[dict[str, Any]] | None
-    diagnosis: dict[str, Any] | None
-    verify: dict[str, Any] | None
-    levels: list[dict[str, Any]] | None
-    teardown: dict[str, Any] | None
+    requested: JsonObject | None
+    effective: JsonObject | None  # {"effective": {...}, "evidence": {...}}
+    not_applied: list[JsonObject] | None  # `applied.Mismatch.to_dict()`s
+    diagnosis: JsonObject | None
+    verify: JsonObject | None
+    levels: list[JsonObject] | None
+    teardown: JsonObject | None
     node: Node | None  # the cluster node it ran on (stored as `Node.model_dump`)
     startup: StartupPhases | None  # its launch, phase by phase (None: attached, or stored before 0014)
 
@@ -113,6 +145,8 @@ def _load(text: str | None) -> Any:
 
 
 class StudyRepo:
+    """Writes take any JSON-serializable mapping (stored redacted, as is); reads give the typed rows."""
+
     def __init__(self, store: Store) -> None:
         self.db = store
 
@@ -124,7 +158,7 @@ class StudyRepo:
 
     # -- studies ----------------------------------------------------------------------------------
     def create_study(
-        self, name: str, source: str | None, spec: dict[str, Any], spec_hash: str
+        self, name: str, source: str | None, spec: Mapping[str, object], spec_hash: str
     ) -> tuple[int, str]:
         uid = "s-" + uuid.uuid4().hex[:10]
         new_id = self.db.insert(
@@ -134,7 +168,9 @@ class StudyRepo:
         )
         return new_id, uid
 
-    def set_study_status(self, study_id: int, status: str, result: dict[str, Any] | None = None) -> None:
+    def set_study_status(
+        self, study_id: int, status: str, result: Mapping[str, object] | None = None
+    ) -> None:
         finished = utcnow() if status in ("completed", "failed") else None
         self.db.execute(
             "UPDATE studies SET status = ?, finished_at = ?, result_json = COALESCE(?, result_json) WHERE id = ?",
@@ -174,9 +210,9 @@ class StudyRepo:
         study_id: int,
         idx: int,
         label: str,
-        spec: dict[str, Any],
-        predicted: dict[str, Any] | None,
-        search: dict[str, Any] | None = None,
+        spec: Mapping[str, object],
+        predicted: Mapping[str, object] | None,
+        search: Mapping[str, object] | None = None,
         status: str = "pending",
     ) -> int:
         new_id = self.db.insert(
@@ -194,14 +230,14 @@ class StudyRepo:
         )
         return new_id
 
-    def set_search(self, cand_id: int, search: dict[str, Any]) -> None:
+    def set_search(self, cand_id: int, search: Mapping[str, object]) -> None:
         self.db.execute("UPDATE study_candidates SET search_json = ? WHERE id = ?", (_j(search), cand_id))
 
     def candidates(self, study_id: int) -> list[StoredCandidate]:
         rows = self.db.execute("SELECT * FROM study_candidates WHERE study_id = ? ORDER BY idx", (study_id,))
         return [_candidate(r) for r in rows.fetchall()]
 
-    def set_candidate(self, cand_id: int, status: str, outcome: dict[str, Any] | None = None) -> None:
+    def set_candidate(self, cand_id: int, status: str, outcome: Mapping[str, object] | None = None) -> None:
         self.db.execute(
             "UPDATE study_candidates SET status = ?, outcome_json = COALESCE(?, outcome_json) WHERE id = ?",
             (status, _j(outcome) if outcome is not None else None, cand_id),

@@ -152,7 +152,7 @@ class Tuner:
                 c.label
                 for c in self.repo.candidates(prev.id)
                 # a search's own candidates come from its space, not from the file's list
-                if c.label not in labels and (c.search or {}).get("origin", "listed") == "listed"
+                if c.label not in labels and ((c.search.origin if c.search else None) or "listed") == "listed"
             ]
             if renamed:  # a servelab whose labels were derived differently started it (same file)
                 raise ConfigError(
@@ -294,7 +294,7 @@ class Tuner:
                     "anomalous",
                     {"run": f"{uid}/{c.label}", "anomalies": [a.to_dict() for a in flags]},
                 )
-            outcome = dict(c.outcome or {})
+            outcome: dict[str, object] = dict(c.outcome or {})
             if status == "not_applied":
                 self.plan.close_not_applied(uid, c, outcome)
             outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
@@ -311,7 +311,7 @@ class Tuner:
                 row["score"] = s.to_dict()
                 self.repo.set_candidate(
                     next(x.id for x in cands if x.label == s.label),
-                    row["status"],
+                    str(row["status"]),
                     {k: v for k, v in row.items() if k not in ("label", "status", "predicted")},
                 )
         search_view: dict[str, Any] | None = None

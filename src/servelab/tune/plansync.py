@@ -40,7 +40,8 @@ class PlanSync:
             spec = specs.get(c.label) or CandidateSpec.model_validate(c.spec)  # a search's own
             req = self.engine.requested(settings_for(self.study, spec))
             own = {k: v for k, v in req.items() if k not in _NOT_PLANNED}
-            rows.append((c.label, (c.predicted or {}).get("output_throughput"), own))
+            p = (c.predicted or {}).get("output_throughput")
+            rows.append((c.label, p if isinstance(p, int | float) else None, own))
         self._call(lambda: plans.fill_from_study(self.store, uid, rows))
 
     def move(self, uid: str, label: str, status: str, evidence: dict[str, Any]) -> None:

@@ -42,9 +42,9 @@ def node_spread(
         return None
     values = []
     for t, node in node_trials(repo, base.id):
-        d = next((d for d in t.levels or [] if float(d["level"]) == score.level), None)
-        if d is not None and d.get(objective) is not None:
-            values.append((node.name, float(d[objective])))
+        d = next((d for d in t.levels or [] if d["level"] == score.level), None)
+        if d is not None and isinstance(v := d.get(objective), int | float):
+            values.append((node.name, float(v)))
     return analyze.node_spread(score.level, values)
 
 
@@ -81,7 +81,7 @@ def samples(
             continue
         clusters: list[analyze.Cluster] = []
         for t in scored_trials(repo, c.id):
-            d = next((d for d in t.levels or [] if float(d["level"]) == s.level), None)
+            d = next((d for d in t.levels or [] if d["level"] == s.level), None)
             cl = _cluster(bench, d, study) if d else None
             if cl is None:
                 clusters = []

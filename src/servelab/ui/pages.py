@@ -92,7 +92,7 @@ def route(store: Store, path: str, query: dict[str, str]) -> Response:
 
 def _study_row(store: Store, st: StoredStudy) -> dict[str, Any]:
     cands = StudyRepo(store).candidates(st.id)
-    ranking = (st.result or {}).get("ranking") or {}
+    ranking = r if isinstance(r := (st.result or {}).get("ranking"), dict) else {}
     return {
         "uid": st.uid,
         "name": st.name,
@@ -155,7 +155,10 @@ def progress(store: Store, ref: str) -> dict[str, Any]:
     """What a running study has done so far: per candidate its status, trials and levels measured."""
     repo = StudyRepo(store)
     st = repo.resolve(ref)
-    kind = load_kinds.of_spec((st.spec or {}).get("load"), (st.spec or {}).get("workload"))
+    load, workload = st.spec.get("load"), st.spec.get("workload")
+    kind = load_kinds.of_spec(
+        load if isinstance(load, dict) else None, workload if isinstance(workload, dict) else None
+    )
     levels = [kind.level_value(v) for v in kind.levels] if kind is not None else []
     cands = []
     for c in repo.candidates(st.id):
@@ -386,10 +389,10 @@ def plans_page(store: Store) -> Response:
             ["plan", "items", "open", "study"],
             [
                 [
-                    f'<a href="/plan/{quote(p["name"])}">{h(p["name"])}</a>',
-                    str(p["items"]),
-                    str(p["open"]),
-                    h(p.get("study_uid") or "-"),
+                    f'<a href="/plan/{quote(p.name)}">{h(p.name)}</a>',
+                    str(p.items),
+                    str(p.open),
+                    h(p.study_uid or "-"),
                 ]
                 for p in plans
             ],

@@ -12,7 +12,7 @@ from servelab.plan.items import Outcome, Plan
 from servelab.plan.machine import add, done, note, start
 from servelab.store import open_store
 from servelab.store.db import Store
-from servelab.store.plans import PlanRepo, fill_from_study, on_trial
+from servelab.store.plans import PlanRepo, PlanSummary, fill_from_study, on_trial
 
 KW = {"now": "2026-11-29T12:00:00.000+00:00", "actor": "test"}
 
@@ -59,14 +59,14 @@ def test_changes_are_stored_with_their_history(where: Path | str, store: Store) 
         assert hist[1].detail == {"worker": "agent"} and hist[1].actor == "test"
         assert len(r.history("workspace")) == 4
         assert r.plans() == [
-            {
-                "name": "workspace",
-                "kind": "workspace",
-                "study_uid": None,
-                "created_at": r.plans()[0]["created_at"],
-                "items": 2,
-                "open": 2,
-            }
+            PlanSummary(
+                name="workspace",
+                kind="workspace",
+                study_uid=None,
+                created_at=r.plans()[0].created_at,
+                items=2,
+                open=2,
+            )
         ]
 
 
@@ -140,7 +140,7 @@ def test_study_loop_api(store: Store) -> None:
     )
     assert finished.status == "completed"
     repo = PlanRepo(store)
-    assert repo.plans()[0]["kind"] == "study" and repo.plans()[0]["study_uid"] == "s-abc"
+    assert repo.plans()[0].kind == "study" and repo.plans()[0].study_uid == "s-abc"
     assert [e.to_status for e in repo.history("s-abc", "1")] == [
         "pending",
         "in_progress",
