@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from servelab.agent import registry
 from servelab.errors import Interrupted, NotFoundError, ServelabError
 from servelab.host.wire import error_payload
+from servelab.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from servelab.bench.config import BenchConfig
@@ -45,7 +46,7 @@ def bench(state: registry.AgentState, req: BenchRequest) -> RemoteBench:
     folder.mkdir(parents=True, exist_ok=True)
     db = folder / f"bench-{uuid.uuid4().hex[:12]}.db"
     store = open_store(db)
-    error: dict[str, Any] | None = None
+    error: JsonObject | None = None
     try:
         try:
             asyncio.run(_bench_while_driven(cfg, store, state.stdin_fd))

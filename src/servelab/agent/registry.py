@@ -8,9 +8,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servelab.host.wire import READ_MAX as READ_MAX  # bytes of a file in one answer
+
+if TYPE_CHECKING:
+    from servelab.lifecycle.local import Server
 
 Op = Callable[..., Any]  # fn(state, **args) -> a JSON-able answer
 
@@ -19,7 +22,7 @@ Op = Callable[..., Any]  # fn(state, **args) -> a JSON-able answer
 class AgentState:
     """The servers this agent launched (by run marker) and where their logs go."""
 
-    servers: dict[str, Any] = field(default_factory=dict)  # marker -> lifecycle.local.Server
+    servers: dict[str, Server] = field(default_factory=dict)  # by run marker
     workdir: Path | None = None
     # The request pipe (serve's stdin): a long operation watches it, to stop when the driver is gone.
     stdin_fd: int | None = None

@@ -30,6 +30,7 @@ from servelab.agent.registry import AgentState, table
 from servelab.errors import ConfigError
 from servelab.host.transport import LocalHost
 from servelab.host.wire import error_payload
+from servelab.jsontypes import JsonObject
 
 __all__ = ["DISPATCHER", "GROUPS", "OPS", "AgentState", "dispatch", "local_host", "main", "shutdown"]
 
@@ -44,7 +45,7 @@ GROUPS = (
 OPS = table(GROUPS)
 
 
-def dispatch(state: AgentState, op: str, args: dict[str, Any]) -> Any:
+def dispatch(state: AgentState, op: str, args: JsonObject) -> Any:
     fn = OPS.get(op)
     if fn is None:
         raise ConfigError(
@@ -119,7 +120,7 @@ class _Dispatcher:
     def new_state(self) -> AgentState:
         return AgentState()
 
-    def dispatch(self, state: Any, op: str, args: dict[str, Any]) -> Any:
+    def dispatch(self, state: Any, op: str, args: JsonObject) -> Any:
         return dispatch(state, op, args)
 
     def shutdown(self, state: Any) -> None:

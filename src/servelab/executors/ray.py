@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -36,6 +36,7 @@ from servelab.host import transport, wire
 from servelab.host.ops import SHM_REMOVE_ORPHANED, ShmRequest
 from servelab.host.processes import KilledProcess
 from servelab.host.wire import rebuild_error
+from servelab.jsontypes import JsonObject
 from servelab.lifecycle.serving import sweep_orphans
 from servelab.results import Node
 
@@ -44,6 +45,21 @@ __all__ = ["NodeAgent", "RayExecutor", "RayHost"]
 ADDRESS_ENV = "RAY_ADDRESS"
 PLACE_CHECK_S = 5.0  # how often a trial waiting for a node checks that some live node can still take it
 CALL_SLACK_S = 30.0  # over an agent call's own deadline, before its node counts as lost
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """Where an actor runs and which servelab its agent is: the driver checks the version and reaches the
+    node's servers by these."""
+
+    id: str
+    address: str
+    hostname: str
+    gpu_ids: tuple[str, ...]
+    python: str
+    version: str | None  # the agent's `hello`, as it answered
+    protocol: int | None
+    pid: int
 
 
 class NodeAgent:
@@ -60,29 +76,29 @@ class NodeAgent:
                 f"the servelab agent did not start on this node: {exc.why}: {self.channel.stderr_text()[-300:]}"
             ) from None
         ctx = ray.get_runtime_context()
-        self._facts = {
-            "id": ctx.get_node_id(),
-            "address": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-            "hostname": socket.gethostname(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "python": sys.executable,
-            "version": hello.get("version"),
-            "protocol": hello.get("protocol"),
-            "pid": os.getpid(),
-        }
+        self._facts = NodeFacts(
+            id=ctx.get_node_id(),
+            address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+            hostname=socket.gethostname(),
+            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+            python=sys.executable,
+            version=hello.get("version"),
+            protocol=hello.get("protocol"),
+            pid=os.getpid(),
+        )
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> NodeFacts:
         return self._facts
 
-    def call(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def call(self, op: str, args: JsonObject, timeout: float) -> JsonObject:
+        """The agent's answer line as it came (`lost`: the agent's pipe ended)."""
         try:
             return self.channel.answer(op, args, timeout)
         except transport.ChannelClosed as exc:
             return {"ok": False, "lost": exc.why}
 
-    def run(self, argv: list[str], input: bytes | None, timeout: float) -> dict[str, Any]:
-        out = transport.run_local(argv, input, timeout)
-        return dataclasses.asdict(out)
+    def run(self, argv: list[str], input: bytes | None, timeout: float) -> transport.Completed:
+        return transport.run_local(argv, input, timeout)
 
     def alive(self) -> bool:
         return self.channel.alive()
@@ -106,15 +122,10 @@ class RayHost:
 
     is_local = False
 
-    def __init__(self, actor: Any, facts: dict[str, Any]) -> None:
+    def __init__(self, actor: Any, facts: NodeFacts) -> None:
         self.actor = actor
-        self.node = Node(
-            id=str(facts["id"]),
-            address=str(facts["address"]),
-            hostname=facts.get("hostname"),
-            gpu_ids=tuple(facts.get("gpu_ids") or ()),
-        )
-        self.python = str(facts.get("python") or "python3")
+        self.node = Node(id=facts.id, address=facts.address, hostname=facts.hostname, gpu_ids=facts.gpu_ids)
+        self.python = facts.python or "python3"
         self._lost: HostLost | None = None
 
     @property
@@ -151,8 +162,10 @@ class RayHost:
     def run(
         self, argv: list[str], *, input: bytes | None = None, timeout: float = 60.0
     ) -> transport.Completed:
-        got = self._get(self.actor.run.remote(argv, input, timeout), timeout + CALL_SLACK_S, argv[0])
-        return transport.Completed(tuple(got["argv"]), int(got["rc"]), got["stdout"], got["stderr"])
+        got: transport.Completed = self._get(
+            self.actor.run.remote(argv, input, timeout), timeout + CALL_SLACK_S, argv[0]
+        )
+        return got
 
     def open_forward(self, host: str, port: int) -> tuple[str, int]:
         """Servers on a node listen on its Ray address: reached directly, no tunnel."""
@@ -310,7 +323,7 @@ class RayExecutor:
             await asyncio.to_thread(self._idle.pop().close)
 
     async def _create(self, gpus: int, avoid: frozenset[str]) -> RayHost:
-        opts: dict[str, Any] = {"num_gpus": gpus, "num_cpus": 0, "max_restarts": 0}
+        opts: dict[str, object] = {"num_gpus": gpus, "num_cpus": 0, "max_restarts": 0}
         other = [nid for nid, g in self.nodes() if g >= gpus and nid not in avoid]
         if avoid and other:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(other[0], soft=False)
@@ -321,23 +334,23 @@ class RayExecutor:
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
             raise
-        if facts.get("version") != __version__ or facts.get("protocol") != wire.PROTOCOL:
+        if facts.version != __version__ or facts.protocol != wire.PROTOCOL:
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
             raise HostUnusable(
-                f"Ray node {facts.get('address')} runs servelab {facts.get('version')}; this is {__version__}",
+                f"Ray node {facts.address} runs servelab {facts.version}; this is {__version__}",
                 hint="install the same servelab version on every node of the cluster",
             )
         return RayHost(actor, facts)
 
-    async def _placed(self, actor: Any, gpus: int) -> dict[str, Any]:
+    async def _placed(self, actor: Any, gpus: int) -> NodeFacts:
         """The actor's node facts once Ray has placed and started it; ConfigError when no live node can
         take it any more (it would wait for ever), HostLost when its node died first."""
         ref = actor.facts.remote()
         t0 = time.monotonic()
         while True:
             try:
-                facts: dict[str, Any] = await asyncio.wait_for(asyncio.shield(_awaitable(ref)), PLACE_CHECK_S)
+                facts: NodeFacts = await asyncio.wait_for(asyncio.shield(_awaitable(ref)), PLACE_CHECK_S)
                 return facts
             except TimeoutError:
                 why = self.fits(gpus)

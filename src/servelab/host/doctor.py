@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from servelab.host.gpus import Gpu, GpuReport
+from servelab.host.topology import TopologySummary
+from servelab.jsontypes import JsonObject
 
 LIMITS: dict[str, float] = {
     "shm_min_gib": 8.0,  # NCCL and vLLM/SGLang shared-memory transports; Docker's default 64 MiB fails them
@@ -31,7 +32,7 @@ class Check:
     evidence: str
     fix: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -40,13 +41,13 @@ class Facts:
     """What the checks read; `gather()` fills it from this host."""
 
     gpus: GpuReport
-    topology: dict[str, Any] = field(default_factory=dict)
+    topology: JsonObject = field(default_factory=dict)  # topology.read's, as the agent sends it
     uvm_disable_hmm: str | None = None  # the module parameter ("Y"/"N"); None: nvidia_uvm not loaded
     shm_bytes: int | None = None
     nofile_soft: int | None = None
     nofile_hard: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-able: what the agent of a remote host sends back (`from_dict` reads it)."""
         return {
             "gpus": self.gpus.to_dict(),
@@ -58,15 +59,22 @@ class Facts:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Facts:
+    def from_dict(cls, d: Mapping[str, object]) -> Facts:
+        gpus, topology = d["gpus"], d.get("topology") or {}
+        assert isinstance(gpus, dict) and isinstance(topology, dict)
+        uvm = d.get("uvm_disable_hmm")
         return cls(
-            gpus=GpuReport.from_dict(d["gpus"]),
-            topology=dict(d.get("topology") or {}),
-            uvm_disable_hmm=d.get("uvm_disable_hmm"),
-            shm_bytes=d.get("shm_bytes"),
-            nofile_soft=d.get("nofile_soft"),
-            nofile_hard=d.get("nofile_hard"),
+            gpus=GpuReport.from_dict(gpus),
+            topology=dict(topology),
+            uvm_disable_hmm=uvm if isinstance(uvm, str) else None,
+            shm_bytes=_int(d.get("shm_bytes")),
+            nofile_soft=_int(d.get("nofile_soft")),
+            nofile_hard=_int(d.get("nofile_hard")),
         )
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _read(path: Path) -> str | None:
@@ -76,7 +84,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def gather(gpus: GpuReport, topology: dict[str, Any]) -> Facts:
+def gather(gpus: GpuReport, topology: JsonObject) -> Facts:
     shm: int | None
     try:
         st = os.statvfs("/dev/shm")
@@ -150,31 +158,32 @@ def check_nofile(f: Facts) -> Check:
 
 
 def check_p2p(f: Facts) -> Check:
-    summary = f.topology.get("summary")
-    if not f.gpus.available or not summary:
+    raw = f.topology.get("summary")
+    if not f.gpus.available or not raw:
         return Check("GPU P2P", "skip", f.gpus.note or "no GPU topology")
-    if summary["gpus"] < 2:
+    summary = TopologySummary.model_validate(raw)
+    if summary.gpus < 2:
         return Check("GPU P2P", "skip", "one GPU")
-    bad = summary.get("p2p_unavailable") or []
+    bad = summary.p2p_unavailable
     if bad:
         first = bad[0]
         return Check(
             "GPU P2P",
             "warn",
-            f"{len(bad)} GPU pair(s) without P2P, e.g. {first['pair'][0]}-{first['pair'][1]}: {first['meaning']}",
+            f"{len(bad)} GPU pair(s) without P2P, e.g. {first.pair[0]}-{first.pair[1]}: {first.meaning}",
             "NCCL will copy through host memory; on bare metal enable ACS/IOMMU passthrough "
             "(iommu=pt) in BIOS/kernel; in a VM ask for a P2P-capable (NVLink or clique-enabled) instance",
         )
-    if summary.get("vm_all_phb"):
+    if summary.vm_all_phb:
         return Check(
             "GPU P2P",
             "warn",
             "every GPU pair shows PHB: a virtual machine hiding the PCIe tree",
             "run `nvidia-smi topo -p2p r` to see whether P2P works; expect slower all-reduce than bare metal",
         )
-    if not summary.get("p2p_checked"):
-        return Check("GPU P2P", "ok", f"links: {summary['link_counts']} (P2P matrix not read)")
-    return Check("GPU P2P", "ok", f"P2P OK between all pairs; links: {summary['link_counts']}")
+    if not summary.p2p_checked:
+        return Check("GPU P2P", "ok", f"links: {summary.link_counts} (P2P matrix not read)")
+    return Check("GPU P2P", "ok", f"P2P OK between all pairs; links: {summary.link_counts}")
 
 
 def _per_gpu(
@@ -303,18 +312,36 @@ def run_checks(facts: Facts) -> list[Check]:
     return [c(facts) for c in CHECKS]
 
 
-def report(facts: Facts) -> dict[str, Any]:
-    """{"gpus": {...source, available, note}, "checks": [...], "worst": ok|warn|fail}."""
+@dataclass(frozen=True)
+class GpusSeen:
+    """Which GPU source the checks read, and how many GPUs it showed."""
+
+    source: str
+    available: bool
+    note: str
+    count: int
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """The checks' verdict: `worst` is ok | warn | fail (a skip alone counts as ok)."""
+
+    gpus: GpusSeen
+    checks: list[Check]
+    worst: str
+
+    def to_dict(self) -> JsonObject:
+        """As `servelab doctor --json` shows it."""
+        return {"gpus": asdict(self.gpus), "checks": [c.to_dict() for c in self.checks], "worst": self.worst}
+
+
+def report(facts: Facts) -> DoctorReport:
     checks = run_checks(facts)
     order = ("ok", "skip", "warn", "fail")
     worst = max((c.status for c in checks), key=order.index, default="ok")
-    return {
-        "gpus": {
-            "source": facts.gpus.source,
-            "available": facts.gpus.available,
-            "note": facts.gpus.note,
-            "count": len(facts.gpus.gpus),
-        },
-        "checks": [c.to_dict() for c in checks],
-        "worst": "ok" if worst == "skip" else worst,
-    }
+    g = facts.gpus
+    return DoctorReport(
+        gpus=GpusSeen(source=g.source, available=g.available, note=g.note, count=len(g.gpus)),
+        checks=checks,
+        worst="ok" if worst == "skip" else worst,
+    )

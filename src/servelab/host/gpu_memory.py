@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from servelab.host.gpus import run_nvidia_smi
+from servelab.jsontypes import JsonObject
 
 GpuReader = Callable[[], list[int] | None]
 
@@ -43,7 +43,7 @@ class GpuMemoryReport:
     def ok(self) -> bool:
         return self.status in ("no GPUs", "back to baseline")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["ok"] = self.ok
         return d

@@ -17,9 +17,11 @@ import io
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from servelab.jsontypes import JsonObject
 
 IDLE_MIB = (
     16  # a GPU nobody uses shows 0-5 MiB (the driver's own context); above this, something holds memory
@@ -107,7 +109,7 @@ class Gpu:
         live = [p for p in self.processes if p.alive is not False]
         return not live and (self.memory_used_mib or 0) > IDLE_MIB
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["idle"] = self.idle
         d["orphaned_memory"] = self.orphaned_memory
@@ -125,7 +127,7 @@ class GpuReport:
     cuda_version: str | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "source": self.source,
             "available": self.available,
@@ -136,10 +138,12 @@ class GpuReport:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GpuReport:
+    def from_dict(cls, d: Mapping[str, object]) -> GpuReport:
         """The report `to_dict` wrote (another host's, over the agent): derived keys are dropped."""
         gpu_keys = {f.name for f in fields(Gpu)} - {"processes"}
         proc_keys = {f.name for f in fields(GpuProcess)}
+        listed = d.get("gpus") or []
+        assert isinstance(listed, list)
         gpus = [
             Gpu(
                 **{k: v for k, v in g.items() if k in gpu_keys},
@@ -148,16 +152,20 @@ class GpuReport:
                     for p in g.get("processes") or []
                 ],
             )
-            for g in d.get("gpus") or []
+            for g in listed
         ]
         return cls(
             source=str(d["source"]),
             available=bool(d["available"]),
             gpus=gpus,
-            driver_version=d.get("driver_version"),
-            cuda_version=d.get("cuda_version"),
+            driver_version=_opt_str(d.get("driver_version")),
+            cuda_version=_opt_str(d.get("cuda_version")),
             note=str(d.get("note") or ""),
         )
+
+
+def _opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
 
 
 # -- value parsing ---------------------------------------------------------------------------------
@@ -406,10 +414,12 @@ def parse_q(text: str) -> GpuReport:
 
 
 # -- the simulator's telemetry ---------------------------------------------------------------------
-def from_sim(payload: dict[str, Any], url: str) -> GpuReport:
+def from_sim(payload: Mapping[str, object], url: str) -> GpuReport:
     """The JSON of the simulator's GET /servelab/gpus."""
     gpus: list[Gpu] = []
-    for i, g in enumerate(payload.get("gpus", [])):
+    listed = payload.get("gpus", [])
+    assert isinstance(listed, list)
+    for i, g in enumerate(listed):
         gpu = Gpu(
             index=int(g.get("index", i)),
             name=str(g.get("name", "")),
@@ -436,8 +446,8 @@ def from_sim(payload: dict[str, Any], url: str) -> GpuReport:
         source=f"sim:{url}",
         available=bool(gpus),
         gpus=gpus,
-        driver_version=payload.get("driver_version"),
-        cuda_version=payload.get("cuda_version"),
+        driver_version=_opt_str(payload.get("driver_version")),
+        cuda_version=_opt_str(payload.get("cuda_version")),
         note="simulated GPUs" if payload.get("simulated") else "",
     )
 

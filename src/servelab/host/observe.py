@@ -11,12 +11,13 @@ import os
 import re
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from servelab.host import gpus as gpumod
 from servelab.host import ports, processes, shm, systemd, topology
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.redact import redact
 
 SIM_TELEMETRY = "/servelab/gpus"
@@ -52,7 +53,7 @@ LOG_TEXT_MAX = 16 * 1024 * 1024  # the log text the host side sends back for the
 
 
 # -- GPUs ------------------------------------------------------------------------------------------
-def sim_report(url: str, telemetry: dict[str, Any] | None) -> gpumod.GpuReport:
+def sim_report(url: str, telemetry: Mapping[str, object] | None) -> gpumod.GpuReport:
     if telemetry is None:
         return gpumod.GpuReport(
             source=f"sim:{url}",
@@ -91,10 +92,10 @@ def _dir_size(path: Path, limit: int = 20000) -> tuple[int, float, bool]:
     return total, newest, False
 
 
-def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS) -> list[dict[str, Any]]:
+def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS) -> list[JsonObject]:
     now = now or time.time()
     user = os.environ.get("USER") or str(os.getuid())
-    out = []
+    out: list[JsonObject] = []
     for d in dirs:
         path = Path(os.path.expanduser(d.format(user=user)))
         if not path.is_dir():
@@ -113,10 +114,10 @@ def compile_caches(now: float | None = None, dirs: tuple[str, ...] = CACHE_DIRS)
     return out
 
 
-def leftovers(urls: list[str]) -> dict[str, Any]:
+def leftovers(urls: list[str]) -> JsonObject:
     """Shared-memory segments, compile caches, the listeners on the servers' ports (a URL on loopback is
     this host's) and the processes carrying a servelab marker, on this host."""
-    segs = []
+    segs: list[JsonValue] = []
     for s in shm.segments():
         segs.append(
             {
@@ -128,7 +129,7 @@ def leftovers(urls: list[str]) -> dict[str, Any]:
                 "ours": s.uid == os.getuid(),
             }
         )
-    held = []
+    held: list[JsonValue] = []
     for u in urls:
         parsed = urlparse(u)
         port = parsed.port
@@ -144,12 +145,15 @@ def leftovers(urls: list[str]) -> dict[str, Any]:
                     "marker": processes.marker_of(lst.pid) if lst.pid else None,
                 }
             )
-    marked = [{"pid": p.pid, "marker": p.marker, "command": p.cmdline} for p in processes.with_marker()]
-    return {"shm": segs, "compile_caches": compile_caches(), "ports": held, "marked_processes": marked}
+    marked: list[JsonValue] = [
+        {"pid": p.pid, "marker": p.marker, "command": p.cmdline} for p in processes.with_marker()
+    ]
+    caches: list[JsonValue] = list(compile_caches())
+    return {"shm": segs, "compile_caches": caches, "ports": held, "marked_processes": marked}
 
 
 # -- the log ---------------------------------------------------------------------------------------
-def read_log(path: str) -> dict[str, Any]:
+def read_log(path: str) -> JsonObject:
     """Tail with highlights: effective configuration, last throughput figures, error signature, diagnosis."""
     from servelab.engines import registry, signatures
 
@@ -162,7 +166,7 @@ def read_log(path: str) -> dict[str, Any]:
         return {"path": path, "available": False, "note": f"cannot read {path}: {exc.strerror}"}
     engine = signatures.guess_engine(text)
     eff = registry.get(engine).effective_config(text, None) if engine else None
-    throughput: dict[str, Any] | None = None
+    throughput: JsonObject | None = None
     for line in reversed(text.splitlines()):
         for name, pat in THROUGHPUT_PATTERNS:
             m = pat.search(line)
@@ -197,9 +201,9 @@ def observe_host(
     log: str | None = None,
     gpu_source: str | None = None,
     telemetry_url: str | None = None,
-    telemetry: dict[str, Any] | None = None,
+    telemetry: Mapping[str, object] | None = None,
     want_log_text: bool = False,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The half of `servelab status` read on the observed machine itself (the agent op `observe_host` on a
     remote host, this process on a local one): GPUs (a simulator's telemetry when `telemetry_url` is set,
     fetched by the control side), topology, systemd units, leftovers, the log. JSON-able."""
@@ -219,11 +223,11 @@ def observe_host(
         else {
             "available": False,
             "note": "simulated GPUs have no topology matrix",
-            "numa": topology.numa_nodes(),
+            "numa": dict(topology.numa_nodes()),
             "virtual_machine": topology.is_virtual_machine(),
         },
-        "services": [u.to_dict() for u in svc["units"]],
-        "services_note": svc["note"],
+        "services": [u.to_dict() for u in svc.units],
+        "services_note": svc.note,
         "leftovers": leftovers(urls),
         "log": log_info,
         "log_text": log_text,

@@ -4,13 +4,12 @@ serves them (servelab.agent.ops_core, ops_observe); the control side calls them 
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import TypeAdapter
 
 from servelab.host.agent_op import AgentOp, Answer, NoArgs, Request
 from servelab.host.shm import ShmCleanup
 from servelab.host.wire import READ_MAX
+from servelab.jsontypes import JsonObject
 
 
 class HelloRequest(Request):
@@ -68,31 +67,32 @@ class ObserveRequest(Request):
     log: str | None = None
     gpu_source: str | None = None
     telemetry_url: str | None = None
-    telemetry: dict[str, Any] | None = None  # a simulator's telemetry, fetched by the control side
+    telemetry: JsonObject | None = None  # a simulator's telemetry, fetched by the control side
     want_log_text: bool = False
 
 
 class Observed(Answer):
-    """The host-side half of `servelab status` (its sections as docs/cli/status.md documents them)."""
+    """The host-side half of `servelab status` (its sections as docs/cli/status.md documents them): JSON
+    that status judges and shows as it came."""
 
     hostname: str
-    gpus: dict[str, Any]
-    topology: dict[str, Any]
-    services: list[dict[str, Any]]
+    gpus: JsonObject  # servelab.host.gpus.GpuReport.to_dict
+    topology: JsonObject  # servelab.host.topology.read
+    services: list[JsonObject]  # servelab.host.systemd.UnitState.to_dict
     services_note: str | None = None
-    leftovers: dict[str, Any]
-    log: dict[str, Any] | None = None
+    leftovers: JsonObject  # servelab.host.observe.leftovers
+    log: JsonObject | None = None  # servelab.host.observe.read_log
     log_text: str = ""
 
 
 class DoctorFactsRequest(Request):
     gpu_source: str | None = None
-    gpus: dict[str, Any] | None = None  # a GPU report the control side built already (a simulator's)
+    gpus: JsonObject | None = None  # a GPU report the control side built already (a simulator's)
 
 
 class DoctorFacts(Answer):
     hostname: str
-    facts: dict[str, Any]  # servelab.host.doctor.Facts.to_dict
+    facts: JsonObject  # servelab.host.doctor.Facts.to_dict
 
 
 HELLO = AgentOp("hello", HelloRequest, TypeAdapter(Hello))

@@ -16,7 +16,8 @@ import random
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+
+from servelab.jsontypes import JsonObject
 
 _TCP_LISTEN = "0A"
 _PROC = Path("/proc")
@@ -34,7 +35,7 @@ class Listener:
     fd: int | None
     cmdline: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     def describe(self) -> str:

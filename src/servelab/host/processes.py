@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
+
+from servelab.jsontypes import JsonObject
 
 MARKER_ENV = "SERVELAB_RUN"
 _PROC = Path("/proc")
@@ -60,7 +61,7 @@ class ProcInfo:
     create_time: float
     marker: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     def alive(self) -> bool:
@@ -77,7 +78,7 @@ class KilledProcess:
     signal: str  # "SIGTERM" (it stopped within the grace period), "SIGKILL", or "gone" (exited by itself)
     stopped: bool  # False: still alive after SIGKILL (uninterruptible sleep, another user's process)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

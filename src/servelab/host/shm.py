@@ -37,7 +37,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from servelab.jsontypes import JsonObject
 
 SHM_DIR = Path("/dev/shm")
 PATTERNS: tuple[str, ...] = ("nccl-*", "psm_*", "sem.mp-*", "*-cpushm*", "vllm_*", "sgl_*")
@@ -59,7 +60,7 @@ class ShmSegment:
         """Identity across time: a segment removed and re-created under the same name is another one."""
         return (self.name, self.inode)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["owners"] = list(self.owners)
         return d
@@ -74,7 +75,7 @@ class ShmCleanup:
     foreign: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "removed": list(self.removed),
             "kept": [s.to_dict() for s in self.kept],

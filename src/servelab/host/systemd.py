@@ -15,9 +15,10 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from servelab.jsontypes import JsonObject
 
 PROPERTIES: tuple[str, ...] = (
     "Id",
@@ -54,7 +55,7 @@ class UnitState:
     def failed(self) -> bool:
         return self.active_state == "failed" or self.result not in ("", "success")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["failed"] = self.failed
         return d
@@ -148,21 +149,30 @@ def run_systemctl(args: list[str]) -> str | None:
     return out.stdout if out.returncode in (0, 3) else None  # 3: some unit inactive (list/show still print)
 
 
+@dataclass(frozen=True)
+class UnitStates:
+    """What `states` found: whether systemd answered, why not (or that no unit is installed), the units."""
+
+    available: bool
+    note: str
+    units: list[UnitState] = field(default_factory=list)
+
+
 def states(
     units: list[str] | None = None, run: Systemctl = run_systemctl, is_booted: Callable[[], bool] = booted
-) -> dict[str, Any]:
-    """{"available": bool, "note": str, "units": [UnitState...]} for `units` (default: every servelab* unit)."""
+) -> UnitStates:
+    """The state of `units` (default: every servelab* unit)."""
     if not is_booted():
-        return {"available": False, "note": "no systemd on this host (PID 1 is not systemd)", "units": []}
+        return UnitStates(False, "no systemd on this host (PID 1 is not systemd)")
     names = list(units or [])
     if not names:
         listed = run(["list-units", "--all", "--plain", "--no-legend", "--no-pager", UNIT_PATTERN])
         if listed is None:
-            return {"available": False, "note": "systemctl did not answer", "units": []}
+            return UnitStates(False, "systemctl did not answer")
         names = parse_list_units(listed)
     if not names:
-        return {"available": True, "note": f"no {UNIT_PATTERN} units installed", "units": []}
+        return UnitStates(True, f"no {UNIT_PATTERN} units installed")
     text = run(["show", "--no-pager", "-p", ",".join(PROPERTIES), *names])
     if text is None:
-        return {"available": False, "note": "systemctl show failed", "units": []}
-    return {"available": True, "note": "", "units": parse_show(text)}
+        return UnitStates(False, "systemctl show failed")
+    return UnitStates(True, "", parse_show(text))

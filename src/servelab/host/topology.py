@@ -13,9 +13,11 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from servelab.host.gpus import Runner, run_nvidia_smi
+from servelab.jsontypes import JsonObject
 
 # Link kinds from best to worst (the legend of `nvidia-smi topo -m`).
 LINK_ORDER: tuple[str, ...] = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -51,7 +53,7 @@ class Topology:
                     out.append((a, b, link))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -118,7 +120,37 @@ def parse_p2p(text: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def analyze(topo: Topology, virtual_machine: bool | None = None) -> dict[str, Any]:
+class P2pPair(BaseModel):
+    """A GPU pair without working P2P, as `nvidia-smi topo -p2p r` marks it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pair: list[str]
+    status: str
+    meaning: str
+
+
+class TopologySummary(BaseModel):
+    """What the matrix means for serving (`analyze`); doctor's P2P check reads it, status and the report
+    show it as JSON (its keys in this order)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpus: int
+    link_counts: dict[str, int]
+    nvlink: bool
+    worst_link: str | None
+    all_phb: bool
+    virtual_machine: bool | None
+    # All-PHB alone is also what some bare-metal boards show; a VM is called out when the CPU says so.
+    vm_all_phb: bool
+    p2p_checked: bool
+    p2p_unavailable: list[P2pPair]
+    numa_nodes: list[str]
+    crosses_numa: bool
+
+
+def summarize(topo: Topology, virtual_machine: bool | None = None) -> TopologySummary:
     """What the matrix means for serving: link counts, NVLink, a VM's all-PHB picture, P2P, NUMA spread."""
     pairs = topo.gpu_pairs()
     counts = Counter(kind(link) for _, _, link in pairs)
@@ -127,22 +159,24 @@ def analyze(topo: Topology, virtual_machine: bool | None = None) -> dict[str, An
     p2p_pairs = [(a, b, v) for a, row in topo.p2p.items() for b, v in row.items() if a < b]
     p2p_bad = [(a, b, v) for a, b, v in p2p_pairs if v != P2P_OK]
     numa = sorted(set(topo.numa_affinity.values()) - {"N/A"})
-    return {
-        "gpus": len(topo.gpus),
-        "link_counts": dict(counts),
-        "nvlink": counts.get("NV", 0) == len(pairs) and bool(pairs),
-        "worst_link": worst,
-        "all_phb": all_phb,
-        "virtual_machine": virtual_machine,
-        # All-PHB alone is also what some bare-metal boards show; a VM is called out when the CPU says so.
-        "vm_all_phb": bool(all_phb and virtual_machine),
-        "p2p_checked": bool(p2p_pairs),
-        "p2p_unavailable": [
-            {"pair": [a, b], "status": v, "meaning": P2P_LEGEND.get(v, v)} for a, b, v in p2p_bad
-        ],
-        "numa_nodes": numa,
-        "crosses_numa": len(numa) > 1,
-    }
+    return TopologySummary(
+        gpus=len(topo.gpus),
+        link_counts=dict(counts),
+        nvlink=counts.get("NV", 0) == len(pairs) and bool(pairs),
+        worst_link=worst,
+        all_phb=all_phb,
+        virtual_machine=virtual_machine,
+        vm_all_phb=bool(all_phb and virtual_machine),
+        p2p_checked=bool(p2p_pairs),
+        p2p_unavailable=[P2pPair(pair=[a, b], status=v, meaning=P2P_LEGEND.get(v, v)) for a, b, v in p2p_bad],
+        numa_nodes=numa,
+        crosses_numa=len(numa) > 1,
+    )
+
+
+def analyze(topo: Topology, virtual_machine: bool | None = None) -> JsonObject:
+    """`summarize` as JSON (what `read` puts under "summary")."""
+    return summarize(topo, virtual_machine).model_dump(mode="json")
 
 
 def is_virtual_machine(
@@ -177,10 +211,10 @@ def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> dict[str, str]:
     return out
 
 
-def read(run: Runner = run_nvidia_smi) -> dict[str, Any]:
+def read(run: Runner = run_nvidia_smi) -> JsonObject:
     """This host's topology: the matrix and P2P when nvidia-smi works, NUMA and VM detection always."""
     vm = is_virtual_machine()
-    out: dict[str, Any] = {"available": False, "numa": numa_nodes(), "virtual_machine": vm}
+    out: JsonObject = {"available": False, "numa": dict(numa_nodes()), "virtual_machine": vm}
     text = run(["topo", "-m"])
     if text is None:
         out["note"] = "no GPU topology: nvidia-smi is not available"

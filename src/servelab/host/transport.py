@@ -50,6 +50,7 @@ from servelab.errors import HostError, HostLost, HostUnusable
 from servelab.host.wire import AGENT_MODULE, PROTOCOL, rebuild_error
 from servelab.host.wire import b64 as b64  # re-exported: callers decode what `call("read")` returns
 from servelab.host.wire import unb64 as unb64
+from servelab.jsontypes import JsonObject
 
 CONTROL_PERSIST_S = 600  # a warm master serves the next command of the user (status --host) at once
 CONNECT_TIMEOUT_S = 10
@@ -166,7 +167,7 @@ class Dispatcher(Protocol):
     by name over it, and the teardown of what that state launched (servelab.agent.serve.DISPATCHER)."""
 
     def new_state(self) -> Any: ...
-    def dispatch(self, state: Any, op: str, args: dict[str, Any]) -> Any: ...
+    def dispatch(self, state: Any, op: str, args: JsonObject) -> Any: ...
     def shutdown(self, state: Any) -> None: ...
 
 
@@ -358,7 +359,7 @@ class AgentChannel:
         self.buf = bytearray(rest)
         return line
 
-    def answer(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def answer(self, op: str, args: JsonObject, timeout: float) -> JsonObject:
         """The agent's answer to one request, as it sent it (`ok` and `result`, or `error`)."""
         rid = self.next_id
         self.next_id += 1
@@ -369,16 +370,17 @@ class AgentChannel:
         except (BrokenPipeError, OSError):
             raise ChannelClosed("the agent is gone") from None
         while True:
-            answer: dict[str, Any] = orjson.loads(self.readline(timeout))
+            answer: JsonObject = orjson.loads(self.readline(timeout))
             if answer.get("id") == rid:
                 return answer
 
-    def request(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+    def request(self, op: str, args: JsonObject, timeout: float) -> Any:
         """The result of one request; the agent's error is raised as the error it was over there."""
         answer = self.answer(op, args, timeout)
         if answer.get("ok"):
             return answer.get("result")
-        raise rebuild_error(answer.get("error") or {})
+        error = answer.get("error")
+        raise rebuild_error(error if isinstance(error, dict) else {})
 
     def close(self) -> None:
         """End the agent: its stdin closes, so it tears down whatever it launched and exits."""
@@ -412,7 +414,7 @@ class SshHost:
         self._lock = threading.RLock()
         self._channel: AgentChannel | None = None
         self._forwards: dict[tuple[str, int], int] = {}
-        self.hello: dict[str, Any] = {}
+        self.hello: JsonObject = {}  # the agent's `hello` answer, as it sent it
         # Set when an agent died under us: the servers it held went with it, so a new agent must not
         # quietly take its place (it would know none of them). close() clears it.
         self._lost: HostLost | None = None
@@ -533,7 +535,7 @@ class SshHost:
         )
         return self._lost
 
-    def _request(self, ch: AgentChannel, op: str, args: dict[str, Any], timeout: float) -> Any:
+    def _request(self, ch: AgentChannel, op: str, args: JsonObject, timeout: float) -> Any:
         try:
             return ch.request(op, args, timeout)
         except ChannelClosed as exc:

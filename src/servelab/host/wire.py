@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
 
 from servelab import errors
 from servelab.errors import ServelabError
+from servelab.jsontypes import JsonObject
 
 PROTOCOL = 1  # the request/answer lines' version: both ends must speak the same one (and the same servelab)
 AGENT_MODULE = "servelab.agent"  # what `python -m` runs on the remote (its argv, not an import here)
@@ -26,9 +27,10 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode())
 
 
-def error_payload(exc: BaseException) -> dict[str, Any]:
+def error_payload(exc: BaseException) -> JsonObject:
+    """An error as the agent sends it (JSON: `rebuild_error` reads it on the other end)."""
     if isinstance(exc, ServelabError):
-        out: dict[str, Any] = {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        out: JsonObject = {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}
         diag = getattr(exc, "diagnosis", None)
         if dataclasses.is_dataclass(diag) and not isinstance(diag, type):
             out["diagnosis"] = dataclasses.asdict(diag)
@@ -36,12 +38,13 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
     return {"type": "HostError", "message": f"the agent failed: {type(exc).__name__}: {exc}", "hint": ""}
 
 
-def rebuild_error(payload: dict[str, Any]) -> ServelabError:
+def rebuild_error(payload: Mapping[str, object]) -> ServelabError:
     """The servelab error an agent reported, as its own class (a diagnosis included)."""
     cls = getattr(errors, str(payload.get("type")), None)
     if not (isinstance(cls, type) and issubclass(cls, ServelabError)):
         cls = errors.HostError
-    exc = cls(str(payload.get("message") or "the agent failed"), hint=payload.get("hint"))
+    hint = payload.get("hint")
+    exc = cls(str(payload.get("message") or "the agent failed"), hint=hint if isinstance(hint, str) else None)
     diag = payload.get("diagnosis")
     if isinstance(diag, dict):
         from servelab.engines.base import Diagnosis

@@ -13,7 +13,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError
@@ -21,6 +21,7 @@ from servelab.host.gpu_memory import GpuMemoryReport
 from servelab.host.ports import WILDCARDS, Listener
 from servelab.host.processes import KilledProcess, ProcInfo
 from servelab.host.shm import ShmCleanup
+from servelab.jsontypes import JsonObject
 from servelab.redact import redact_argv
 
 LOG_DIAGNOSE_BYTES = 512 * 1024  # how much of the log's end a diagnosis reads
@@ -47,7 +48,7 @@ class TeardownReport:
         """No process, listening port, held segment or GPU memory of this run is left."""
         return not self.survivors and self.port_free and self.gpu.ok and not self.shm.errors
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "pid": self.pid,
             "run_marker": self.run_marker,
@@ -100,7 +101,7 @@ class ServerHandle(Protocol):
         """The end of the server's log."""
         ...
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """As the store and `--json` show it."""
         ...
 
@@ -144,7 +145,7 @@ def log_tail(path: Path, max_bytes: int) -> str:
         return ""
 
 
-def describe(server: ServerHandle, exit_code: int | None, extra: dict[str, Any]) -> dict[str, Any]:
+def describe(server: ServerHandle, exit_code: int | None, extra: JsonObject) -> JsonObject:
     """A launched server as the store and `--json` show it (env: names only, values may be secrets)."""
     return {
         "pid": server.pid,
@@ -155,12 +156,12 @@ def describe(server: ServerHandle, exit_code: int | None, extra: dict[str, Any])
         **extra,
         "served_model": server.spec.served_model,
         "command": shlex.join(redact_argv(server.spec.argv)),
-        "env": sorted(server.spec.env),
+        "env": list(sorted(server.spec.env)),
         "log_path": str(server.log_path),
         "run_marker": server.run_marker,
         "started_at": server.started_at,
         "exit_code": exit_code,
-        "gpu_baseline_mib": server.gpu_baseline_mib,
+        "gpu_baseline_mib": None if server.gpu_baseline_mib is None else list(server.gpu_baseline_mib),
     }
 
 

@@ -15,7 +15,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from servelab import crashpoint
 from servelab.engines.base import Diagnosis, LaunchSpec
@@ -25,6 +24,7 @@ from servelab.host.gpu_memory import GpuReader, nvidia_smi_reader, wait_for_base
 from servelab.host.ports import Listener, listeners, port_is_free
 from servelab.host.processes import MARKER_ENV, KilledProcess, ProcInfo
 from servelab.host.shm import ShmLedger
+from servelab.jsontypes import JsonObject
 from servelab.lifecycle.handle import (
     LOG_DIAGNOSE_BYTES,
     TeardownReport,
@@ -80,7 +80,7 @@ class Server:
         """The end of the server's log."""
         return log_tail(self.log_path, max_bytes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return describe(self, self.exit_code(), {})
 
     def record_shm(self) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 
 from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
 from servelab.engines.startup import StartupReader
 from servelab.errors import LaunchFailed
+from servelab.jsontypes import JsonObject
 
 LOG_SCAN_OVERLAP = 8192  # bytes of already-scanned log kept for signatures that span a read boundary
 WARMUP_PROMPT = "hello"
@@ -161,7 +162,7 @@ class Probe:
         model = self.server.spec.served_model
         if self.r.warmup_api == "chat":
             path = "/v1/chat/completions"
-            body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
+            body: JsonObject = {"model": model, "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
         else:
             path, body = "/v1/completions", {"model": model, "prompt": WARMUP_PROMPT}
         body.update(max_tokens=1, stream=False)

@@ -14,12 +14,12 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from servelab.engines.base import Diagnosis, LaunchSpec, Readiness
 from servelab.errors import LaunchFailed, NotReady
 from servelab.host import processes
 from servelab.host.ports import Listener
+from servelab.jsontypes import JsonObject
 from servelab.lifecycle.handle import ServerHandle, connects, dial_host
 from servelab.lifecycle.probe import LogWatcher, Probe, diagnose_log, failed, tail_lines
 from servelab.startup import StartupPhases
@@ -40,9 +40,9 @@ class ReadyReport:
     notes: list[str] = field(default_factory=list)
     startup: StartupPhases | None = None  # the phases read from the engine's log (None: no log read)
 
-    def to_dict(self) -> dict[str, Any]:
-        extra = {} if self.startup is None else {"startup": self.startup.model_dump(mode="json")}
-        return {
+    def to_dict(self) -> JsonObject:
+        extra: JsonObject = {} if self.startup is None else {"startup": self.startup.model_dump(mode="json")}
+        out: JsonObject = {
             "url": self.url,
             "served_model": self.served_model,
             "ready_s": round(self.ready_s, 3),
@@ -52,7 +52,8 @@ class ReadyReport:
             "models": list(self.models),
             "listeners": [x.to_dict() for x in self.listeners],
             "notes": list(self.notes),
-        } | extra
+        }
+        return out | extra
 
 
 def _exited(server: ServerHandle, engine: str | None, rc: int) -> LaunchFailed:

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from servelab.engines.base import LaunchSpec
 from servelab.errors import HostLost
@@ -20,6 +20,7 @@ from servelab.host.ops import PORT_OPEN, PortOpenRequest
 from servelab.host.ports import Listener
 from servelab.host.shm import ShmCleanup
 from servelab.host.wire import unb64
+from servelab.jsontypes import JsonObject
 from servelab.lifecycle import ops
 from servelab.lifecycle.handle import (
     LOG_DIAGNOSE_BYTES,
@@ -94,7 +95,7 @@ class RemoteServer:
         """The end of the server's log (as mirrored by the last poll)."""
         return log_tail(self.log_path, max_bytes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return describe(self, self.rc, {"remote": self.host.name, "remote_log": self.remote_log})
 
     def record_shm(self) -> None:

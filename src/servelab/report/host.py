@@ -41,10 +41,15 @@ def gather() -> dict[str, Any] | None:
         result = doctor.report(doctor.gather(rep, topo))
     except Exception as exc:  # a check that breaks must not take the report down with it
         return {"summary": "the host checks failed", "checks": [], "note": f"{type(exc).__name__}: {exc}"}
-    g = result.get("gpus") or {}
-    summary = f"{g.get('count', 0)} GPU(s) via {g.get('source')}; worst check: {result.get('worst')}"
-    note = g.get("note") or ""
+    g = result.gpus
+    summary = f"{g.count} GPU(s) via {g.source}; worst check: {result.worst}"
+    note = g.note
     topo_summary = topo.get("summary") if isinstance(topo, dict) else None
     if not topo_summary and isinstance(topo, dict) and topo.get("note"):
         note = f"{note}; {topo['note']}" if note else str(topo["note"])
-    return {"summary": summary, "checks": result.get("checks") or [], "note": note, "topology": topo_summary}
+    return {
+        "summary": summary,
+        "checks": [c.to_dict() for c in result.checks],
+        "note": note,
+        "topology": topo_summary,
+    }

@@ -101,7 +101,7 @@ def diagnose_host(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
             "hostname": got.hostname,
             "via": "local" if host.is_local else "ssh",
         },
-        **out,
+        **out.to_dict(),
     }
 
 

@@ -31,7 +31,7 @@ def test_cpu_host_skips_gpu_checks_and_says_why() -> None:
     for name in ("GPU P2P", "PCIe link", "power limit", "ECC", "persistence mode"):
         assert checks[name].status == "skip" and "no GPUs" in checks[name].evidence
     assert checks["nvidia_uvm HMM"].status == "skip"
-    assert doctor.report(facts())["worst"] == "ok"
+    assert doctor.report(facts()).worst == "ok"
 
 
 def test_host_limits() -> None:
@@ -39,7 +39,7 @@ def test_host_limits() -> None:
     assert c["nvidia_uvm HMM"].status == "warn" and "uvm_disable_hmm=1" in c["nvidia_uvm HMM"].fix
     assert c["/dev/shm size"].status == "fail" and "--shm-size" in c["/dev/shm size"].fix
     assert c["open-file limit"].status == "warn" and "1024" in c["open-file limit"].evidence
-    assert doctor.report(facts(shm_bytes=64 * 2**20))["worst"] == "fail"
+    assert doctor.report(facts(shm_bytes=64 * 2**20)).worst == "fail"
     assert by_name(facts(uvm_disable_hmm="Y"))["nvidia_uvm HMM"].status == "ok"
 
 

@@ -58,12 +58,12 @@ def test_states_lists_then_shows() -> None:
         )
 
     out = systemd.states(run=run, is_booted=lambda: True)
-    assert out["available"] and [u.unit for u in out["units"]] == ["servelab-qwen.service"]
+    assert out.available and [u.unit for u in out.units] == ["servelab-qwen.service"]
     assert calls[1][0] == "show" and "servelab-qwen.service" in calls[1]
 
 
 def test_no_systemd_and_no_units() -> None:
     out = systemd.states(run=lambda a: None, is_booted=lambda: False)
-    assert out == {"available": False, "note": "no systemd on this host (PID 1 is not systemd)", "units": []}
+    assert out == systemd.UnitStates(False, "no systemd on this host (PID 1 is not systemd)", [])
     out = systemd.states(run=lambda a: "", is_booted=lambda: True)
-    assert out["available"] and out["units"] == [] and "no servelab" in out["note"]
+    assert out.available and out.units == [] and "no servelab" in out.note
