@@ -318,7 +318,7 @@ async def install(
         check.ok = False
         check.verdict = (
             "NOT as tuned: verify-output failed ("
-            + ", ".join(vres.to_dict().get("failed", []))
+            + ", ".join(c.name for c in vres.failures)
             + "); "
             + check.verdict
         )

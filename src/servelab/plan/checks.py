@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
 
 from servelab.applied import compare
 from servelab.engines.base import NORMALIZED_KEYS
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.plan.items import Item
 
 
@@ -26,10 +27,11 @@ class Finding:
     #            | service_down | service_unobserved | dependency_cancelled
     severity: str  # warning | info
     message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = asdict(self)
+        return d
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,32 @@ class Targets:
 
     url: str | None
     unit: str | None
-    requested: dict[str, Any]
+    requested: JsonObject
     requested_from: str | None  # binding | text | None
     repair: bool
 
 
+@dataclass(frozen=True)
+class Recognizers:
+    """plan_recognizers.toml, read once: each configuration key with its pattern, and the patterns that
+    name a server, a unit, or a repair."""
+
+    config: tuple[tuple[str, str], ...]  # (normalized key, pattern)
+    url: str
+    unit: str
+    repair: str
+
+
 @cache
-def recognizers() -> dict[str, Any]:
+def recognizers() -> Recognizers:
     text = resources.files("servelab.data").joinpath("plan_recognizers.toml").read_text()
-    return tomllib.loads(text)
+    data = tomllib.loads(text)
+    return Recognizers(
+        config=tuple((str(r["key"]), str(r["pattern"])) for r in data.get("config", [])),
+        url=str(data["url"]["pattern"]),
+        unit=str(data["unit"]["pattern"]),
+        repair=str(data["repair"]["pattern"]),
+    )
 
 
 _KV = re.compile(r"\b(" + "|".join(NORMALIZED_KEYS) + r")\s*=\s*([A-Za-z0-9_.:/-]+)")
@@ -58,23 +77,24 @@ def targets(item: Item, unit_names: list[str] | None = None) -> Targets:
     rec = recognizers()
     b = item.binding or {}
     text = item.content
-    requested: dict[str, Any] = {}
-    for r in rec.get("config", []):
-        m = re.search(r["pattern"], text, re.IGNORECASE)
+    requested: JsonObject = {}
+    for key, pattern in rec.config:
+        m = re.search(pattern, text, re.IGNORECASE)
         if m:
-            requested[r["key"]] = m.group(1)
+            requested[key] = m.group(1)
     for m in _KV.finditer(text):
         requested[m.group(1)] = m.group(2)
     source = "text" if requested else None
-    if b.get("requested"):
-        requested, source = {**requested, **b["requested"]}, "binding"
+    bound = b.get("requested")
+    if bound:
+        requested, source = {**requested, **bound}, "binding"
     url = b.get("url")
     if not url:
-        m = re.search(rec["url"]["pattern"], text)
+        m = re.search(rec.url, text)
         url = m.group(1).rstrip(".,;") if m else None
     unit = b.get("unit")
     if not unit:
-        m = re.search(rec["unit"]["pattern"], text)
+        m = re.search(rec.unit, text)
         unit = m.group(1) if m else None
     if not unit:
         for name in unit_names or []:
@@ -82,7 +102,7 @@ def targets(item: Item, unit_names: list[str] | None = None) -> Targets:
             if re.search(rf"(?<![\w.-]){re.escape(short)}(?![\w-])", text):
                 unit = name
                 break
-    repair = bool(re.search(rec["repair"]["pattern"], text, re.IGNORECASE))
+    repair = bool(re.search(rec.repair, text, re.IGNORECASE))
     return Targets(url, unit, requested, source, repair)
 
 
@@ -104,10 +124,19 @@ def _norm_url(url: str) -> str:
     return url.strip().rstrip("/").lower().removesuffix("/v1")
 
 
-def check(items: list[Item] | tuple[Item, ...], observation: dict[str, Any]) -> list[Finding]:
-    """Hold every open item against an observation (the dict `servelab status` produces)."""
-    servers = [s for s in observation.get("servers") or [] if isinstance(s, dict)]
-    services = [s for s in observation.get("services") or [] if isinstance(s, dict)]
+def _objects(value: object) -> list[JsonObject]:
+    """The objects of an observed list (`servers`, `services`); anything else in it is skipped."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list | tuple) else []
+
+
+def _object(value: JsonValue | None) -> JsonObject:
+    return value if isinstance(value, dict) else {}
+
+
+def check(items: list[Item] | tuple[Item, ...], observation: Mapping[str, object]) -> list[Finding]:
+    """Hold every open item against an observation (the JSON object `servelab status` produces)."""
+    servers = _objects(observation.get("servers"))
+    services = _objects(observation.get("services"))
     units = [str(s.get("unit")) for s in services if s.get("unit")]
     by_id = {i.id: i for i in items}
     out: list[Finding] = []
@@ -122,7 +151,7 @@ def check(items: list[Item] | tuple[Item, ...], observation: dict[str, Any]) -> 
                     "dependency_cancelled",
                     "warning",
                     f"item {it.id} waits for cancelled item(s) {', '.join(gone)}; it can never start",
-                    {"dependencies": gone},
+                    {"dependencies": list(gone)},
                 )
             )
         t = targets(it, units)
@@ -135,7 +164,7 @@ def check(items: list[Item] | tuple[Item, ...], observation: dict[str, Any]) -> 
     return out
 
 
-def _repaired_server(it: Item, t: Targets, servers: list[dict[str, Any]]) -> Finding | None:
+def _repaired_server(it: Item, t: Targets, servers: list[JsonObject]) -> Finding | None:
     """An item about repairing the server it names ("restart the crashed server at URL") while that server
     answers healthy: the assumption that it is down no longer holds."""
     if not (t.repair and t.url):
@@ -153,7 +182,7 @@ def _repaired_server(it: Item, t: Targets, servers: list[dict[str, Any]]) -> Fin
     )
 
 
-def _check_server(it: Item, t: Targets, servers: list[dict[str, Any]]) -> list[Finding]:
+def _check_server(it: Item, t: Targets, servers: list[JsonObject]) -> list[Finding]:
     out: list[Finding] = []
     pool = servers
     if t.url:
@@ -205,8 +234,9 @@ def _check_server(it: Item, t: Targets, servers: list[dict[str, Any]]) -> list[F
     up = [s for s in pool if s.get("up")]
     results = []
     for s in up:
+        lines = _object(s.get("evidence"))
         mism, unconfirmed = compare(
-            t.requested, dict(s.get("effective") or {}), dict(s.get("evidence") or {})
+            t.requested, _object(s.get("effective")), {k: v for k, v in lines.items() if isinstance(v, str)}
         )
         results.append((s, mism, unconfirmed))
     if any(not m and not u for _s, m, u in results) or not results:
@@ -241,7 +271,7 @@ def _check_server(it: Item, t: Targets, servers: list[dict[str, Any]]) -> list[F
     return out
 
 
-def _check_service(it: Item, t: Targets, services: list[dict[str, Any]]) -> list[Finding]:
+def _check_service(it: Item, t: Targets, services: list[JsonObject]) -> list[Finding]:
     unit, how = t.unit, "named"
     if not unit and t.repair and re.search(r"\bservice\b", it.content, re.IGNORECASE) and len(services) == 1:
         unit, how = str(services[0].get("unit")), "the only observed service"
@@ -300,5 +330,5 @@ def _check_service(it: Item, t: Targets, services: list[dict[str, Any]]) -> list
     return []
 
 
-def _kv(d: dict[str, Any]) -> str:
+def _kv(d: JsonObject) -> str:
     return ", ".join(f"{k}={v}" for k, v in d.items())

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any, TypedDict
 
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.plan.items import (
     DEFAULT_WORKER,
     JSON_FORMAT,
@@ -18,6 +19,7 @@ from servelab.plan.items import (
     Event,
     Item,
     Outcome,
+    OutcomeInfo,
     Plan,
     check_content,
     check_id,
@@ -29,7 +31,7 @@ from servelab.plan.machine import touch, validate
 _TODOWRITE_KEYS = ("id", "content", "status", "priority")
 
 
-def export_todowrite(plan: Plan) -> list[dict[str, Any]]:
+def export_todowrite(plan: Plan) -> list[JsonObject]:
     """The agent's view: id, content, status, priority (and any extra todowrite keys an import carried)."""
     return [
         {"id": i.id, "content": i.content, "status": i.status, "priority": i.priority, **i.extra}
@@ -37,7 +39,7 @@ def export_todowrite(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
-def export_json(plan: Plan) -> dict[str, Any]:
+def export_json(plan: Plan) -> JsonObject:
     return plan.to_dict()
 
 
@@ -63,13 +65,16 @@ def export_markdown(plan: Plan, events: list[Event] | None = None) -> str:
         for n in i.notes:
             lines.append(f"  - note: {_md(n)}")
         for e in i.evidence:
-            verdict = {True: "applied", False: "NOT applied", None: "not shown"}[e.get("applied")]
+            verdict = _VERDICT[e.get("applied")]
             lines.append(
                 f"  - evidence: run {e.get('run') or '-'} ({e.get('status') or '-'}), config {verdict}"
             )
     if not plan.items:
         lines.append("(empty)")
     return "\n".join(lines) + "\n"
+
+
+_VERDICT: dict[JsonValue, str] = {True: "applied", False: "NOT applied", None: "not shown"}
 
 
 def _md(text: str) -> str:
@@ -83,7 +88,7 @@ class TodoEntry(TypedDict):
     status: str
     priority: str
     id: str | None
-    extra: dict[str, Any]
+    extra: JsonObject
 
 
 def parse_todowrite(data: Any) -> list[TodoEntry]:
@@ -145,11 +150,11 @@ def import_todowrite(
         seen.add(it.id)
         unseen.get(it.content, {}).pop(it.id, None)
 
-    def status_change(it: Item, to: str) -> dict[str, Any]:
+    def status_change(it: Item, to: str) -> tuple[str, str | None] | None:
+        """(status, worker) when the todo moves the item, else None."""
         if to == it.status:
-            return {}
-        worker = (it.worker or DEFAULT_WORKER) if to == "in_progress" else None
-        return {"status": to, "worker": worker}
+            return None
+        return to, ((it.worker or DEFAULT_WORKER) if to == "in_progress" else None)
 
     for e in entries:
         if e["id"] is not None:
@@ -175,7 +180,9 @@ def import_todowrite(
                 created_at=now,
                 updated_at=now,
             )
-            new = replace(new, **status_change(new, e["status"]))
+            moved = status_change(new, e["status"])
+            if moved is not None:
+                new = replace(new, status=moved[0], worker=moved[1])
             items[key] = new
             events.append(Event(key, now, None, new.status, why, actor, {"item": new.to_dict()}))
             info["added"].append(key)
@@ -183,8 +190,10 @@ def import_todowrite(
             continue
         mark_seen(it)
         wanted = (("content", e["content"]), ("priority", e["priority"]), ("extra", e["extra"]))
-        fields: dict[str, Any] = {k: v for k, v in wanted if getattr(it, k) != v}
-        fields.update(status_change(it, e["status"]))
+        fields: dict[str, JsonValue] = {k: v for k, v in wanted if getattr(it, k) != v}
+        moved = status_change(it, e["status"])
+        if moved is not None:
+            fields["status"], fields["worker"] = moved
         if not fields:
             info["unchanged"].append(it.id)
             continue
@@ -223,7 +232,14 @@ def import_todowrite(
             info["pruned"].append(it.id)
     after = replace(plan, items=tuple(items.values()))
     validate(plan, after)
-    return Outcome(after, tuple(events), info)
+    summary: OutcomeInfo = {
+        "added": info["added"],
+        "updated": info["updated"],
+        "unchanged": info["unchanged"],
+        "missing": info["missing"],
+        "pruned": info["pruned"],
+    }
+    return Outcome(after, tuple(events), summary)
 
 
 def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "json") -> Outcome:
@@ -277,4 +293,10 @@ def import_json(plan: Plan, data: Any, *, now: str, actor: str, source: str = "j
     info["missing"] = [i.id for i in plan.items if i.id not in ids and i.is_open]
     after = replace(plan, items=tuple(items.values()))
     validate(plan, after)
-    return Outcome(after, tuple(events), info)
+    summary: OutcomeInfo = {
+        "added": info["added"],
+        "updated": info["updated"],
+        "unchanged": info["unchanged"],
+        "missing": info["missing"],
+    }
+    return Outcome(after, tuple(events), summary)

@@ -6,10 +6,12 @@ returns it in an `Outcome` with its `Event`s, so the store writes both in one tr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from servelab.errors import ConfigError, NotFoundError
+from servelab.jsontypes import JsonObject
 
 STATUSES: tuple[str, ...] = ("pending", "in_progress", "completed", "cancelled", "blocked")
 OPEN_STATUSES: tuple[str, ...] = ("pending", "in_progress", "blocked")
@@ -17,6 +19,31 @@ PRIORITIES: tuple[str, ...] = ("high", "medium", "low")
 DEFAULT_WORKER = "default"
 JSON_FORMAT = "servelab-plan"
 _BINDING_KEYS = ("study", "candidate", "requested", "predicted", "url", "unit")
+
+
+class Binding(TypedDict, total=False):
+    """What an item is bound to. A TypedDict, not a model: it is stored as given (keys, order, omissions),
+    and the readers (study, checks, the CLI) get its keys typed."""
+
+    study: str
+    candidate: str
+    requested: JsonObject  # normalized engine keys the experiment asks for
+    predicted: float | None
+    url: str
+    unit: str
+
+
+class OutcomeInfo(TypedDict, total=False):
+    """An operation's summary for its caller: the item it moved, or what an import or a fill did."""
+
+    item: str
+    unchanged: (
+        bool | list[str]
+    )  # an operation that changed nothing: True; an import: the ids it left as they were
+    added: list[str]
+    updated: list[str]
+    missing: list[str]
+    pruned: list[str]
 
 
 @dataclass(frozen=True)
@@ -28,9 +55,11 @@ class Item:
     worker: str | None = None
     depends_on: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
-    binding: dict[str, Any] | None = None  # {"study", "candidate", "requested", "predicted", "url", "unit"}
-    evidence: tuple[dict[str, Any], ...] = ()  # run records, newest last (see study.assess)
-    extra: dict[str, Any] = field(default_factory=dict)  # todowrite keys servelab does not use, kept verbatim
+    binding: Binding | None = None
+    evidence: tuple[
+        JsonObject, ...
+    ] = ()  # run records, newest last (see study.assess); an import keeps any object
+    extra: JsonObject = field(default_factory=dict)  # todowrite keys servelab does not use, kept verbatim
     created_at: str = ""
     updated_at: str = ""
 
@@ -41,11 +70,16 @@ class Item:
         return bool(b.get("candidate") or b.get("requested"))
 
     @property
+    def requested(self) -> JsonObject | None:
+        """The configuration the binding asks for (None when it asks for none)."""
+        return (self.binding or {}).get("requested")
+
+    @property
     def is_open(self) -> bool:
         return self.status in OPEN_STATUSES
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = asdict(self)
         d["depends_on"], d["notes"], d["evidence"] = (
             list(self.depends_on),
             list(self.notes),
@@ -92,10 +126,11 @@ class Event:
     to_status: str
     reason: str
     actor: str
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = asdict(self)
+        return d
 
 
 @dataclass(frozen=True)
@@ -120,7 +155,7 @@ class Plan:
         nums = [int(i.id) for i in self.items if i.id.isdigit()]
         return str(max(nums, default=0) + 1)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "format": JSON_FORMAT,
             "version": 1,
@@ -135,7 +170,7 @@ class Outcome:
 
     plan: Plan
     events: tuple[Event, ...]
-    info: dict[str, Any] = field(default_factory=dict)
+    info: OutcomeInfo = field(default_factory=lambda: OutcomeInfo())
 
     @property
     def changed(self) -> tuple[Item, ...]:
@@ -177,7 +212,7 @@ def check_content(value: Any, where: str) -> str:
     return value
 
 
-def _list(d: dict[str, Any], key: str, where: str) -> list[Any]:
+def _list(d: Mapping[str, object], key: str, where: str) -> list[Any]:
     v = d.get(key) or []
     if not isinstance(v, list):
         raise ConfigError(f"{where}: {key} must be a list", hint=JSON_HINT)
@@ -190,14 +225,14 @@ def _worker(value: Any, where: str) -> str | None:
     return value
 
 
-def _objects(d: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+def _objects(d: Mapping[str, object], key: str, where: str) -> list[JsonObject]:
     v = _list(d, key, where)
     if not all(isinstance(x, dict) for x in v):
         raise ConfigError(f"{where}: every entry of {key} must be an object", hint=JSON_HINT)
     return v
 
 
-def check_binding(value: Any, where: str) -> dict[str, Any] | None:
+def check_binding(value: object, where: str) -> Binding | None:
     if value is None:
         return None
     if not isinstance(value, dict) or set(value) - set(_BINDING_KEYS):
@@ -206,7 +241,7 @@ def check_binding(value: Any, where: str) -> dict[str, Any] | None:
         )
     if value.get("requested") is not None and not isinstance(value["requested"], dict):
         raise ConfigError(f"{where}: binding.requested must be an object of normalized keys", hint=JSON_HINT)
-    return dict(value)
+    return cast(Binding, dict(value))  # its keys checked above; kept as given, in their order
 
 
 def plan_flag(name: str) -> str:

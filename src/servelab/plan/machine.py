@@ -13,10 +13,12 @@ before anything could be written:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from servelab.errors import ConfigError, NotFoundError
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.plan.items import (
     DEFAULT_WORKER,
     Event,
@@ -125,16 +127,21 @@ def require_applied(it: Item, accepted: bool) -> None:
     if last.get("applied") is False:
         raise ConfigError(
             f"item {it.id}: run {last.get('run')} shows the requested configuration did not take "
-            f"effect ({'; '.join(last.get('mismatches_text') or []) or 'not applied'})",
+            f"effect ({'; '.join(_texts(last.get('mismatches_text'))) or 'not applied'})",
             hint="fix the launch and run it again; a not-applied run cannot complete the item.",
         )
     if not accepted:
         raise ConfigError(
             f"item {it.id}: run {last.get('run')} does not show whether the requested configuration "
-            f"took effect (not shown: {', '.join(last.get('unconfirmed') or []) or 'anything'})",
+            f"took effect (not shown: {', '.join(_texts(last.get('unconfirmed'))) or 'anything'})",
             hint="check the server's log by hand, then `servelab plan done ID --accept-unconfirmed "
             "--reason WHY`.",
         )
+
+
+def _texts(value: JsonValue | None) -> list[str]:
+    """A stored list of texts (an imported record may hold anything: what is not a list shows nothing)."""
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 # -- operations -------------------------------------------------------------------------------------
@@ -154,7 +161,7 @@ def add(
     actor: str,
     priority: str = "medium",
     depends_on: tuple[str, ...] | list[str] = (),
-    binding: dict[str, Any] | None = None,
+    binding: Mapping[str, object] | None = None,
     key: str | None = None,
     reason: str = "added",
 ) -> Outcome:
@@ -187,7 +194,7 @@ def transition(
     actor: str,
     reason: str = "",
     worker: str | None = None,
-    evidence: dict[str, Any] | None = None,
+    evidence: JsonObject | None = None,
     accept_unconfirmed: bool = False,
 ) -> Outcome:
     """Move one item to status `to` (with optional evidence); the rules decide whether it may."""
@@ -213,7 +220,7 @@ def transition(
     new = touch(it, now, status=to, worker=new_worker, evidence=tuple(evs))
     after = _swap(plan, new)
     validate(plan, after, frozenset({key}) if accept_unconfirmed else frozenset())
-    detail: dict[str, Any] = {}
+    detail: JsonObject = {}
     if evidence is not None:
         detail["evidence"] = evidence
     if new_worker:
@@ -234,7 +241,7 @@ def done(
     *,
     now: str,
     actor: str,
-    evidence: dict[str, Any] | None = None,
+    evidence: JsonObject | None = None,
     reason: str = "",
     accept_unconfirmed: bool = False,
 ) -> Outcome:

@@ -6,11 +6,13 @@ shows it did not (not applied) reopens the item, evidence attached.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from servelab.applied import compare
 from servelab.errors import ConfigError, NotFoundError
-from servelab.plan.items import Event, Item, Outcome, Plan
+from servelab.jsontypes import JsonObject, JsonValue
+from servelab.plan.items import Binding, Event, Item, Outcome, Plan
 from servelab.plan.machine import add, transition
 
 TUNE_WORKER = "tune"
@@ -26,20 +28,45 @@ TRIAL_STATUSES: tuple[str, ...] = (
 
 
 # -- evidence ---------------------------------------------------------------------------------------
-def assess(requested: dict[str, Any] | None, run: dict[str, Any], at: str = "") -> dict[str, Any]:
+@dataclass(frozen=True)
+class Assessment:
+    """What `assess` found, typed for the item's move (on_trial), and the record stored as its evidence."""
+
+    applied: bool | None
+    mismatches_text: list[str]
+    unconfirmed: list[str]
+    record: JsonObject
+
+
+def assess(
+    requested: Mapping[str, JsonValue] | None, run: Mapping[str, JsonValue], at: str = ""
+) -> JsonObject:
     """An evidence record: did `run` show the `requested` configuration took effect?
 
-    `run` is a plain dict: {"run": ref, "status"?, "effective": {...} (or a trial's {"effective", "evidence"}),
-    "not_applied": [{key, requested, effective, evidence}]?, "diagnosis"?, "anomalies"?}. `applied` is True
-    when every requested key (or, without requested keys, the run's own check) matches, False when one
-    differs, None when the run does not show it.
+    `run` is a plain JSON object: {"run": ref, "status"?, "effective": {...} (or a trial's {"effective",
+    "evidence"}), "not_applied": [{key, requested, effective, evidence}]?, "diagnosis"?, "anomalies"?}.
+    `applied` is True when every requested key (or, without requested keys, the run's own check) matches,
+    False when one differs, None when the run does not show it.
     """
-    eff = run.get("effective") or {}
+    return assessment(requested, run, at).record
+
+
+def assessment(
+    requested: Mapping[str, JsonValue] | None, run: Mapping[str, JsonValue], at: str = ""
+) -> Assessment:
+    """`assess`, with its verdict typed beside the record."""
+    raw = run.get("effective") or {}
+    eff: JsonObject = raw if isinstance(raw, dict) else {}
     log_evidence: dict[str, str] = {}
-    if isinstance(eff.get("effective"), dict):
-        log_evidence = dict(eff.get("evidence") or {})
-        eff = eff["effective"]
-    not_applied = list(run.get("not_applied") or [])
+    inner = eff.get("effective")
+    if isinstance(inner, dict):
+        lines = eff.get("evidence") or {}
+        log_evidence = (
+            {k: v for k, v in lines.items() if isinstance(v, str)} if isinstance(lines, dict) else {}
+        )
+        eff = inner
+    listed = run.get("not_applied") or []
+    not_applied: list[JsonValue] = list(listed) if isinstance(listed, list) else []
     mismatches, unconfirmed = compare(dict(requested or {}), eff, log_evidence)
     texts = [m.sentence() for m in mismatches] + [
         f"requested {m.get('key')}={m.get('requested')!r} but the engine runs {m.get('key')}={m.get('effective')!r}"
@@ -52,26 +79,27 @@ def assess(requested: dict[str, Any] | None, run: dict[str, Any], at: str = "") 
         applied = None
     else:
         applied = True
-    rec: dict[str, Any] = {
+    shown: list[JsonValue] = [m.to_dict() for m in mismatches]
+    rec: JsonObject = {
         "run": run.get("run"),
         "status": run.get("status"),
         "applied": applied,
-        "mismatches": [m.to_dict() for m in mismatches] + not_applied,
-        "mismatches_text": texts,
-        "unconfirmed": unconfirmed,
+        "mismatches": shown + not_applied,
+        "mismatches_text": list(texts),
+        "unconfirmed": list(unconfirmed),
         "at": at,
     }
     for key in ("trial", "diagnosis", "anomalies"):
         if run.get(key) is not None:
             rec[key] = run[key]
-    return rec
+    return Assessment(applied, texts, unconfirmed, rec)
 
 
 # -- study bindings ---------------------------------------------------------------------------------
 def fill(
     plan: Plan,
     study_uid: str,
-    candidates: list[tuple[str, float | None, dict[str, Any]]],
+    candidates: Sequence[tuple[str, float | None, Mapping[str, JsonValue]]],
     *,
     now: str,
     actor: str = TUNE_WORKER,
@@ -87,7 +115,7 @@ def fill(
     for label, predicted, requested in candidates:
         if label in have:
             continue
-        binding = {
+        binding: Binding = {
             "study": study_uid,
             "candidate": label,
             "requested": dict(requested or {}),
@@ -130,7 +158,7 @@ def on_trial(
     study_uid: str,
     label: str,
     status: str,
-    evidence: dict[str, Any],
+    evidence: Mapping[str, JsonValue],
     *,
     now: str,
     actor: str = TUNE_WORKER,
@@ -179,13 +207,15 @@ def on_trial(
             else f"trial lost with its node {evidence.get('node')}"
         )
         return transition(plan, it.id, "pending", now=now, actor=actor, reason=why)
-    rec = assess((it.binding or {}).get("requested"), {**evidence, "status": status}, now)
+    found = assessment(it.requested, {**evidence, "status": status}, now)
+    rec = found.record
     if status == "failed":
-        d = evidence.get("diagnosis") or {}
-        why = d.get("class") or "failed"
+        diag = evidence.get("diagnosis") or {}
+        d: JsonObject = diag if isinstance(diag, dict) else {}
+        why = str(d.get("class") or "failed")
         text = d.get("advice") or d.get("message") or evidence.get("error") or ""
-        setting = d.get("setting") if isinstance(d.get("setting"), dict) else None
-        if setting is not None:  # the log's own figures name the setting to change
+        setting = d.get("setting")
+        if isinstance(setting, dict):  # the log's own figures name the setting to change
             why += f" (try {setting.get('name')} = {setting.get('value')!r}: {setting.get('reason')})"
         return transition(
             plan,
@@ -196,7 +226,7 @@ def on_trial(
             evidence=rec,
             reason=f"trial failed: {why}" + (f" — {text}" if text else ""),
         )
-    if rec["applied"] is False:
+    if found.applied is False:
         return transition(
             plan,
             it.id,
@@ -204,7 +234,7 @@ def on_trial(
             now=now,
             actor=actor,
             evidence=rec,
-            reason="not applied: " + "; ".join(rec["mismatches_text"] or ["configuration not applied"]),
+            reason="not applied: " + "; ".join(found.mismatches_text or ["configuration not applied"]),
         )
     if status == "anomalous":
         return transition(
@@ -216,7 +246,7 @@ def on_trial(
             evidence=rec,
             reason="measured but anomalous; look at the run before trusting it",
         )
-    if rec["applied"] is None:
+    if found.applied is None:
         return transition(
             plan,
             it.id,
@@ -225,7 +255,7 @@ def on_trial(
             actor=actor,
             evidence=rec,
             reason="measured, but the run does not show "
-            f"{', '.join(rec['unconfirmed']) or 'the configuration'}; confirm by hand",
+            f"{', '.join(found.unconfirmed) or 'the configuration'}; confirm by hand",
         )
     return transition(
         plan,
@@ -242,7 +272,7 @@ def close_not_applied(
     plan: Plan,
     study_uid: str,
     label: str,
-    evidence: dict[str, Any],
+    evidence: Mapping[str, JsonValue],
     *,
     now: str,
     actor: str = TUNE_WORKER,
@@ -253,18 +283,18 @@ def close_not_applied(
     it = item_for(plan, study_uid, label)
     if it.status not in ("pending", "in_progress"):
         return Outcome(plan, (), {"item": it.id, "unchanged": True})
-    rec = assess((it.binding or {}).get("requested"), {**evidence, "status": "not_applied"}, now)
-    texts = rec["mismatches_text"] or ["the requested configuration did not take effect"]
+    found = assessment(it.requested, {**evidence, "status": "not_applied"}, now)
+    texts = found.mismatches_text or ["the requested configuration did not take effect"]
     return transition(
         plan,
         it.id,
         "cancelled",
         now=now,
         actor=actor,
-        evidence=rec,
+        evidence=found.record,
         reason=f"not applied (study {study_uid} finished): " + "; ".join(texts),
     )
 
 
-def _run_suffix(evidence: dict[str, Any]) -> str:
+def _run_suffix(evidence: Mapping[str, JsonValue]) -> str:
     return f" (run {evidence['run']})" if evidence.get("run") else ""

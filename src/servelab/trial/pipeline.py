@@ -430,11 +430,7 @@ class Trial:
 
 
 def _wrong_output(vres: VerifyResult) -> Finding:
-    failed = [
-        c
-        for c in vres.to_dict().get("checks", [])
-        if not c.get("ok") and c.get("severity", "error") == "error"
-    ]
+    failed = [c.to_dict() for c in vres.failures]
     return Finding(
         "wrong_output",
         orjson.dumps(failed[:3]).decode()[:2000],

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
 from servelab.bench.client import Client
 from servelab.errors import ServerError
+from servelab.jsontypes import JsonObject, JsonValue
 
-Prompt = str | list[dict[str, Any]]  # a completion prompt, or chat messages
+Prompt = str | list[JsonValue]  # a completion prompt, or chat messages (JSON objects, sent as given)
 
 # Fields servers outside vLLM may reject; dropped (once, for the whole run) after a 4xx that names none of ours.
-EXTRAS = {"seed": 0, "return_token_ids": True}
+EXTRAS: JsonObject = {"seed": 0, "return_token_ids": True}
 
 
 @dataclass
@@ -41,16 +41,16 @@ class Completion:
         """What determinism compares: token ids when known, else the whitespace-split text."""
         return self.token_ids if self.token_ids is not None else self.text.split()
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt": self.prompt, "text": self.text, "finish_reason": self.finish_reason}
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {"prompt": self.prompt, "text": self.text, "finish_reason": self.finish_reason}
         if self.token_ids is not None:
-            out["token_ids"] = self.token_ids
+            out["token_ids"] = list(self.token_ids)
         if self.error:
             out["error"] = self.error
         return out
 
 
-def user_messages(text: str) -> list[dict[str, Any]]:
+def user_messages(text: str) -> list[JsonValue]:
     return [{"role": "user", "content": text}]
 
 
@@ -87,7 +87,7 @@ class Caller:
     model: str
     api: str = "completions"
     max_tokens: int = 16
-    extras: dict[str, Any] = field(default_factory=lambda: dict(EXTRAS))
+    extras: JsonObject = field(default_factory=lambda: dict(EXTRAS))
     notes: list[str] = field(default_factory=list)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _probed: bool = False
@@ -100,7 +100,7 @@ class Caller:
         """Chat requests carry messages: a plain string becomes one user message."""
         return user_messages(prompt) if self.api == "chat" and isinstance(prompt, str) else prompt
 
-    def body(self, prompt: Prompt, max_tokens: int | None) -> dict[str, Any]:
+    def body(self, prompt: Prompt, max_tokens: int | None) -> JsonObject:
         key = "messages" if self.api == "chat" else "prompt"
         return {
             "model": self.model,

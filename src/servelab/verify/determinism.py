@@ -13,15 +13,17 @@ if only it differs from the later, identical ones, the finding is a warning too.
 
 from __future__ import annotations
 
-from typing import Any
-
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.verify.calls import Completion
 from servelab.verify.compare import first_divergence
 from servelab.verify.result import Check
 
 
-def _brief(c: Completion) -> dict[str, Any]:
-    return {"text": c.text[:200], **({"token_ids": c.token_ids[:32]} if c.token_ids is not None else {})}
+def _brief(c: Completion) -> JsonObject:
+    out: JsonObject = {"text": c.text[:200]}
+    if c.token_ids is not None:
+        out["token_ids"] = list(c.token_ids[:32])
+    return out
 
 
 def judge_repeats(repeats: list[Completion]) -> Check:
@@ -29,7 +31,7 @@ def judge_repeats(repeats: list[Completion]) -> Check:
     prompt = repeats[0].prompt
     seqs = [r.tokens() for r in repeats]
     unit = "token ids" if all(r.token_ids is not None for r in repeats) else "words"
-    ev: dict[str, Any] = {
+    ev: JsonObject = {
         "prompt": prompt,
         "runs": len(repeats),
         "compared": unit,
@@ -64,10 +66,12 @@ def judge_repeats(repeats: list[Completion]) -> Check:
 
 def judge_concurrent(pairs: list[tuple[Completion, Completion]]) -> Check:
     """(lone answer, the same prompt's answer while other requests ran alongside) pairs."""
-    diffs: list[dict[str, Any]] = []
+    diffs: list[JsonValue] = []
+    where: list[int] = []
     for alone, busy in pairs:
         d = first_divergence(alone.tokens(), busy.tokens())
         if d is not None:
+            where.append(d)
             diffs.append(
                 {
                     "prompt": alone.prompt,
@@ -76,9 +80,9 @@ def judge_concurrent(pairs: list[tuple[Completion, Completion]]) -> Check:
                     "concurrent": _brief(busy),
                 }
             )
-    ev: dict[str, Any] = {"requests": len(pairs), "differing": len(diffs), "differences": diffs[:8]}
+    ev: JsonObject = {"requests": len(pairs), "differing": len(diffs), "differences": diffs[:8]}
     if diffs:
-        earliest = min(x["first_divergence"] for x in diffs)
+        earliest = min(where)
         return Check(
             "batch_invariance",
             False,

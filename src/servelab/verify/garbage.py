@@ -11,6 +11,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from servelab.verify.result import Severity
 
 
@@ -27,9 +29,43 @@ class Finding:
         return {"kind": self.kind, "severity": self.severity, "message": self.message, "advice": self.advice}
 
 
+class Signature(BaseModel):
+    """One signature's table in garbage.toml: what to do when it is found (its thresholds below)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    advice: str
+
+
+class CharRun(Signature):
+    min_run: int  # characters in the longest run
+    min_fraction: float  # of the answer's non-space characters
+
+
+class SameToken(Signature):
+    min_tokens: int
+
+
+class ReplacementChar(Signature):
+    warn_fraction: float
+    error_fraction: float
+
+
+class Signatures(BaseModel):
+    """garbage.toml, read once and checked: the thresholds and advice of every signature."""
+
+    model_config = ConfigDict(frozen=True)
+
+    empty: Signature
+    char_run: CharRun
+    same_token: SameToken
+    replacement_char: ReplacementChar
+
+
 @cache
-def signatures() -> dict[str, Any]:
-    return tomllib.loads(resources.files("servelab.data").joinpath("verify/garbage.toml").read_text())
+def signatures() -> Signatures:
+    text = resources.files("servelab.data").joinpath("verify/garbage.toml").read_text()
+    return Signatures.model_validate(tomllib.loads(text))
 
 
 def longest_run(text: str) -> tuple[str, int]:
@@ -54,32 +90,28 @@ def inspect(text: str, token_ids: list[int] | None = None, finish_reason: str | 
     if not text.strip():
         # A model may legitimately end at once; an empty answer cut by the length limit cannot be.
         sev: Severity = "warning" if finish_reason == "stop" else "error"
-        found.append(
-            Finding("empty", sev, f"empty answer (finish_reason={finish_reason})", sig["empty"]["advice"])
-        )
+        found.append(Finding("empty", sev, f"empty answer (finish_reason={finish_reason})", sig.empty.advice))
         return found
     chars = [c for c in text if not c.isspace()]
     ch, n = longest_run(text)
-    run = sig["char_run"]
-    if not ch.isalnum() and n >= run["min_run"] and n / max(len(chars), 1) >= run["min_fraction"]:
+    run = sig.char_run
+    if not ch.isalnum() and n >= run.min_run and n / max(len(chars), 1) >= run.min_fraction:
         found.append(
             Finding(
                 "char_run",
                 "error",
                 f"{ch!r} repeated {n} times ({n / len(chars):.0%} of the answer)",
-                run["advice"],
+                run.advice,
             )
         )
-    same = sig["same_token"]
+    same = sig.same_token
     units: list[Any] = token_ids if token_ids is not None else text.split()
-    if len(units) >= same["min_tokens"] and len(set(units)) == 1:
+    if len(units) >= same.min_tokens and len(set(units)) == 1:
         what = f"token id {units[0]}" if token_ids is not None else repr(units[0])
-        found.append(Finding("same_token", "error", f"all {len(units)} tokens are {what}", same["advice"]))
+        found.append(Finding("same_token", "error", f"all {len(units)} tokens are {what}", same.advice))
     bad = text.count("\ufffd")
-    rep = sig["replacement_char"]
-    if bad and bad / len(text) > rep["warn_fraction"]:
-        sev = "error" if bad / len(text) >= rep["error_fraction"] else "warning"
-        found.append(
-            Finding("replacement_char", sev, f"{bad} U+FFFD characters in {len(text)}", rep["advice"])
-        )
+    rep = sig.replacement_char
+    if bad and bad / len(text) > rep.warn_fraction:
+        sev = "error" if bad / len(text) >= rep.error_fraction else "warning"
+        found.append(Finding("replacement_char", sev, f"{bad} U+FFFD characters in {len(text)}", rep.advice))
     return found

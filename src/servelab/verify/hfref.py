@@ -8,12 +8,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from servelab.errors import ConfigError, EngineError
-from servelab.verify.calls import Completion
-from servelab.verify.compare import DEFAULT_TOLERANCE, judge_reference
+from servelab.jsontypes import JsonObject, JsonValue
+from servelab.verify.calls import Completion, Prompt
+from servelab.verify.compare import DEFAULT_TOLERANCE, Verdict, verdict
 from servelab.verify.result import Check
+
+if TYPE_CHECKING:  # reference.py runs in another interpreter; its JSON's types only
+    from servelab.verify.reference import Reply, Request, RequestItem
 
 SCRIPT = Path(__file__).with_name("reference.py")
 PYTHON_HINT = (
@@ -47,10 +51,9 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-async def run_reference(
-    python: str, request: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S
-) -> dict[str, Any]:
-    """Run reference.py as a subprocess: JSON request on stdin, one JSON object on stdout."""
+async def run_reference(python: str, request: Request, timeout_s: float = DEFAULT_TIMEOUT_S) -> Reply:
+    """Run reference.py as a subprocess: JSON request on stdin, one JSON object on stdout (its `Reply`,
+    once it says ok)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = await asyncio.create_subprocess_exec(
         python,
@@ -80,15 +83,15 @@ async def run_reference(
             f"the transformers reference failed: {data.get('error')}",
             hint=f"run it by hand: echo REQUEST_JSON | {python} {SCRIPT}; " + PYTHON_HINT,
         )
-    return data
+    return cast("Reply", data)  # its last line, a JSON object that says ok: reference.py's Reply
 
 
 def build_request(
     model_dir: Path, answers: list[Completion], *, chat: bool, max_tokens: int, dtype: str = "auto"
-) -> dict[str, Any]:
-    items = []
+) -> Request:
+    items: list[RequestItem] = []
     for a in answers:
-        item: dict[str, Any] = {
+        item: RequestItem = {
             "prompt": a.prompt,
             "engine_ids": a.token_ids,
             "engine_text": None if a.token_ids is not None else a.text,
@@ -105,41 +108,45 @@ def build_request(
     }
 
 
-def judge(answers: list[Completion], data: dict[str, Any], *, tolerance: float = DEFAULT_TOLERANCE) -> Check:
+def judge(answers: list[Completion], data: Reply, *, tolerance: float = DEFAULT_TOLERANCE) -> Check:
     """The `reference` check from the engine's answers and reference.py's output (pure)."""
     eos = set(data.get("eos_ids") or [])
-    per: list[dict[str, Any]] = []
+    per: list[JsonValue] = []
+    verdicts: list[tuple[Verdict, Prompt]] = []
     for a, ref in zip(answers, data["results"], strict=True):
         engine_ids = ref.get("engine_ids") or []
-        verdict = judge_reference(
-            engine_ids, ref, eos, tolerance=tolerance, engine_prompt_ids=a.prompt_token_ids
-        )
-        verdict["prompt"] = a.prompt
-        verdict["engine_text"] = a.text
-        verdict["reference_text"] = ref["text"]
-        verdict["retokenized"] = ref.get("retokenized", False)
-        per.append(verdict)
-    failed = [p for p in per if not p["ok"]]
-    flips = [p for p in per if p["ok"] and p["first_divergence"] is not None]
-    evidence = {
+        v = verdict(engine_ids, ref, eos, tolerance=tolerance, engine_prompt_ids=a.prompt_token_ids)
+        verdicts.append((v, a.prompt))
+        recorded: JsonObject = {
+            **v.to_json(),
+            "prompt": a.prompt,
+            "engine_text": a.text,
+            "reference_text": ref["text"],
+            "retokenized": ref.get("retokenized", False),
+        }
+        per.append(recorded)
+    failed = [(v, prompt) for v, prompt in verdicts if not v.ok]
+    flips = [v for v, _ in verdicts if v.ok and v.first_divergence is not None]
+    versions = data.get("versions")
+    evidence: JsonObject = {
         "reference": data.get("model_dir"),
         "dtype": data.get("dtype"),
-        "versions": data.get("versions"),
+        "versions": None if versions is None else dict(versions),
         "tolerance_nats": tolerance,
         "prompts": per,
     }
     if failed:
-        f = failed[0]
-        return Check("reference", False, "error", _failure_detail(f, len(failed), len(per)), evidence)
+        f, prompt = failed[0]
+        return Check("reference", False, "error", _failure_detail(f, prompt, len(failed), len(per)), evidence)
     if flips:
-        pos = ", ".join(str(p["first_divergence"]) for p in flips)
+        pos = ", ".join(str(v.first_divergence) for v in flips)
         return Check(
             "reference",
             True,
             "warning",
             f"{len(per)} prompts agree with the transformers reference under teacher forcing; {len(flips)} "
             f"greedy texts part at near-tied tokens (positions {pos}; largest gap "
-            f"{max(p['max_gap'] for p in flips):.3f} nats ≤ {tolerance}): numerical noise, not wrong weights",
+            f"{max(v.max_gap for v in flips):.3f} nats ≤ {tolerance}): numerical noise, not wrong weights",
             evidence,
         )
     return Check(
@@ -151,17 +158,18 @@ def judge(answers: list[Completion], data: dict[str, Any], *, tolerance: float =
     )
 
 
-def _failure_detail(f: dict[str, Any], n_failed: int, n: int) -> str:
+def _failure_detail(f: Verdict, prompt: Prompt, n_failed: int, n: int) -> str:
     head = f"{n_failed} of {n} prompts disagree with the transformers reference"
-    if f.get("prompt_mismatch"):
+    if f.prompt_mismatch is not None:
         return (
-            f"{head}: the server tokenized prompt {f['prompt']!r} differently (first difference at prompt "
-            f"token {f['prompt_mismatch']['first_difference']}): check BOS / chat template handling"
+            f"{head}: the server tokenized prompt {prompt!r} differently (first difference at prompt "
+            f"token {f.prompt_mismatch.first_difference}): check BOS / chat template handling"
         )
-    r = f["first_rejected"]
+    r = f.first_rejected
+    assert r is not None  # a failed verdict with the prompt as the reference's has a rejected token
     return (
-        f"{head}: first divergence at token {f['first_divergence']} of prompt {f['prompt']!r}; at token "
-        f"{r['pos']} the engine chose {r['engine'].get('text', '')!r} (id {r['engine']['id']}) where the "
-        f"reference's top is {r['reference'].get('text', '')!r} (id {r['reference']['id']}), "
-        f"{r['gap']:.3f} nats below it (rank {r['rank']})"
+        f"{head}: first divergence at token {f.first_divergence} of prompt {prompt!r}; at token "
+        f"{r.pos} the engine chose {r.engine.text or ''!r} (id {r.engine.id}) where the "
+        f"reference's top is {r.reference.text or ''!r} (id {r.reference.id}), "
+        f"{r.gap:.3f} nats below it (rank {r.rank})"
     )

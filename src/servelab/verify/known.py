@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
 
 from servelab.errors import ConfigError
-from servelab.verify.calls import Completion, Prompt
+from servelab.jsontypes import JsonObject, JsonValue
+from servelab.verify.calls import Completion
 from servelab.verify.result import Check
 
 DEFAULT_SET = "default"
@@ -41,24 +42,45 @@ class AnswerSet:
         return [(it, getattr(it, key)) for it in self.items if getattr(it, key)]
 
 
-class ItemOutcome(TypedDict):
-    """One known-answer item as the check's evidence records it."""
-
-    id: str
-    prompt: Prompt
-    ok: bool
-    answer: str
-    expected_any: list[str]
-    error: NotRequired[str]
+def _iterable(value: object) -> Iterable[object]:
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{type(value).__name__!r} object is not iterable")
+    return value
 
 
-def parse(data: dict[str, Any], name: str) -> AnswerSet:
+def _table(value: object) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"an item is a {type(value).__name__}, not a table")
+    return value
+
+
+def _text(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"a prompt is a {type(value).__name__}, not text")
+    return value
+
+
+def _number(value: object) -> str | int | float:
+    if not isinstance(value, str | int | float):
+        raise TypeError(f"a number is a {type(value).__name__}")
+    return value
+
+
+def parse(data: Mapping[str, object], name: str) -> AnswerSet:
+    """A known-answer set from its TOML document; any malformed part is a ConfigError naming the set."""
     try:
         items = tuple(
-            Item(str(it["id"]), it.get("prompt"), it.get("chat"), tuple(str(e) for e in it["expect_any"]))
-            for it in data["item"]
+            Item(
+                str(it["id"]),
+                _text(it.get("prompt")),
+                _text(it.get("chat")),
+                tuple(str(e) for e in _iterable(it["expect_any"])),
+            )
+            for it in map(_table, _iterable(data["item"]))
         )
-        return AnswerSet(name, items, float(data.get("min_pass", 0.75)), int(data.get("max_tokens", 16)))
+        return AnswerSet(
+            name, items, float(_number(data.get("min_pass", 0.75))), int(_number(data.get("max_tokens", 16)))
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
             f"known-answer set {name} is malformed ({type(exc).__name__}: {exc})", hint=FILE_HINT
@@ -90,10 +112,11 @@ def matches(answer: str, expect_any: tuple[str, ...]) -> str | None:
 
 
 def judge(answer_set: AnswerSet, answers: list[tuple[Item, Completion]]) -> Check:
-    per: list[ItemOutcome] = []
+    per: list[JsonValue] = []
+    right: list[tuple[str, bool, str]] = []  # (id, answered right, the answer as recorded)
     for item, c in answers:
         hit = matches(c.text, item.expect_any) if c.ok else None
-        outcome: ItemOutcome = {
+        outcome: JsonObject = {
             "id": item.id,
             "prompt": c.prompt,
             "ok": hit is not None,
@@ -103,21 +126,29 @@ def judge(answer_set: AnswerSet, answers: list[tuple[Item, Completion]]) -> Chec
         if c.error:
             outcome["error"] = c.error
         per.append(outcome)
-    passed = sum(p["ok"] for p in per)
+        right.append((item.id, hit is not None, c.text[:200]))
+    passed = sum(ok for _, ok, _ in right)
     need = answer_set.min_pass
-    ev = {"set": answer_set.name, "passed": passed, "total": len(per), "min_pass": need, "items": per}
+    ev: JsonObject = {
+        "set": answer_set.name,
+        "passed": passed,
+        "total": len(per),
+        "min_pass": need,
+        "items": per,
+    }
     if not per:
         return Check(
             "known_answers", False, "warning", f"set {answer_set.name} has no items for this API", ev
         )
-    missed = [p["id"] for p in per if not p["ok"]]
+    missed = [key for key, ok, _ in right if not ok]
     if passed / len(per) < need:
+        example = next(answer for key, _, answer in right if key == missed[0])
         return Check(
             "known_answers",
             False,
             "error",
             f"only {passed} of {len(per)} known answers are right (need {need:.0%}); missed: "
-            f"{', '.join(missed)} (e.g. {per[[p['id'] for p in per].index(missed[0])]['answer']!r})",
+            f"{', '.join(missed)} (e.g. {example!r})",
             ev,
         )
     if missed:

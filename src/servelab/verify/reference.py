@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Run by path, this file's directory (servelab/verify) would come first on sys.path and could shadow
 # top-level modules; drop it.
@@ -32,6 +32,60 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+# The JSON this script reads and writes, as types for hfref and compare. Only for the type checker: the
+# interpreter that runs this script may be older than servelab's (typing.NotRequired is 3.11).
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import NotRequired, TypedDict
+
+    class RequestItem(TypedDict):
+        prompt: str | Sequence[object]  # a completion prompt, or chat messages
+        engine_ids: list[int] | None
+        engine_text: str | None
+        prompt_ids: NotRequired[list[int]]
+
+    class Request(TypedDict):
+        model_dir: str
+        dtype: NotRequired[str]
+        max_tokens: int
+        chat: NotRequired[bool]
+        add_special_tokens: NotRequired[bool]
+        top: NotRequired[int]
+        items: list[RequestItem]
+
+    class ForcedStep(TypedDict):
+        """The reference's view of one engine token under teacher forcing."""
+
+        pos: int
+        engine_id: int
+        ref_top_id: int
+        gap: float  # log-probability of the reference's top token minus the engine token's
+        rank: int
+        engine_text: str
+        ref_top_text: str
+        top: NotRequired[list[list[float]]]  # [token id, log-probability] of the reference's top tokens
+
+    class RefResult(TypedDict):
+        """One request item's reference: its greedy ids and text, and the engine's answer scored."""
+
+        prompt_ids: list[int]
+        ids: list[int]
+        text: str
+        tokens: list[str]
+        engine_ids: list[int] | None
+        engine_tokens: list[str]
+        retokenized: bool
+        forced: list[ForcedStep]
+
+    class Reply(TypedDict):
+        ok: bool
+        model_dir: str
+        dtype: str
+        eos_ids: list[int]
+        versions: dict[str, str]
+        results: list[RefResult]
 
 
 def _eos_ids(model: Any, tok: Any) -> set[int]:
@@ -75,14 +129,14 @@ def _greedy(torch: Any, model: Any, prompt_ids: list[int], max_tokens: int, eos:
 
 def _score(
     torch: Any, model: Any, tok: Any, prompt_ids: list[int], engine_ids: list[int], top: int
-) -> list[dict[str, Any]]:
+) -> list[ForcedStep]:
     """Teacher forcing: the reference's view of every engine token, in one forward pass."""
     if not engine_ids:
         return []
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt_ids + engine_ids])).logits[0].float()
     logp = torch.log_softmax(logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(engine_ids)], dim=-1)
-    steps: list[dict[str, Any]] = []
+    steps: list[ForcedStep] = []
     for pos, tid in enumerate(engine_ids):
         row = logp[pos]
         best = int(row.argmax())
@@ -104,7 +158,7 @@ def _score(
     return steps
 
 
-def run(req: dict[str, Any]) -> dict[str, Any]:
+def run(req: Request) -> Reply:
     import torch
     import transformers
 
@@ -118,7 +172,7 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
     eos = _eos_ids(model, tok)
     chat = bool(req.get("chat"))
     add_special = bool(req.get("add_special_tokens", True))
-    results = []
+    results: list[RefResult] = []
     for item in req["items"]:
         prompt_ids = item.get("prompt_ids") or _prompt_ids(tok, item["prompt"], chat, add_special)
         ids = _greedy(torch, model, prompt_ids, int(req["max_tokens"]), eos)
@@ -158,8 +212,8 @@ def main() -> int:
         req = json.loads(sys.stdin.read())
         out = run(req)
     except Exception as exc:  # reported as JSON: the caller turns it into a servelab error with a hint
-        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write(json.dumps(out) + "\n")
+        failure = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(failure) + "\n")
         return 1
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

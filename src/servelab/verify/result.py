@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from servelab.jsontypes import JsonObject
 
 Severity = Literal["error", "warning", "info"]
 
@@ -19,13 +21,13 @@ class Check:
     ok: bool
     severity: Severity = "info"
     detail: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
         return not self.ok and self.severity == "error"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "name": self.name,
             "ok": self.ok,
@@ -59,7 +61,7 @@ class VerifyResult:
     def warnings(self) -> list[Check]:
         return [c for c in self.checks if not c.ok and c.severity == "warning"]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "ok": self.ok,
             "url": self.url,
@@ -69,6 +71,6 @@ class VerifyResult:
             "known_answers": self.known_answers,
             "failed": [c.name for c in self.failures],
             "warnings": [c.name for c in self.warnings],
-            "notes": self.notes,
+            "notes": list(self.notes),
             "checks": [c.to_dict() for c in self.checks],
         }

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from servelab.bench.client import Client
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.verify import garbage, hfref, known, simref
 from servelab.verify.calls import Caller, Completion
 from servelab.verify.compare import DEFAULT_TOLERANCE
@@ -179,14 +179,17 @@ async def verify_output(
 
 
 def _requests_check(answers: list[tuple[str, Completion]]) -> Check:
-    failed = [{"phase": phase, "prompt": c.prompt, "error": c.error} for phase, c in answers if not c.ok]
-    ev = {"sent": len(answers), "failed": len(failed), "errors": failed[:8]}
+    failed = [(phase, c) for phase, c in answers if not c.ok]
+    errors: list[JsonValue] = [
+        {"phase": phase, "prompt": c.prompt, "error": c.error} for phase, c in failed[:8]
+    ]
+    ev: JsonObject = {"sent": len(answers), "failed": len(failed), "errors": errors}
     if failed:
         return Check(
             "requests",
             False,
             "error",
-            f"{len(failed)} of {len(answers)} greedy requests failed; first: {failed[0]['error']}",
+            f"{len(failed)} of {len(answers)} greedy requests failed; first: {failed[0][1].error}",
             ev,
         )
     return Check("requests", True, "info", f"all {len(answers)} greedy requests answered", ev)
@@ -198,38 +201,42 @@ def _garbage_check(
     """Garbage findings over every answer; an answer the reference vouched for is the model's own
     behaviour (a tiny random model may loop on one token), so its findings become warnings."""
     vouched = {c.text for c in alone} if ref_check is not None and ref_check.ok else set()
-    findings: list[dict[str, Any]] = []
+    findings: list[JsonValue] = []
+    found: list[tuple[str, Completion, garbage.Finding, str]] = []  # (phase, answer, finding, severity)
     bad_answers = 0
     for phase, c in answers:
         if not c.ok:
             continue
-        items = []
+        severities = []
         for f in garbage.inspect(c.text, c.token_ids, c.finish_reason):
-            item = {"phase": phase, "prompt": c.prompt, "answer": c.text[:200], **f.to_dict()}
+            item: JsonObject = {"phase": phase, "prompt": c.prompt, "answer": c.text[:200], **f.to_dict()}
             if f.severity == "error" and c.text in vouched:
                 item["severity"] = "warning"
                 item["note"] = "the reference gives the same answer"
-            items.append(item)
-        bad_answers += any(i["severity"] == "error" for i in items)
-        findings.extend(items)
-    ev: dict[str, Any] = {"answers": len(answers), "findings": findings[:12], "count": len(findings)}
-    errors = [f for f in findings if f["severity"] == "error"]
+            severity = "warning" if f.severity == "error" and c.text in vouched else f.severity
+            severities.append(severity)
+            found.append((phase, c, f, severity))
+            findings.append(item)
+        bad_answers += any(s == "error" for s in severities)
+    ev: JsonObject = {"answers": len(answers), "findings": findings[:12], "count": len(findings)}
+    errors = [(c, f) for _, c, f, severity in found if severity == "error"]
     if errors:
-        first = errors[0]
+        c, first = errors[0]
         return Check(
             "garbage",
             False,
             "error",
-            f"{bad_answers} of {len(answers)} answers look like garbage: {first['message']} in the answer to "
-            f"{first['prompt']!r} ({first['answer'][:60]!r}). {first['advice']}",
+            f"{bad_answers} of {len(answers)} answers look like garbage: {first.message} in the answer to "
+            f"{c.prompt!r} ({c.text[:200][:60]!r}). {first.advice}",
             ev,
         )
-    if findings:
+    if found:
+        phase, _, f, _ = found[0]
         return Check(
             "garbage",
             False,
             "warning",
-            f"{len(findings)} minor findings: {findings[0]['message']} ({findings[0]['phase']})",
+            f"{len(found)} minor findings: {f.message} ({phase})",
             ev,
         )
     return Check("garbage", True, "info", f"no garbage signature in {len(answers)} answers", ev)
