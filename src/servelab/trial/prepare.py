@@ -23,6 +23,7 @@ from servelab.errors import ConfigError
 from servelab.host import transport
 from servelab.host.agent_op import NoArgs
 from servelab.host.ops import PING
+from servelab.jsontypes import JsonObject
 from servelab.load import TraceLoad
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.bench import BenchRepo
@@ -194,13 +195,13 @@ def level_digest(level: Level, clock: Clock) -> Digest:
     return d
 
 
-async def fetch_info(url: str, paths: tuple[str, ...], api_key: str | None = None) -> dict[str, Any] | None:
+async def fetch_info(url: str, paths: tuple[str, ...], api_key: str | None = None) -> JsonObject | None:
     """The engine's info endpoints merged (SGLang /get_server_info, vLLM /version); None when none answers."""
     if not paths:
         return None
     client = Client(url, api_key=api_key, timeout_s=10)
     try:
-        merged: dict[str, Any] = {}
+        merged: JsonObject = {}
         for p in paths:
             with contextlib.suppress(Exception):
                 res = await client.get(p, timeout_s=5.0)
