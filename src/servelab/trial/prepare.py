@@ -163,10 +163,10 @@ def bench_config(
 
 
 def verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
-    """verify_output's arguments: the engine's default reference, then the study's engine.options.verify."""
-    kw: dict[str, Any] = {}
-    if engine.capabilities.verify_reference:
-        kw["reference"] = engine.capabilities.verify_reference
+    """verify_output's arguments: the engine's default reference, then the study's engine.options.verify
+    (the user's table, passed on as keywords: verify_output's own signature checks its keys)."""
+    reference = engine.capabilities.verify_reference
+    kw = {"reference": reference} if reference else {}
     opts = study.engine.options.get("verify", {})
     if not isinstance(opts, dict):
         raise ConfigError("engine.options.verify must be a table, e.g. { reference = 'hf:PATH' }")
