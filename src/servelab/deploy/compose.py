@@ -3,19 +3,19 @@ a health check on the engine's endpoint. Host networking keeps the run's `--host
 
 from __future__ import annotations
 
-from typing import Any
-
 from servelab.deploy.containers import ContainerPlan, dollar_escape, dump_yaml
 from servelab.deploy.spec import DeploySpec
+from servelab.jsontypes import JsonObject, JsonValue
 
 
-def render(spec: DeploySpec, cp: ContainerPlan) -> dict[str, Any]:
+def render(spec: DeploySpec, cp: ContainerPlan) -> JsonObject:
     url = f"{spec.local_url}{cp.health_path}"
+    test: list[JsonValue]
     if cp.argv[0] == "python3":
         test = ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=5)"]
     else:
         test = ["CMD", "curl", "-fsS", "-o", "/dev/null", url]
-    svc: dict[str, Any] = {
+    svc: JsonObject = {
         "image": cp.image,
         "entrypoint": [dollar_escape(a) for a in cp.argv],
         "environment": {k: dollar_escape(v) for k, v in sorted(spec.env.items())},
@@ -45,7 +45,7 @@ def render(spec: DeploySpec, cp: ContainerPlan) -> dict[str, Any]:
             {"type": "bind", "source": cp.model_mount, "target": cp.model_mount, "read_only": True}
         ]
     if spec.gpu:
-        dev: dict[str, Any] = {"driver": "nvidia", "capabilities": ["gpu"]}
+        dev: JsonObject = {"driver": "nvidia", "capabilities": ["gpu"]}
         if spec.gpu_ids:
             dev["device_ids"] = list(spec.gpu_ids)
         else:
@@ -54,5 +54,5 @@ def render(spec: DeploySpec, cp: ContainerPlan) -> dict[str, Any]:
     return {"services": {spec.name: svc}}
 
 
-def dump(doc: dict[str, Any]) -> str:
+def dump(doc: JsonObject) -> str:
     return dump_yaml([doc])

@@ -30,7 +30,7 @@ class ContainerPlan:
 def published_image(engine: str, version: str | None) -> tuple[str, str]:
     """(image, note): the engine's published image (defaults.toml [container.images.ENGINE]) at the version
     the trial recorded when that version is a published release, else its unpinned tag, with how to pin it."""
-    entry = defaults()["container"]["images"].get(engine)
+    entry = defaults().container.images.get(engine)
     if entry is None:
         raise ConfigError(
             f"{engine!r} has no published container image",
@@ -38,21 +38,21 @@ def published_image(engine: str, version: str | None) -> tuple[str, str]:
             if engine == "sim"
             else "pass --image IMAGE",
         )
-    repo = str(entry["repository"])
+    repo = entry.repository
     v = (version or "").strip().removeprefix("v")
     if engine == "llamacpp":  # llama.cpp reports `b6000 (abc123)`: the build number is the tag
         m = re.match(r"b\d+", v)
         v = m.group(0) if m else ""
-    if v and re.fullmatch(str(entry["published"]), v):
-        image = f"{repo}:{str(entry['tag']).format(version=v)}"
+    if v and re.fullmatch(entry.published, v):
+        image = f"{repo}:{entry.tag.format(version=v)}"
         return image, f"image {image}: the {engine} version the study's trial measured ({version})"
-    image = f"{repo}:{entry['unpinned']}"
+    image = f"{repo}:{entry.unpinned}"
     why = (
         f"the trial recorded {engine} {version}, which is not a published release"
         if version
         else f"the trial recorded no {engine} version"
     )
-    pin = str(entry["tag"]).format(version="X.Y.Z" if engine != "llamacpp" else "bNNNN")
+    pin = entry.tag.format(version="X.Y.Z" if engine != "llamacpp" else "bNNNN")
     return image, f"image {image} is not pinned ({why}): pin it with --image {repo}:{pin}"
 
 
@@ -75,7 +75,7 @@ def plan(spec: DeploySpec, image: str | None = None, shm_size: str | None = None
         image=image,
         argv=[inner, *spec.argv[1:]],
         model_mount=model,
-        shm_size=shm_size or str(defaults()["container"]["shm_size"]),
+        shm_size=shm_size or defaults().container.shm_size,
         health_path=spec.readiness.health_path or "/v1/models",
         notes=notes,
     )

@@ -15,13 +15,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from servelab.config.loading import parse_study
 from servelab.deploy import ops
 from servelab.deploy.records import DeploymentRepo
 from servelab.deploy.spec import DeploySpec, api_key_in
-from servelab.deploy.unit_state import UNIT_DIR_ENV, unit_status
+from servelab.deploy.unit_state import UNIT_DIR_ENV, UnitStatus, unit_status
 from servelab.engines import registry
 from servelab.engines.base import LaunchSpec
 from servelab.errors import ConfigError, HostError, ServelabError
@@ -31,6 +30,7 @@ from servelab.host.ops import READ, ReadRequest
 from servelab.host.systemd import SYSTEMCTL_ENV, SYSTEMD_RUNTIME, systemctl_override
 from servelab.host.systemd import systemctl as _systemctl
 from servelab.host.transport import Host, b64, unb64
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.lifecycle.ready import Endpoint, wait_url_ready
 from servelab.store.db import Store
 from servelab.trial.outcome import Target, TrialObserver
@@ -83,13 +83,19 @@ def require_systemd(
 @dataclass
 class Comparison:
     metric: str
-    tuned: float | None
-    measured: float | None
+    tuned: JsonValue  # the digests' value as stored (None: not measured on that side)
+    measured: JsonValue
     ratio: float | None
     ok: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> JsonObject:
+        return {
+            "metric": self.metric,
+            "tuned": self.tuned,
+            "measured": self.measured,
+            "ratio": self.ratio,
+            "ok": self.ok,
+        }
 
 
 @dataclass
@@ -100,7 +106,7 @@ class CheckResult:
     level: float | None
     comparisons: list[Comparison] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "ok": self.ok,
             "verdict": self.verdict,
@@ -111,7 +117,7 @@ class CheckResult:
 
 
 def compare(
-    tuned: dict[str, Any] | None, measured: dict[str, Any], tolerance: float, level: float | None
+    tuned: JsonObject | None, measured: JsonObject, tolerance: float, level: float | None
 ) -> CheckResult:
     """The deployment's digest against the tuned one: each checked metric within ±tolerance in the bad
     direction (faster is always fine), and no failed request."""
@@ -130,7 +136,7 @@ def compare(
         ok = ratio >= 1 - tolerance if sign > 0 else ratio <= 1 + tolerance
         comps.append(Comparison(metric, t, m, ratio, ok))
     bad = [c for c in comps if not c.ok]
-    failed = int(measured.get("failed") or 0)
+    failed = _count(measured.get("failed"))
     if failed:
         verdict = f"NOT as tuned: {failed} request(s) failed at level {at}"
     elif bad:
@@ -141,6 +147,15 @@ def compare(
     else:
         verdict = f"as tuned: every checked metric within ±{tolerance * 100:.0f} % at level {at}"
     return CheckResult(not failed and not bad, verdict, tolerance, level, comps)
+
+
+def _count(value: JsonValue) -> int:
+    """A digest's count as `int()` reads it (None, 0 and a missing one: 0)."""
+    if not value:
+        return 0
+    if isinstance(value, bool | int | float | str):
+        return int(value)
+    raise TypeError(f"int() argument must be a string or a real number, not {type(value).__name__!r}")
 
 
 def journal_tail(name: str, lines: int = 40) -> str:
@@ -226,11 +241,10 @@ class UnitHost:
             return journal_tail(name)
         return ops.DEPLOY_JOURNAL.call(self.host, ops.JournalRequest(name=name))
 
-    def status(self, name: str) -> dict[str, Any]:
+    def status(self, name: str) -> UnitStatus:
         if self.host is None:
             return unit_status(name, runtime=SYSTEMD_RUNTIME, run=_systemctl)
-        got = ops.DEPLOY_UNIT_STATUS.call(self.host, ops.UnitRequest(name=name))
-        return got.model_dump(exclude_unset=True)
+        return ops.DEPLOY_UNIT_STATUS.call(self.host, ops.UnitRequest(name=name))
 
     def reach(self, host: str, port: int) -> contextlib.AbstractContextManager[tuple[str, int]]:
         """host:port as the machine the unit runs on sees it, reachable from here."""
@@ -250,7 +264,7 @@ async def install(
     observe: Observer | None = None,
     host: Host | None = None,
     env_content: bytes | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Install and start the unit, then verify and benchmark it; returns the steps and the check.
 
     The verify and benchmark steps are the trial pipeline's (`servelab.trial.pipeline.Trial`), attached to the server
@@ -263,7 +277,7 @@ async def install(
     require_systemd(unit_dir, reason=box.missing(), where=box.where)
     notify: Observer = observe or (lambda _e: None)
     repo = DeploymentRepo(store)
-    steps: list[dict[str, Any]] = []
+    steps: list[JsonValue] = []
     api_key = spec.api_key
     if box.host is not None and spec.env_file:
         if env_content is not None:
@@ -340,7 +354,7 @@ async def install(
         "steps": steps,
         "check": check.to_dict(),
         "bench_run": main.bench_uid,
-        "status": box.status(spec.name),
+        "status": box.status(spec.name).to_json(),
     }
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from servelab.deploy.containers import ContainerPlan, dollar_escape, dump_yaml
 from servelab.deploy.source import flag_value, set_flag
 from servelab.deploy.spec import DeploySpec
+from servelab.jsontypes import JsonObject, JsonValue
 
 PERIOD_S = 10
 
@@ -24,12 +24,12 @@ def quantity(size: str) -> str:
     return m.group(1) + {"": "", "k": "Ki", "m": "Mi", "g": "Gi", "t": "Ti"}[m.group(2)]
 
 
-def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) -> list[dict[str, Any]]:
-    labels = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "servelab"}
+def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) -> list[JsonObject]:
+    labels: JsonObject = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "servelab"}
     argv = cp.argv
     if flag_value(argv, "--host") not in (None, "0.0.0.0"):
         argv = set_flag(argv, "--host", "0.0.0.0")
-    meta: dict[str, Any] = {
+    meta: JsonObject = {
         "name": spec.name,
         "labels": labels,
         "annotations": {
@@ -40,14 +40,15 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
     }
     if namespace:
         meta["namespace"] = namespace
-    http = {"path": cp.health_path, "port": "http"}
-    container: dict[str, Any] = {
+    http: JsonObject = {"path": cp.health_path, "port": "http"}
+    mounts: list[JsonValue] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    container: JsonObject = {
         "name": "server",
         "image": cp.image,
         "command": [dollar_escape(a) for a in argv],
         "env": [{"name": k, "value": dollar_escape(v)} for k, v in sorted(spec.env.items())],
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": mounts,
         # Start-up may take the whole measured budget; liveness only counts once this has passed.
         "startupProbe": {
             "httpGet": http,
@@ -68,7 +69,7 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
             "failureThreshold": 5,
         },
     }
-    volumes: list[dict[str, Any]] = [
+    volumes: list[JsonValue] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(cp.shm_size)}}
     ]
     if spec.env_file:
@@ -76,9 +77,9 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
     if spec.gpu:
         container["resources"] = {"limits": {"nvidia.com/gpu": max(1, spec.gpu_count)}}
     if cp.model_mount:
-        container["volumeMounts"].append({"name": "model", "mountPath": cp.model_mount, "readOnly": True})
+        mounts.append({"name": "model", "mountPath": cp.model_mount, "readOnly": True})
         volumes.append({"name": "model", "hostPath": {"path": cp.model_mount, "type": "Directory"}})
-    deployment = {
+    deployment: JsonObject = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
@@ -96,7 +97,7 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
             },
         },
     }
-    service = {
+    service: JsonObject = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {k: v for k, v in meta.items() if k != "annotations"},
@@ -109,5 +110,5 @@ def render(spec: DeploySpec, cp: ContainerPlan, namespace: str | None = None) ->
     return [deployment, service]
 
 
-def dump(docs: list[dict[str, Any]]) -> str:
+def dump(docs: list[JsonObject]) -> str:
     return dump_yaml(docs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter
 
 from servelab.deploy.preflight import PreflightAnswer, PreflightRequest
+from servelab.deploy.unit_state import UnitStatus as UnitStatus  # unit_state's, DEPLOY_UNIT_STATUS's answer
 from servelab.host.agent_op import AgentOp, Answer, NoArgs, Request
 
 
@@ -39,18 +40,6 @@ class JournalRequest(Request):
 
 class UnitRequest(Request):
     name: str
-
-
-class UnitStatus(Answer):
-    """What systemd says of the unit (deploy.unit_state.unit_status; only `unit` and `state` without
-    systemd: the answer keeps the keys it was given)."""
-
-    unit: str
-    state: str | None
-    sub: str | None = None
-    main_pid: str | None = None
-    restarts: str | None = None
-    since: str | None = None
 
 
 DEPLOY_SYSTEMD_MISSING: AgentOp[NoArgs, str | None] = AgentOp(

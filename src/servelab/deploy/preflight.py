@@ -17,7 +17,6 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 
@@ -28,6 +27,7 @@ from servelab.host.gpus import run_nvidia_smi
 from servelab.host.ports import listeners, port_is_free
 from servelab.host.processes import ProcInfo
 from servelab.host.systemd import systemctl, systemctl_exe, systemd_running
+from servelab.jsontypes import JsonObject
 from servelab.naming import DEPLOY_MARKER_PREFIX
 
 
@@ -75,8 +75,15 @@ class Holder:
     verdict: str  # "stale" (may be ended), "live unit X" (never), "unreadable" (another user's)
     killed: str | None = None  # SIGTERM / SIGKILL / gone
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> JsonObject:
+        return {
+            "pid": self.pid,
+            "what": self.what,
+            "cmdline": self.cmdline,
+            "marker": self.marker,
+            "verdict": self.verdict,
+            "killed": self.killed,
+        }
 
     def describe(self) -> str:
         who = (
@@ -105,7 +112,7 @@ class PreflightReport:
     def ok(self) -> bool:
         return not self.refusals
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "ok": self.ok,
             "host": self.host,
@@ -113,11 +120,11 @@ class PreflightReport:
             "gpus": self.gpus,
             "holders": [h.to_dict() for h in self.holders],
             "killed": [h.to_dict() for h in self.killed],
-            "shm_removed": self.shm_removed,
-            "shm_held": self.shm_held,
-            "caches_reset": self.caches_reset,
-            "refusals": self.refusals,
-            "notes": self.notes,
+            "shm_removed": list(self.shm_removed),
+            "shm_held": list(self.shm_held),
+            "caches_reset": list(self.caches_reset),
+            "refusals": list(self.refusals),
+            "notes": list(self.notes),
         }
 
 
@@ -266,7 +273,7 @@ def preflight(
     ]
     report.refusals += [f"cannot remove /dev/shm segment {e}" for e in cleanup.errors]
     if reset_compile_cache:
-        dirs = list(compile_caches) or list(defaults()["compile_cache"].get(engine or "", []))
+        dirs = list(compile_caches) or list(defaults().compile_cache.get(engine or "", []))
         with contextlib.suppress(KeyError):
             _reset_caches(dirs, report)
     return report

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from servelab.deploy.unit_state import unit_status
+from servelab.deploy.unit_state import UnitStatus, unit_status
+from servelab.jsontypes import JsonObject
 from servelab.redact import redact
 from servelab.store.db import Store, utcnow
 
@@ -30,7 +32,7 @@ class DeploymentRepo:
         source: str,
         trial_id: int | None,
         path: str | None,
-        spec: dict[str, Any],
+        spec: Mapping[str, object],  # the deployment as `deploy` printed it: stored as JSON
         status: str = "written",
     ) -> int:
         new_id = self.db.insert(
@@ -76,7 +78,7 @@ class DeploymentRepo:
         )
         return new_id
 
-    def list(self, installed_only: bool = False, limit: int = 50) -> list[dict[str, Any]]:
+    def list(self, installed_only: bool = False, limit: int = 50) -> list[JsonObject]:
         """Latest first; each with its latest check (None when never checked)."""
         where = "WHERE installed = 1" if installed_only else ""
         rows = self.db.execute(
@@ -84,14 +86,15 @@ class DeploymentRepo:
         ).fetchall()
         return [self._with_check(r) for r in rows]
 
-    def latest(self, name: str) -> dict[str, Any] | None:
+    def latest(self, name: str) -> JsonObject | None:
         row = self.db.execute(
             "SELECT * FROM deployments WHERE name = ? ORDER BY id DESC LIMIT 1", (name,)
         ).fetchone()
         return self._with_check(row) if row else None
 
-    def _with_check(self, row: Any) -> dict[str, Any]:
-        d = {
+    def _with_check(self, row: Any) -> JsonObject:
+        """The row as its stored JSON (`spec`, the check's documents) reads back: open JSON, printed as is."""
+        d: JsonObject = {
             k: row[k] for k in ("id", "name", "created_at", "target", "source", "trial_id", "path", "status")
         }
         d["installed"] = bool(row["installed"])
@@ -117,25 +120,23 @@ class DeploymentRepo:
         return d
 
 
-def installed_units(store: Store) -> list[dict[str, Any]]:
+def installed_units(store: Store) -> list[JsonObject]:
     """Each installed deployment (latest per name) with what systemd says of it now and its latest check:
     what `servelab status` shows. Keys: name, source, target, status, check, unit ({unit, state, sub,
     main_pid, restarts, since}), host (None: this machine)."""
     seen: set[str] = set()
-    out = []
+    out: list[JsonObject] = []
     for d in DeploymentRepo(store).list(installed_only=True):
-        if d["name"] in seen:
+        name = str(d["name"])
+        if name in seen:
             continue
-        seen.add(d["name"])
-        host = (d["spec"] or {}).get("host") if isinstance(d["spec"], dict) else None
+        seen.add(name)
+        spec = d["spec"]
+        host = spec.get("host") if isinstance(spec, dict) else None
         # a unit on another host: this machine's systemd knows nothing of it (`status --host` asks there)
-        unit = (
-            {"unit": f"{d['name']}.service", "state": f"unknown (on {host})"}
-            if host
-            else unit_status(d["name"])
-        )
+        unit = UnitStatus(unit=f"{name}.service", state=f"unknown (on {host})") if host else unit_status(name)
         out.append(
             {k: d[k] for k in ("name", "source", "target", "status", "check", "created_at")}
-            | {"host": host, "unit": unit}
+            | {"host": host, "unit": unit.to_json()}
         )
     return out

@@ -12,10 +12,10 @@ supplies (`--env-file`) and refuses without one, or when a secret is given with 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from servelab import load as load_kinds
 from servelab.errors import ConfigError, NotFoundError
+from servelab.jsontypes import JsonObject
 from servelab.redact import MASK, env_route, has_url_credentials, is_secret_flag, is_secret_name, secret_args
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredStudy, StoredTrial, StudyRepo
@@ -37,11 +37,12 @@ class LaunchRecord:
     model_path: str
     engine_version: str | None
     ready_s: float | None
-    levels: list[dict[str, Any]] = field(default_factory=list)  # per-level digests of the trial
+    # The stored documents it came from, as stored (open JSON: the store's, read here only where noted).
+    levels: list[JsonObject] = field(default_factory=list)  # per-level digests of the trial
     main_level: float | None = None  # the study's level deployment checks use
-    study: dict[str, Any] = field(default_factory=dict)  # the stored study spec
-    effective: dict[str, Any] = field(default_factory=dict)
-    candidate_spec: dict[str, Any] = field(default_factory=dict)
+    study: JsonObject = field(default_factory=dict)  # the stored study spec
+    effective: JsonObject = field(default_factory=dict)
+    candidate_spec: JsonObject = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()  # variables the deployment's EnvironmentFile must define (never inline)
 
     @property
@@ -61,14 +62,19 @@ class LaunchRecord:
             )
         return int(value)
 
-    def main_digest(self) -> dict[str, Any] | None:
+    def main_digest(self) -> JsonObject | None:
         """The measured digest at the main level (None: not measured at that level)."""
         for d in self.levels:
-            if self.main_level is not None and float(d.get("level", -1)) == float(self.main_level):
+            level = d.get("level", -1)
+            if (
+                self.main_level is not None
+                and isinstance(level, int | float | str)
+                and float(level) == float(self.main_level)
+            ):
                 return d
         return None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "study": self.study_uid,
             "study_name": self.study_name,
@@ -222,10 +228,15 @@ def default_port(record: LaunchRecord) -> int:
 
     engine = record.engine
     if engine == "sim":
-        personality = ((record.study.get("engine") or {}).get("options") or {}).get("personality")
+        personality = _table(_table(record.study.get("engine")).get("options")).get("personality")
         personality = personality or flag_value(record.argv, "--personality") or "vllm"
         return 8000 if personality == "vllm" else int(registry.get("sglang").default_port)
     return int(registry.get(engine).default_port)
+
+
+def _table(value: object) -> JsonObject:
+    """A stored table (a JSON object); {} for a missing one."""
+    return value if isinstance(value, dict) else {}
 
 
 def masked(record: LaunchRecord) -> tuple[list[str], list[str]]:

@@ -11,8 +11,9 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict
 
 from servelab.deploy.source import LaunchRecord
 from servelab.engines import registry
@@ -25,10 +26,54 @@ from servelab.redact import env_route, knowledge
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")  # a unit name that is also a DNS-1123 label
 
 
+class _Table(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Timeouts(_Table):
+    """defaults.toml [timeouts]: how long systemd waits for a start, a stop, a restart."""
+
+    start_factor: float
+    start_extra_s: float
+    min_start_s: int
+    unknown_start_s: int
+    wait_ready_margin_s: int
+    stop_s: float
+    restart_s: int
+    start_limit_burst: int
+
+
+class Image(_Table):
+    """defaults.toml [container.images.ENGINE]: the engine's published image and how its tag is pinned."""
+
+    repository: str
+    tag: str  # takes the trial's {version}
+    published: str  # a regular expression: the versions that are published releases
+    unpinned: str
+
+
+class Container(_Table):
+    shm_size: str
+    images: dict[str, Image]
+
+
+class SystemdTable(_Table):
+    hardening: list[str]
+
+
+class Defaults(_Table):
+    """defaults.toml, read once: the numbers every target renders with, typed where they are read."""
+
+    timeouts: Timeouts
+    container: Container
+    compile_cache: dict[str, list[str]]  # per engine: what `preflight --reset-compile-cache` empties
+    systemd: SystemdTable
+
+
 @cache
-def defaults() -> dict[str, Any]:
+def defaults() -> Defaults:
     with open(Path(__file__).with_name("defaults.toml"), "rb") as f:
-        return tomllib.load(f)
+        return Defaults.model_validate(tomllib.load(f))
 
 
 @dataclass(frozen=True)
@@ -76,7 +121,7 @@ class DeploySpec:
 
     @property
     def wait_timeout_s(self) -> int:
-        return max(30, self.start_timeout_s - int(defaults()["timeouts"]["wait_ready_margin_s"]))
+        return max(30, self.start_timeout_s - defaults().timeouts.wait_ready_margin_s)
 
     def preflight_args(self, kill_stale: bool = False) -> list[str]:
         if not self.gpu:
@@ -132,12 +177,10 @@ def start_timeout(ready_s: float | None, override: float | None = None) -> int:
         if override <= 0:
             raise ConfigError(f"--start-timeout must be positive (got {override:g})")
         return math.ceil(override)
-    t = defaults()["timeouts"]
+    t = defaults().timeouts
     if ready_s is None:
-        return int(t["unknown_start_s"])
-    return max(
-        int(t["min_start_s"]), math.ceil(ready_s * float(t["start_factor"]) + float(t["start_extra_s"]))
-    )
+        return t.unknown_start_s
+    return max(t.min_start_s, math.ceil(ready_s * t.start_factor + t.start_extra_s))
 
 
 def _gpus(record: LaunchRecord) -> tuple[list[str] | None, int]:
@@ -146,7 +189,7 @@ def _gpus(record: LaunchRecord) -> tuple[list[str] | None, int]:
     count = 1
     for key, ckey in (("tp_size", "tp"), ("pp_size", "pp"), ("dp_size", "dp")):
         v = eff.get(key) or cand.get(ckey) or 1
-        count *= int(v) if str(v).isdigit() else 1
+        count *= int(str(v)) if str(v).isdigit() else 1
     if ids:
         listed = [x.strip() for x in ids.split(",") if x.strip()]
         return listed, len(listed)
@@ -196,7 +239,7 @@ def build(
         )
     argv = _absolute(record.argv, notes)
     gpu_ids, count = _gpus(record)
-    t = defaults()["timeouts"]
+    t = defaults().timeouts
     if env_file is not None and not env_file.startswith("/"):
         raise ConfigError(f"--env-file must be an absolute path (got {env_file!r})")
     env = {**record.env, MARKER_ENV: deploy_marker(name), "SPT_NOENV": "1"}
@@ -214,8 +257,8 @@ def build(
         gpu_ids=gpu_ids,
         gpu_count=count if engine.capabilities.gpu else 0,
         start_timeout_s=start_timeout(record.ready_s, start_timeout_s),
-        stop_timeout_s=math.ceil(stop_timeout_s if stop_timeout_s is not None else float(t["stop_s"])),
-        restart_s=int(t["restart_s"]),
+        stop_timeout_s=math.ceil(stop_timeout_s if stop_timeout_s is not None else t.stop_s),
+        restart_s=t.restart_s,
         user=user,
         env_file=env_file,
         api_key_env=key_env if key_env in record.secret_env else None,

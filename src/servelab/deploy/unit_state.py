@@ -7,9 +7,10 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from servelab.host.agent_op import Answer
 from servelab.host.systemd import systemctl, systemctl_exe, systemd_running
+from servelab.jsontypes import JsonObject
 
 Systemctl = Callable[..., subprocess.CompletedProcess[str]]
 # For tests and containers without systemd: the directory units are written to (the stand-in systemctl is
@@ -17,11 +18,27 @@ Systemctl = Callable[..., subprocess.CompletedProcess[str]]
 UNIT_DIR_ENV = "SERVELAB_UNIT_DIR"
 
 
-def unit_status(name: str, *, runtime: Path | None = None, run: Systemctl | None = None) -> dict[str, Any]:
+class UnitStatus(Answer):
+    """What systemd says of the unit (only `unit` and `state` without systemd). Also the agent's answer
+    (deploy.ops.DEPLOY_UNIT_STATUS): it keeps the keys it was given, so `to_json` writes those alone."""
+
+    unit: str
+    state: str | None
+    sub: str | None = None
+    main_pid: str | None = None
+    restarts: str | None = None
+    since: str | None = None
+
+    def to_json(self) -> JsonObject:
+        """The keys `servelab status` and `deploy --install` print: those set, in this order."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+def unit_status(name: str, *, runtime: Path | None = None, run: Systemctl | None = None) -> UnitStatus:
     """What systemd says of the unit now (for `servelab status`). `runtime` and `run` stand for
     /run/systemd/system and `systemctl` (install passes its own, so that both read the same systemd)."""
     if not systemd_running(runtime) or systemctl_exe() is None:
-        return {"unit": f"{name}.service", "state": "unknown (no systemd)"}
+        return UnitStatus(unit=f"{name}.service", state="unknown (no systemd)")
     out = (run or systemctl)(
         "show",
         f"{name}.service",
@@ -29,11 +46,11 @@ def unit_status(name: str, *, runtime: Path | None = None, run: Systemctl | None
         timeout=20,
     )
     props = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    return {
-        "unit": f"{name}.service",
-        "state": props.get("ActiveState"),
-        "sub": props.get("SubState"),
-        "main_pid": props.get("MainPID"),
-        "restarts": props.get("NRestarts"),
-        "since": props.get("ExecMainStartTimestamp"),
-    }
+    return UnitStatus(
+        unit=f"{name}.service",
+        state=props.get("ActiveState"),
+        sub=props.get("SubState"),
+        main_pid=props.get("MainPID"),
+        restarts=props.get("NRestarts"),
+        since=props.get("ExecMainStartTimestamp"),
+    )

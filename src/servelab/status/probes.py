@@ -17,6 +17,7 @@ from servelab.errors import ConfigError, ServelabError
 from servelab.host import gpus as gpumod
 from servelab.host.observe import SIM_TELEMETRY, read_gpus, sim_report
 from servelab.host.transport import Host
+from servelab.jsontypes import JsonObject
 from servelab.redact import redact
 
 INFO_PATHS = ("/version", "/get_server_info", "/servelab/state")
@@ -44,11 +45,13 @@ def _json(body: bytes) -> Any:
         return None
 
 
-async def _probe(url: str) -> dict[str, Any]:
+async def _probe(url: str) -> JsonObject:
+    """One server as `servers[]` shows it (open JSON, docs/cli/status.md), with `_info` and `_telemetry`
+    kept for `finish_servers` and the GPU section."""
     c = Client(url, timeout_s=5.0, connect_timeout_s=3.0)
     try:
         health = await c.get("/health", 3.0)
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "url": url,
             "up": False,
             "health": health.status,
@@ -78,7 +81,7 @@ async def _probe(url: str) -> dict[str, Any]:
         picked = pick(raw)
         out["running"] = int(picked["requests_running"]) if "requests_running" in picked else None
         out["waiting"] = int(picked["requests_waiting"]) if "requests_waiting" in picked else None
-        info: dict[str, Any] = {}
+        info: JsonObject = {}
         for path in INFO_PATHS:
             res = await c.get(path, 5.0)
             obj = _json(res.body) if res.status == 200 else None
@@ -102,27 +105,32 @@ async def _probe(url: str) -> dict[str, Any]:
         c.close()
 
 
-def _effective(server: dict[str, Any], log_text: str) -> None:
+def _effective(server: JsonObject, log_text: str) -> None:
     """Fill `effective`/`evidence`/`version` through the engine's adapter (log wins where it says more)."""
     from servelab.engines import registry
 
-    raw_info = server.pop("_info", {})
+    raw_info = _table(server.pop("_info", {}))
     info = {k: v for k, v in raw_info.items() if not k.startswith("_")}
     name = server.get("engine") or server.get("personality")
-    if name is None:
+    if not isinstance(name, str):
         return
     try:
         eff = registry.get(name).effective_config(log_text, info or None)
     except ServelabError:
         return
     # The simulator also states its configuration outright; it fills what the log did not show.
-    sim_eff = (raw_info.get("_sim_state") or {}).get("effective") or {}
+    sim_eff = _table(_table(raw_info.get("_sim_state")).get("effective"))
     for ours, theirs in SIM_STATE_KEYS.items():
         if ours not in eff.effective and sim_eff.get(theirs) is not None:
             eff.set(ours, sim_eff[theirs], f"GET /servelab/state: {theirs}={sim_eff[theirs]!r}")
     server["effective"] = redact(eff.effective)
     server["evidence"] = redact(eff.evidence)
     server["version"] = eff.effective.get("version") or info.get("version")
+
+
+def _table(value: object) -> JsonObject:
+    """A JSON object ({} for null or a missing one)."""
+    return value if isinstance(value, dict) else {}
 
 
 @contextlib.contextmanager
@@ -145,27 +153,27 @@ def _reach(host: Host, urls: list[str]) -> Any:
         yield out
 
 
-def probe_servers(urls: list[str], host: Host) -> list[dict[str, Any]]:
+def probe_servers(urls: list[str], host: Host) -> list[JsonObject]:
     """Each server's health, models, metrics and self-description (`_info`, `_telemetry` kept for
     `finish_servers` and the GPU section), probed from here through `host`'s forwards."""
 
-    async def all_(reach: dict[str, str]) -> list[dict[str, Any]]:
+    async def all_(reach: dict[str, str]) -> list[JsonObject]:
         return [{**await _probe(reach[u]), "url": u} for u in urls]
 
     with _reach(host, urls) as reach:
         return asyncio.run(all_(reach))
 
 
-def finish_servers(found: list[dict[str, Any]], log_for: dict[str, str]) -> None:
+def finish_servers(found: list[JsonObject], log_for: dict[str, str]) -> None:
     """The effective configuration of each server that is up, from its self-description and its log."""
     for s in found:
         if s["up"]:
-            _effective(s, log_for.get(s["url"], ""))
+            _effective(s, log_for.get(str(s["url"]), ""))
         else:
             s.pop("_info", None)
 
 
-def servers(urls: list[str], log_for: dict[str, str], host: Host) -> list[dict[str, Any]]:
+def servers(urls: list[str], log_for: dict[str, str], host: Host) -> list[JsonObject]:
     found = probe_servers(urls, host)
     finish_servers(found, log_for)
     return found
@@ -173,14 +181,16 @@ def servers(urls: list[str], log_for: dict[str, str], host: Host) -> list[dict[s
 
 # -- GPUs ------------------------------------------------------------------------------------------
 def sim_gpus(
-    gpu_source: str | None, probed: list[dict[str, Any]], host: Host
-) -> tuple[str, dict[str, Any] | None] | None:
+    gpu_source: str | None, probed: list[JsonObject], host: Host
+) -> tuple[str, JsonObject | None] | None:
     """(url, telemetry) when the GPUs to show are a simulator's (`sim:URL`, or auto with a simulator among
     the probed servers; telemetry None: it did not answer), None when the host's own are to be read.
     An unknown source is the user's to fix (ConfigError)."""
     if gpu_source and gpu_source.startswith("sim:"):
         url = gpu_source[4:]
-        tele = next((s.get("_telemetry") for s in probed if s["url"] == url and s.get("_telemetry")), None)
+        tele = next(
+            (t for s in probed if s["url"] == url and isinstance(t := s.get("_telemetry"), dict) and t), None
+        )
         if tele is None:
             with _reach(host, [url]) as reach:
                 tele = asyncio.run(_fetch_telemetry(reach[url]))
@@ -192,17 +202,18 @@ def sim_gpus(
         )
     if gpu_source in (None, "auto"):
         for s in probed:
-            if s.get("_telemetry"):
-                return s["url"], s["_telemetry"]
+            found = s.get("_telemetry")
+            if isinstance(found, dict) and found:
+                return str(s["url"]), found
     return None
 
 
-def _gpu_report(gpu_source: str | None, probed: list[dict[str, Any]], host: Host) -> gpumod.GpuReport:
+def _gpu_report(gpu_source: str | None, probed: list[JsonObject], host: Host) -> gpumod.GpuReport:
     sim = sim_gpus(gpu_source, probed, host)
     return sim_report(*sim) if sim is not None else read_gpus(gpu_source)
 
 
-async def _fetch_telemetry(url: str) -> dict[str, Any] | None:
+async def _fetch_telemetry(url: str) -> JsonObject | None:
     c = Client(url, timeout_s=5.0, connect_timeout_s=3.0)
     try:
         res = await c.get(SIM_TELEMETRY, 5.0)

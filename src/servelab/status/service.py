@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from servelab.host import gpus as gpumod
 from servelab.host.observe import leftovers as host_leftovers
 from servelab.host.ops import DOCTOR_FACTS, OBSERVE_HOST, DoctorFactsRequest, ObserveRequest
 from servelab.host.transport import Host
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.status.judge import findings, own_gpus, own_leftovers, verdict
 from servelab.status.probes import finish_servers, probe_servers, sim_gpus
 from servelab.status.stored import deployments, last_run, run_summary, studies
@@ -22,24 +22,26 @@ def observe(
     gpu_source: str | None = None,
     *,
     host: Host,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Everything `servelab status` reports (keys documented in docs/cli/status.md), about `host` (this
     machine: the front's `servelab.agent.serve.local_host()`). What lives on the machine comes from one `observe_host` call there; what lives in this
     store (the last run, studies, deployments) is read here, and the servers are probed from here (through
     port forwards when the host is remote)."""
     run = last_run()
-    markers: dict[str, str] = (run or {}).get("markers", {})
+    stored = run or {}
+    markers = {k: str(v) for k, v in _table(stored.get("markers", {})).items()}
+    run_url, run_log = stored.get("url"), stored.get("log_path")
     urls = (
         [u.rstrip("/") for u in urls]
         if urls
-        else ([run["url"].rstrip("/")] if run and run.get("url") else [])
+        else ([run_url.rstrip("/")] if isinstance(run_url, str) and run_url else [])
     )
-    log_path = log or ((run or {}).get("log_path"))
+    log_path = log or (run_log if isinstance(run_log, str) else None)
     probed = probe_servers(urls, host)
     sim = sim_gpus(gpu_source, probed, host)
     deployed = deployments()
     if not units and deployed:  # the units `servelab deploy --install` made, whatever their names
-        units = sorted({str(d["unit"].get("unit")) for d in deployed if d.get("unit")})
+        units = sorted({str(_table(d["unit"]).get("unit")) for d in deployed if d.get("unit")})
     req = ObserveRequest(
         urls=urls,
         units=units,
@@ -54,37 +56,37 @@ def observe(
     # The log belongs to a server when it is the run's own, or when one server and one log were given.
     log_for: dict[str, str] = {}
     if log_text:
-        owner = (run or {}).get("url") if not log else (urls[0] if len(urls) == 1 else None)
-        if owner:
+        owner = run_url if not log else (urls[0] if len(urls) == 1 else None)
+        if isinstance(owner, str) and owner:
             log_for[owner.rstrip("/")] = log_text
     finish_servers(probed, log_for)
     for s in probed:
         s.pop("_telemetry", None)
     lo = own_leftovers(part.leftovers, markers)
-    obs: dict[str, Any] = {
+    obs: JsonObject = {
         "time": time.time(),
         "host": {
             "target": host.name,
             "hostname": part.hostname,
             "via": "local" if host.is_local else "ssh",
         },
-        "servers": probed,
-        "services": part.services,
+        "servers": list(probed),
+        "services": list(part.services),
         "services_note": part.services_note,
         "gpus": own_gpus(part.gpus, markers),
         "topology": part.topology,
         "leftovers": lo,
         "log": part.log,
         "last_run": run_summary(run),
-        "deployments": deployed,
-        "studies": studies(marked=lo["marked_processes"]),
+        "deployments": list(deployed),
+        "studies": list(studies(marked=_objects(lo["marked_processes"]))),
     }
-    obs["findings"] = findings(obs, run)
+    obs["findings"] = list(findings(obs, run))
     obs["verdict"] = verdict(obs, run)
     return obs
 
 
-def diagnose_host(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
+def diagnose_host(host: Host, gpu_source: str | None = None) -> JsonObject:
     """`servelab doctor` about `host`: the facts gathered there (agent op `doctor_facts`), checked here
     (servelab.host.doctor). A simulator's GPUs (`sim:URL`, the URL as the host sees it) are read through
     a forward."""
@@ -106,13 +108,23 @@ def diagnose_host(host: Host, gpu_source: str | None = None) -> dict[str, Any]:
 
 
 # -- this machine's sections, read here (observe reads them on the host, through its agent) ---------
-def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> dict[str, Any]:
+def gpu_section(rep: gpumod.GpuReport, markers: dict[str, str]) -> JsonObject:
     gpumod.enrich(rep, local=True)  # the simulator runs here too: its pid is local
     return own_gpus(rep.to_dict(), markers)
 
 
-def leftovers(urls: list[str], markers: dict[str, str] | None = None) -> dict[str, Any]:
+def leftovers(urls: list[str], markers: dict[str, str] | None = None) -> JsonObject:
     """This host's leftovers (servelab.host.observe.leftovers), whose each marked process is when
     `markers` is given."""
     lo = host_leftovers(urls)
     return own_leftovers(lo, markers) if markers is not None else lo
+
+
+def _table(value: JsonValue) -> JsonObject:
+    """A JSON object ({} for null or a missing one)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _objects(value: JsonValue) -> list[JsonObject]:
+    """A JSON list's objects ([] for null or a missing one)."""
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []

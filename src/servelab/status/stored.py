@@ -4,17 +4,18 @@ studies with their live processes, the installed deployments. Observing never cr
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from servelab import naming
 from servelab.errors import ServelabError
 from servelab.host import processes
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.status.judge import FINISHED
 
 
-def last_run() -> dict[str, Any] | None:
+def last_run() -> JsonObject | None:
     """The latest study trial (url, pid, marker, log_path, effective, not_applied, diagnosis), else the
-    latest benchmark run's URL; None when the store is empty or absent (observing never creates one)."""
+    latest benchmark run's URL; None when the store is empty or absent (observing never creates one).
+    Open JSON: the trial as stored, its `markers` ({marker: its trial's status}) beside it."""
     from servelab.store.db import store_exists
 
     if not store_exists():
@@ -30,8 +31,9 @@ def last_run() -> dict[str, Any] | None:
         return None
     try:
         repo = StudyRepo(store)
-        trial: dict[str, Any] | None = None
-        markers: dict[str, str] = {}  # marker -> its trial's status, for the last study's trials
+        trial: JsonObject | None = None
+        trial_id = -1
+        markers: JsonObject = {}  # marker -> its trial's status, for the last study's trials
         with contextlib.suppress(ServelabError):
             study = repo.resolve("last")
             owner = leases.holder(store, study.id)
@@ -42,8 +44,9 @@ def last_run() -> dict[str, Any] | None:
                         # an open trial whose driver is gone was killed: its processes are leftovers
                         open_ = t.status not in FINISHED
                         markers[t.marker] = "killed" if open_ and not driven else t.status
-                    if trial is None or t.id > trial["id"]:
+                    if trial is None or t.id > trial_id:
                         trial = {**t.model_dump(mode="json"), "study": study.uid, "candidate": cand.label}
+                        trial_id = t.id
         if trial is not None:
             trial["markers"] = markers
             return trial
@@ -55,7 +58,7 @@ def last_run() -> dict[str, Any] | None:
         store.close()
 
 
-def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def studies(limit: int = 20, marked: list[JsonObject] | None = None) -> list[JsonObject]:
     """The unfinished studies (latest first), each `live` (its driver runs: pid, host, since), `killed`
     (stored as running but its driver is gone) or `interrupted` (stopped cleanly), with the processes
     it started that are still alive (`processes`: what `tune --resume` ends first), picked from `marked`
@@ -68,7 +71,7 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
     from servelab.store.db import open_store
     from servelab.store.studies import StudyRepo
 
-    out = []
+    out: list[JsonObject] = []
     with open_store() as store:
         for st in StudyRepo(store).list_studies(limit):
             if st.status == "completed":
@@ -77,7 +80,7 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
             alive = owner is not None and owner.alive()
             state = "live" if alive else ("killed" if st.status == "running" else st.status)
             prefix = naming.study_markers(st.uid)
-            procs = (
+            procs: list[JsonValue] = (
                 [
                     {"pid": p.pid, "marker": p.marker, "command": p.cmdline}
                     for p in processes.with_marker(prefix)
@@ -103,7 +106,7 @@ def studies(limit: int = 20, marked: list[dict[str, Any]] | None = None) -> list
     return out
 
 
-def deployments() -> list[dict[str, Any]]:
+def deployments() -> list[JsonObject]:
     """Installed deployments with their latest check against the tuned result (empty without a store)."""
     from servelab.store.db import store_exists
 
@@ -116,7 +119,7 @@ def deployments() -> list[dict[str, Any]]:
         return installed_units(store)
 
 
-def run_summary(run: dict[str, Any] | None) -> dict[str, Any] | None:
+def run_summary(run: JsonObject | None) -> JsonObject | None:
     """The last run as the observation's `last_run` (its keys of docs/cli/status.md)."""
     if run is None:
         return None

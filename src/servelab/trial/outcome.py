@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from servelab.applied import Mismatch
 from servelab.engines.base import Diagnosis, EffectiveConfig, LaunchSpec, Setting
 from servelab.events import BenchEvent
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.startup import StartupPhases
 
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 
 # One load level's numbers, keyed as `LevelSummary.digest` keys them (level, completed, failed,
 # output_throughput, tpot_ms_p50, ...), in real-GPU time; a study's stored levels add gpu_power_w, gpu_util,
-# bench_run and died (`LevelResult.stored`).
-Digest = dict[str, Any]
+# bench_run and died (`LevelResult.stored`). Open JSON: stored as it is, compared by analyze.
+Digest: TypeAlias = JsonObject
 TrialStatus = Literal["measured", "not_applied", "failed"]
 # Where a trial ended: its command could not be built, it did not start, a setting was not applied,
 # verify-output failed, the benchmark failed (or the server died in it), or every step passed.
@@ -72,8 +73,8 @@ class Finding:
             diag.klass, diag.evidence, diag.advice, diag.fatal, diag.tail or None, message, diag.setting
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"class": self.klass, "evidence": self.evidence, "advice": self.advice}
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {"class": self.klass, "evidence": self.evidence, "advice": self.advice}
         if self.fatal is not None:
             d["fatal"] = self.fatal
         if self.tail is not None:
@@ -81,15 +82,27 @@ class Finding:
         if self.message is not None:
             d["message"] = self.message
         if self.setting is not None:
-            d["setting"] = self.setting.to_dict()
+            d["setting"] = _setting_json(self.setting)
         return d
+
+
+def _setting_json(setting: Setting) -> JsonObject:
+    """`Setting.to_dict` as JSON (its nested tables copied, so their type is JSON's too)."""
+    out: JsonObject = {}
+    for k, v in setting.to_dict().items():
+        if isinstance(v, dict):
+            table: JsonObject = dict(v)
+            out[k] = table
+        else:
+            out[k] = v
+    return out
 
 
 @dataclass(frozen=True)
 class AppliedCheck:
     """What the candidate asked for against what the engine runs (`applied.compare`)."""
 
-    requested: dict[str, Any]
+    requested: JsonObject  # the engine's normalized keys (`Engine.requested`), stored as they are
     effective: EffectiveConfig
     mismatches: list[Mismatch]
     unconfirmed: list[str]  # requested keys the engine does not show
@@ -120,11 +133,18 @@ class LevelResult:
     @classmethod
     def from_stored(cls, d: Digest, bench_run_id: int | None = None) -> LevelResult:
         """A level as `stored` wrote it (one an interrupted trial had measured, kept by a resume)."""
-        telemetry = {k: float(d[k]) for k in TELEMETRY_KEYS if d.get(k) is not None}
+        telemetry = {k: _number(d[k]) for k in TELEMETRY_KEYS if d.get(k) is not None}
         digest = {k: v for k, v in d.items() if k not in (*TELEMETRY_KEYS, "bench_run", "died")}
         return cls(
-            float(d["level"]), digest, telemetry, str(d["bench_run"]), bench_run_id, bool(d.get("died"))
+            _number(d["level"]), digest, telemetry, str(d["bench_run"]), bench_run_id, bool(d.get("died"))
         )
+
+
+def _number(v: JsonValue) -> float:
+    """A stored number as `float()` reads it (a JSON number, or a numeric string); TypeError otherwise."""
+    if isinstance(v, bool | int | float | str):
+        return float(v)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(v).__name__!r}")
 
 
 @dataclass
@@ -153,7 +173,7 @@ class TrialOutcome:
     ready_s: float | None = None
     teardown: TeardownReport | None = None  # None: nothing of ours ran
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonObject:
         """The outcome as a study stores it for the candidate (and reports it in `trial_finished`)."""
         if self.status == "measured":
             return {}
@@ -161,12 +181,12 @@ class TrialOutcome:
             assert self.applied is not None
             return {
                 "not_applied": [m.to_dict() for m in self.applied.mismatches],
-                "unconfirmed": self.applied.unconfirmed,
+                "unconfirmed": list(self.applied.unconfirmed),
             }
         assert self.diagnosis is not None
         if self.stage == "command":  # no command line: stored as the diagnosis itself, as it always was
             return self.diagnosis.to_dict()
-        out: dict[str, Any] = {"diagnosis": self.diagnosis.to_dict()}
+        out: JsonObject = {"diagnosis": self.diagnosis.to_dict()}
         if self.died:
             out["died_during_benchmark"] = True
         return out

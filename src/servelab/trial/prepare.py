@@ -23,6 +23,7 @@ from servelab.errors import ConfigError
 from servelab.host import transport
 from servelab.host.agent_op import NoArgs
 from servelab.host.ops import PING
+from servelab.jsontypes import JsonObject
 from servelab.load import TraceLoad
 from servelab.results import Clock, Host, Layout, Level, NetPath, RunContext
 from servelab.store.bench import BenchRepo
@@ -162,10 +163,10 @@ def bench_config(
 
 
 def verify_kwargs(study: Study, engine: Engine) -> dict[str, Any]:
-    """verify_output's arguments: the engine's default reference, then the study's engine.options.verify."""
-    kw: dict[str, Any] = {}
-    if engine.capabilities.verify_reference:
-        kw["reference"] = engine.capabilities.verify_reference
+    """verify_output's arguments: the engine's default reference, then the study's engine.options.verify
+    (the user's table, passed on as keywords: verify_output's own signature checks its keys)."""
+    reference = engine.capabilities.verify_reference
+    kw = {"reference": reference} if reference else {}
     opts = study.engine.options.get("verify", {})
     if not isinstance(opts, dict):
         raise ConfigError("engine.options.verify must be a table, e.g. { reference = 'hf:PATH' }")
@@ -194,13 +195,13 @@ def level_digest(level: Level, clock: Clock) -> Digest:
     return d
 
 
-async def fetch_info(url: str, paths: tuple[str, ...], api_key: str | None = None) -> dict[str, Any] | None:
+async def fetch_info(url: str, paths: tuple[str, ...], api_key: str | None = None) -> JsonObject | None:
     """The engine's info endpoints merged (SGLang /get_server_info, vLLM /version); None when none answers."""
     if not paths:
         return None
     client = Client(url, api_key=api_key, timeout_s=10)
     try:
-        merged: dict[str, Any] = {}
+        merged: JsonObject = {}
         for p in paths:
             with contextlib.suppress(Exception):
                 res = await client.get(p, timeout_s=5.0)

@@ -30,7 +30,7 @@ def test_systemctl_and_unit_dir_from_the_environment(tmp_path: Path, monkeypatch
     # the stand-in answers as systemctl would for a unit it never started
     res = systemd.systemctl("is-active", "x.service", timeout=60)
     assert (res.returncode, res.stdout.strip()) == (3, "inactive")
-    assert unit_state.unit_status("x")["state"] == "inactive"
+    assert unit_state.unit_status("x").state == "inactive"
 
 
 def test_env_file_is_written_private(tmp_path: Path) -> None:
