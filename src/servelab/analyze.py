@@ -121,6 +121,11 @@ def stored_level(d: Digest) -> int | float:
     raise TypeError(f"a level of {v!r}")
 
 
+def digests(v: object) -> list[Digest]:
+    """A stored list of level digests (an outcome's `levels`) read as digests; absent, none."""
+    return [d for d in _items(v) if isinstance(d, Mapping)]
+
+
 def combine_repeats(repeats: Sequence[Sequence[Digest]]) -> list[JsonObject]:
     """Per level, the mean of every numeric digest field over repeats, plus `ci` for the objective fields."""
     by_level: dict[float, list[Digest]] = {}

@@ -14,6 +14,7 @@ from typing import Any
 from servelab import analyze
 from servelab import load as load_kinds
 from servelab.config.sections import CostSpec
+from servelab.jsontypes import JsonObject
 from servelab.model.hardware import default_price
 from servelab.report.model import (
     AnomalyNote,
@@ -64,7 +65,7 @@ OUTCOME_TEXT = {
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
-def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool = True) -> StudyReport:
+def load(store: Store, ref: str, host: JsonObject | None = None, model: bool = True) -> StudyReport:
     """Everything the report needs about study `ref` (uid, id, name or `last`).
 
     `host` is what `report.host.gather()` saw on *this* machine (None: not gathered), shown apart from the
@@ -136,7 +137,7 @@ def build(
     st: StoredStudy,
     cands: list[CandidateRows],
     plan: PlanView | None = None,
-    host: dict[str, Any] | None = None,
+    host: JsonObject | None = None,
     model: bool = True,
     contexts: list[TrialContext] | None = None,
 ) -> StudyReport:
@@ -268,7 +269,7 @@ def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None, note: st
 def _host(
     spec: dict[str, Any],
     cands: list[CandidateReport],
-    gathered: dict[str, Any] | None,
+    gathered: JsonObject | None,
     contexts: list[TrialContext],
 ) -> HostReport:
     """The host the study ran on, from what the study recorded: its bench runs' contexts first (what each run
