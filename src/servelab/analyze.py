@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
 from servelab.config.sections import OBJECTIVES, AnomalySpec, SLOSpec
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.objectives import objective as objective_of
 from servelab.results import RequestRecord
 
@@ -93,49 +94,94 @@ def estimate(values: list[float | None]) -> Estimate:
     return Estimate(statistics.fmean(xs), t95(len(xs) - 1) * sd / math.sqrt(len(xs)), len(xs))
 
 
-def combine_repeats(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+# A level digest (`results.LevelSummary.digest()`, or one `combine_repeats` merged) as this module reads it:
+# open JSON another room writes, each value narrowed where it is read (`number`).
+Digest = Mapping[str, object]
+
+
+def number(d: Digest, key: str) -> int | float | None:
+    """A digest's number under `key` as stored (an int stays an int); None when absent or not a number."""
+    v = d.get(key)
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def level_of(d: Digest) -> float:
+    """A digest's level (every digest has one: KeyError, TypeError or ValueError where it does not)."""
+    v = d["level"]
+    if not isinstance(v, int | float | str):
+        raise TypeError(f"a level of {v!r}")
+    return float(v)
+
+
+def stored_level(d: Digest) -> int | float:
+    """A digest's level as stored (a concurrency `4` stays `4`; KeyError or TypeError where there is none)."""
+    v = d["level"]
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return v
+    raise TypeError(f"a level of {v!r}")
+
+
+def digests(v: object) -> list[Digest]:
+    """A stored list of level digests (an outcome's `levels`) read as digests; absent, none."""
+    return [d for d in _items(v) if isinstance(d, Mapping)]
+
+
+def combine_repeats(repeats: Sequence[Sequence[Digest]]) -> list[JsonObject]:
     """Per level, the mean of every numeric digest field over repeats, plus `ci` for the objective fields."""
-    by_level: dict[float, list[dict[str, Any]]] = {}
+    by_level: dict[float, list[Digest]] = {}
     for levels in repeats:
         for d in levels:
-            by_level.setdefault(float(d["level"]), []).append(d)
-    out = []
+            by_level.setdefault(level_of(d), []).append(d)
+    out: list[JsonObject] = []
     for level in sorted(by_level):
         ds = by_level[level]
-        merged: dict[str, Any] = {"level": level, "repeats": len(ds), "ci": {}}
+        ci: JsonObject = {}
+        merged: JsonObject = {"level": level, "repeats": len(ds), "ci": ci}
         keys = {k for d in ds for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         for k in sorted(keys - {"level"}):
-            est = estimate([d.get(k) for d in ds])
+            est = estimate([number(d, k) for d in ds])
             merged[k] = est.mean
             if k in OBJECTIVES or k in ("output_throughput", "tpot_ms_p50", "ttft_ms_p50"):
-                merged["ci"][k] = est.half_width
-        merged["errors"] = _sum_counts([d.get("errors") or {} for d in ds])
-        merged["flags"] = sorted({f for d in ds for f in d.get("flags", [])})
+                ci[k] = est.half_width
+        merged["errors"] = _sum_counts([_counts(d.get("errors")) for d in ds])
+        merged["flags"] = list[JsonValue](sorted({str(f) for d in ds for f in _items(d.get("flags"))}))
         merged["died"] = any(d.get("died") for d in ds)
         mode = next((d["mode"] for d in ds if d.get("mode")), None)
         if mode is not None:  # a rate or trace level stays one (digests stored before it carry none)
-            merged["mode"] = mode
+            merged["mode"] = str(mode)
         out.append(merged)
     return out
 
 
-def _sum_counts(dicts: list[dict[str, int]]) -> dict[str, int]:
+def _counts(v: object) -> Mapping[str, object]:
+    """A digest's error counts (`errors`: kind -> count; absent or empty: none)."""
+    return v if isinstance(v, Mapping) and v else {}
+
+
+def _items(v: object) -> list[object]:
+    """A digest's list (absent: empty)."""
+    return list(v) if isinstance(v, list | tuple) else []
+
+
+def _sum_counts(dicts: list[Mapping[str, object]]) -> JsonObject:
     total: dict[str, int] = {}
     for d in dicts:
         for k, v in d.items():
+            if not isinstance(v, int | float | str):
+                raise TypeError(f"an error count of {v!r}")
             total[k] = total.get(k, 0) + int(v)
-    return total
+    return dict[str, JsonValue](total)
 
 
-def slo_failures(d: dict[str, Any], slo: SLOSpec) -> list[str]:
+def slo_failures(d: Digest, slo: SLOSpec) -> list[str]:
     """Why a level misses the SLOs (empty when it meets every one)."""
     reasons = []
-    done = (d.get("completed") or 0) + (d.get("failed") or 0)
-    success = (d.get("completed") or 0) / done if done else 0.0
+    done = (number(d, "completed") or 0) + (number(d, "failed") or 0)
+    success = (number(d, "completed") or 0) / done if done else 0.0
     if success < slo.min_success_rate:
         reasons.append(f"success rate {success:.1%} < {slo.min_success_rate:.1%}")
     for metric, stat, limit in slo.limits():
-        value = d.get(f"{metric}_{stat}")
+        value = number(d, f"{metric}_{stat}")
         if value is None:
             reasons.append(f"{metric} {stat} not measured")
         elif value > limit:
@@ -151,27 +197,27 @@ class Anomaly:
     kind: str  # throughput_collapse | power_drop | utilization_drop | error_rate | server_died
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
 def anomalies(
-    levels: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, spec: AnomalySpec
+    levels: Sequence[Digest], baseline: Sequence[Digest] | None, spec: AnomalySpec
 ) -> list[Anomaly]:
     """Flags against the study's baseline candidate (same load level) and against absolute limits."""
-    base = {float(d["level"]): d for d in baseline or []}
+    base = {level_of(d): d for d in baseline or []}
     out: list[Anomaly] = []
     for d in levels:
-        lv = float(d["level"])
+        lv = level_of(d)
         if d.get("died"):
             out.append(Anomaly(lv, "server_died", "the server process died during this level"))
-        rate = d.get("failure_rate") or 0.0
+        rate = number(d, "failure_rate") or 0.0
         if rate > spec.max_error_rate:
             out.append(Anomaly(lv, "error_rate", f"{rate:.1%} of requests failed ({d.get('errors') or {}})"))
         b = base.get(lv)
         if b is None:
             continue
-        thr, bthr = d.get("output_throughput") or 0.0, b.get("output_throughput") or 0.0
+        thr, bthr = number(d, "output_throughput") or 0.0, number(b, "output_throughput") or 0.0
         if bthr > 0 and thr < spec.collapse_ratio * bthr:
             out.append(
                 Anomaly(
@@ -184,10 +230,10 @@ def anomalies(
         # are flagged when throughput fell with them (the GPUs starved: 1,867 → 236 tok/s at ~125 W).
         if not (bthr > 0 and thr < 0.9 * bthr):
             continue
-        pw, bpw = d.get("gpu_power_w"), b.get("gpu_power_w")
+        pw, bpw = number(d, "gpu_power_w"), number(b, "gpu_power_w")
         if pw is not None and bpw and pw < spec.power_drop_ratio * bpw:
             out.append(Anomaly(lv, "power_drop", f"GPU power {pw:.0f} W vs the baseline's {bpw:.0f} W"))
-        ut, but = d.get("gpu_util"), b.get("gpu_util")
+        ut, but = number(d, "gpu_util"), number(b, "gpu_util")
         if ut is not None and but and ut < spec.power_drop_ratio * but:
             out.append(
                 Anomaly(lv, "utilization_drop", f"GPU utilization {ut:.0%} vs the baseline's {but:.0%}")
@@ -205,54 +251,55 @@ class Score:
     why: str = ""
     levels_meeting_slo: list[float] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
-def score(label: str, status: str, levels: list[dict[str, Any]], slo: SLOSpec, objective: str) -> Score:
+def score(label: str, status: str, levels: Sequence[Digest], slo: SLOSpec, objective: str) -> Score:
     """A measured candidate's objective at its best SLO-meeting level; other outcomes score None."""
     if status not in ("measured", "anomalous"):
         return Score(label, status, None, None, None, f"not measured ({status})")
     if objective_of(objective).searches_capacity:
         return _capacity_score(label, status, levels)
     direction = OBJECTIVES[objective]
-    ok = [d for d in levels if not slo_failures(d, slo) and d.get(objective) is not None]
+    ok = [(d, v) for d in levels if not slo_failures(d, slo) and (v := number(d, objective)) is not None]
     if not ok:
         reasons = {f"{d['level']:g}": slo_failures(d, slo) for d in levels}
         return Score(label, status, None, None, None, f"no level meets the SLOs: {reasons}")
-    best = (max if direction == "max" else min)(ok, key=lambda d: d[objective])
+    best, value = (max if direction == "max" else min)(ok, key=lambda dv: dv[1])
+    ci = best.get("ci")
     return Score(
         label,
         status,
-        float(best[objective]),
-        (best.get("ci") or {}).get(objective),
-        float(best["level"]),
-        levels_meeting_slo=[float(d["level"]) for d in ok],
+        float(value),
+        number(ci, objective) if isinstance(ci, Mapping) else None,
+        level_of(best),
+        levels_meeting_slo=[level_of(d) for d, _ in ok],
     )
 
 
-def _capacity_score(label: str, status: str, levels: list[dict[str, Any]]) -> Score:
+def _capacity_score(label: str, status: str, levels: Sequence[Digest]) -> Score:
     """objective = "capacity": the highest capacity a search found (the search already held each probe
     to the SLO); its uncertainty, the bracket's step, stands where a confidence interval would."""
-    ok = [d for d in levels if d.get("capacity") is not None]
+    ok = [(d, c) for d in levels if (c := number(d, "capacity")) is not None]
     if not ok:
-        probes = sum(int(d.get("capacity_probes") or 0) for d in levels)
+        probes = sum(int(number(d, "capacity_probes") or 0) for d in levels)
         return Score(
             label, status, None, None, None, f"no load met the SLOs in the capacity search ({probes} probes)"
         )
-    best = max(ok, key=lambda d: float(d["capacity"]))
-    step = best.get("capacity_step")
+    best, capacity = max(ok, key=lambda dc: float(dc[1]))
+    step = number(best, "capacity_step")
     return Score(
         label,
         status,
-        float(best["capacity"]),
+        float(capacity),
         None if step is None else float(step),
-        float(best["level"]),
-        levels_meeting_slo=[float(d["level"]) for d in ok],
+        level_of(best),
+        levels_meeting_slo=[level_of(d) for d, _ in ok],
     )
 
 
-def _judge_capacity(w: Score, r: Score) -> tuple[bool | None, dict[str, Any], str]:
+def _judge_capacity(w: Score, r: Score) -> tuple[bool | None, JsonObject, str]:
     """Two capacities differ only when their brackets do not overlap: the winner passed a load at or above
     the one the runner-up failed at ([pass, pass + step) is where each capacity lies)."""
     if r.half_width is None:
@@ -267,7 +314,11 @@ def _judge_capacity(w: Score, r: Score) -> tuple[bool | None, dict[str, Any], st
         )
     r_fail = (r.value or 0.0) + r.half_width
     significant = (w.value or 0.0) >= r_fail
-    info = {"method": "capacity brackets", "runner_up_failed_at": r_fail, "significant": significant}
+    info: JsonObject = {
+        "method": "capacity brackets",
+        "runner_up_failed_at": r_fail,
+        "significant": significant,
+    }
     word = "exceeds" if significant else "is within"
     return significant, info, f"{word} the searches' uncertainty (the runner-up failed at {r_fail:g})"
 
@@ -411,9 +462,10 @@ class Ranking:
     margin_pct: float | None
     significant: bool | None  # the margin exceeds the noise (None: one repeat, unknown)
     verdict: str
-    noise: dict[str, Any] = field(default_factory=dict)  # how the noise was judged: method, interval, …
+    # how the noise was judged (method, interval, …): each method writes its own keys, readers narrow them
+    noise: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["ranked"] = [s.to_dict() for s in self.ranked]
         return d
@@ -471,7 +523,7 @@ def rank(
 
 def _judge(
     w: Score, r: Score, sign: float, margin: float, samples: dict[str, list[Cluster]], b: int, seed: int
-) -> tuple[bool | None, dict[str, Any], str]:
+) -> tuple[bool | None, JsonObject, str]:
     """Whether the winner's margin exceeds the noise, how that was judged, and the sentence that says it."""
     dw = bootstrap(samples.get(w.label) or [], b, seed)
     dr = bootstrap(samples.get(r.label) or [], b, seed + 1)
@@ -479,15 +531,17 @@ def _judge(
         diff = sign * (dw - dr)
         lo, hi = (float(x) for x in np.percentile(diff, [2.5, 97.5]))
         significant = lo > 0
-        info: dict[str, Any] = {
+        trials: JsonObject = {w.label: len(samples[w.label]), r.label: len(samples[r.label])}
+        requests: JsonObject = {
+            w.label: sum(len(c.num) for c in samples[w.label]),
+            r.label: sum(len(c.num) for c in samples[r.label]),
+        }
+        info: JsonObject = {
             "method": bootstrap_method(b, seed),
             "b": b,
             "seed": seed,
-            "trials": {w.label: len(samples[w.label]), r.label: len(samples[r.label])},
-            "requests": {
-                w.label: sum(len(c.num) for c in samples[w.label]),
-                r.label: sum(len(c.num) for c in samples[r.label]),
-            },
+            "trials": trials,
+            "requests": requests,
             "difference_ci95": [lo, hi],
             "significant": significant,
         }
@@ -518,7 +572,7 @@ class NodeSpread:
     spread: float
     spread_pct: float | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

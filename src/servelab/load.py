@@ -15,9 +15,11 @@ Adding a kind is adding a class here and naming it in `KINDS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
+
+from servelab.jsontypes import JsonObject, JsonValue
 
 Mode = Literal["concurrency", "rate", "trace"]
 # the model's largest batch a rate is searched over (no engine keeps more requests in flight)
@@ -66,16 +68,17 @@ class _Load:
     def label(cls, value: float) -> str:
         return f"{value:g} {cls.unit}"
 
-    def describe(self, value: float | None = None) -> dict[str, Any]:
+    def describe(self, value: float | None = None) -> JsonObject:
         """One level (the main one unless given) as the views show it."""
         v = self.main if value is None else value
         return {"mode": self.mode, "level": self.level_value(v), "unit": self.unit}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """The whole load as the views show it."""
+        levels: list[JsonValue] = [self.level_value(v) for v in self.levels]
         return {
             "mode": self.mode,
-            "levels": [self.level_value(v) for v in self.levels],
+            "levels": levels,
             "main": self.level_value(self.main),
             "unit": self.unit,
         }
@@ -239,7 +242,9 @@ def make(
     raise ValueError(f"unknown load mode {mode!r}; known: concurrency, rate, trace")
 
 
-def of_spec(load: dict[str, Any] | None, workload: dict[str, Any] | None = None) -> LoadKind | None:
+def of_spec(
+    load: Mapping[str, object] | None, workload: Mapping[str, object] | None = None
+) -> LoadKind | None:
     """`from_spec`, or None for a stored study whose load names no levels (the readers show none)."""
     try:
         return from_spec(load or {}, workload)
@@ -247,11 +252,35 @@ def of_spec(load: dict[str, Any] | None, workload: dict[str, Any] | None = None)
         return None
 
 
-def from_spec(load: dict[str, Any], workload: dict[str, Any] | None = None) -> LoadKind:
-    """The typed load of a stored study's `load` and `workload` tables (the report's dicts)."""
+def from_spec(load: Mapping[str, object], workload: Mapping[str, object] | None = None) -> LoadKind:
+    """The typed load of a stored study's `load` and `workload` tables (the report's dicts); ValueError when
+    they name no levels or are not numbers."""
     for mode, key in (("concurrency", "concurrency"), ("rate", "rate"), ("trace", "trace")):
         if load.get(key) is not None:
             levels = (load.get("time_scale") or [1.0]) if mode == "trace" else load[key]
+            main = load.get("main")
             sessions = (workload or {}).get("kind") == "sessions"
-            return make(mode, levels, load.get("main"), sessions=sessions)
+            return make(mode, _numbers(levels), _number(main), sessions=sessions)
     raise ValueError("the load names no concurrency, rate or trace")
+
+
+def _number(v: object) -> float | None:
+    """A stored number as `float()` reads it (None stays None); TypeError for what it cannot read."""
+    if v is None:
+        return None
+    if isinstance(v, int | float | str):
+        return float(v)
+    raise TypeError(f"{v!r} is not a number")
+
+
+def _numbers(v: object) -> list[float]:
+    """A stored list of levels as numbers; TypeError for what is not one."""
+    if not isinstance(v, list | tuple):
+        raise TypeError(f"{v!r} is not a list of levels")
+    out = []
+    for x in v:
+        n = _number(x)
+        if n is None:
+            raise TypeError("a level is missing")
+        out.append(n)
+    return out

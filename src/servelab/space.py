@@ -14,24 +14,31 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypeGuard
 
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.redact import is_secret_name
 
 
 class ConstraintLike(Protocol):
-    """A `[[search.constraints]]` table (config.sections.ConstraintSpec): this module sits below config."""
+    """A `[[search.constraints]]` table (config.sections.ConstraintSpec): this module sits below config.
+    Read only, its values narrowed here (a TOML table before it is checked)."""
 
-    when: dict[str, Any]
-    allow: dict[str, Any]
-    set: dict[str, Any]
+    @property
+    def when(self) -> Mapping[str, object]: ...
+
+    @property
+    def allow(self) -> Mapping[str, object]: ...
+
+    @property
+    def set(self) -> Mapping[str, object]: ...
 
 
 class SearchLike(Protocol):
     """The `[search]` table's space and constraints (config.sections.SearchSpec)."""
 
     @property
-    def space(self) -> dict[str, Any]: ...
+    def space(self) -> Mapping[str, object]: ...
 
     @property
     def constraints(self) -> Sequence[ConstraintLike]: ...
@@ -137,7 +144,7 @@ class Condition:
 
     key: str
     equals: tuple[Value, ...] = ()
-    ops: tuple[tuple[str, float], ...] = ()
+    ops: tuple[tuple[str, Value], ...] = ()  # a number, or the value `ne` compares with
 
     def holds(self, v: Value | None) -> bool:
         if v is None:
@@ -147,6 +154,8 @@ class Condition:
         for op, x in self.ops:
             if isinstance(v, bool | str):
                 return op == "ne" and v != x
+            if isinstance(x, str):  # every comparison below is taken, and a number does not order with text
+                raise TypeError(f"'{op}' not supported between {type(v).__name__} and str")
             if not {
                 "gt": v > x,
                 "ge": v >= x,
@@ -278,13 +287,13 @@ def flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def candidate_fields(point: Point, space: Space | None = None, name: str | None = None) -> dict[str, Any]:
+def candidate_fields(point: Point, space: Space | None = None, name: str | None = None) -> JsonObject:
     """The candidate table a point is (config.sections.CandidateSpec's fields): fields, layout, env, options, and
-    engine flags in the space's order."""
-    fields: dict[str, Any] = {}
-    args: list[str] = []
-    env: dict[str, str] = {}
-    options: dict[str, Any] = {}
+    engine flags in the space's order. JSON: config validates it into a CandidateSpec."""
+    fields: JsonObject = {}
+    args: list[JsonValue] = []
+    env: JsonObject = {}
+    options: JsonObject = {}
     for key, v in point.items():
         if key == "layout":
             fields.update(parse_layout(str(v)))
@@ -336,7 +345,7 @@ def label(point: Point, space: Space | None = None) -> str:
 
 
 # -- the study file's [search] into typed parameters --------------------------------------------------
-def _flatten(space: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+def _flatten(space: Mapping[str, object]) -> Iterator[tuple[str, object]]:
     for key, v in space.items():
         if key in ("env", "options") and isinstance(v, dict):
             for sub, x in v.items():
@@ -372,11 +381,11 @@ def check_key(key: str, path: str) -> None:
         )
 
 
-def _scalar(v: Any) -> bool:
+def _scalar(v: object) -> TypeGuard[Value]:
     return isinstance(v, str | int | float | bool)
 
 
-def parse_param(key: str, raw: Any, path: str) -> Param:
+def parse_param(key: str, raw: object, path: str) -> Param:
     check_key(key, path)
     if isinstance(raw, list):
         if not raw:
@@ -425,7 +434,7 @@ def parse_param(key: str, raw: Any, path: str) -> Param:
     raise SpaceError(path, "give a list of values or a range table { low, high, log, step }")
 
 
-def _conditions(raw: Mapping[str, Any], path: str) -> tuple[Condition, ...]:
+def _conditions(raw: Mapping[str, object], path: str) -> tuple[Condition, ...]:
     out = []
     for key, v in _flatten(raw):
         where = f"{path}.{key}"
@@ -436,7 +445,7 @@ def _conditions(raw: Mapping[str, Any], path: str) -> tuple[Condition, ...]:
                 raise SpaceError(where, "a non-empty list of values")
             out.append(Condition(key, tuple(v)))
         elif isinstance(v, dict):
-            ops = []
+            ops: list[tuple[str, Value]] = []
             for op, x in v.items():
                 if op == "low":
                     op = "ge"

@@ -44,6 +44,7 @@ from servelab.report.model import (
 from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, layout_gpus, throughput_front
 from servelab.report.pareto import front as pareto_front
 from servelab.report.pareto import point as pareto_point
+from servelab.report.text import as_list
 from servelab.report.top import Winner, top_lines
 from servelab.results import LevelSummary, RunContext
 from servelab.store.db import Store
@@ -64,7 +65,7 @@ OUTCOME_TEXT = {
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
-def load(store: Store, ref: str, host: dict[str, Any] | None = None, model: bool = True) -> StudyReport:
+def load(store: Store, ref: str, host: JsonObject | None = None, model: bool = True) -> StudyReport:
     """Everything the report needs about study `ref` (uid, id, name or `last`).
 
     `host` is what `report.host.gather()` saw on *this* machine (None: not gathered), shown apart from the
@@ -136,7 +137,7 @@ def build(
     st: StoredStudy,
     cands: list[CandidateRows],
     plan: PlanView | None = None,
-    host: dict[str, Any] | None = None,
+    host: JsonObject | None = None,
     model: bool = True,
     contexts: list[TrialContext] | None = None,
 ) -> StudyReport:
@@ -165,10 +166,12 @@ def build(
     # every other declared objective at each candidate's ranked level: (candidate, level, value)
     others = {
         o: [
-            (c.label, float(lv["level"]), float(lv[o]))
+            (c.label, analyze.level_of(lv), float(v))
             for c in candidates
             for lv in c.levels
-            if (at := c.ranked_level()) is not None and float(lv["level"]) == at and lv.get(o) is not None
+            if (at := c.ranked_level()) is not None
+            and analyze.level_of(lv) == at
+            and (v := analyze.number(lv, o)) is not None
         ]
         for o in study.objectives[1:]
         if o
@@ -266,7 +269,7 @@ def _study(st: StoredStudy, spec: dict[str, Any], baseline: str | None, note: st
 def _host(
     spec: dict[str, Any],
     cands: list[CandidateReport],
-    gathered: dict[str, Any] | None,
+    gathered: JsonObject | None,
     contexts: list[TrialContext],
 ) -> HostReport:
     """The host the study ran on, from what the study recorded: its bench runs' contexts first (what each run
@@ -382,16 +385,15 @@ def _readable_score(c: CandidateReport, slo: Any) -> CandidateReport:
     reason spells it as a Python dict)."""
     if (c.score and c.score.value is not None) or slo is None or not c.measured:
         return c
-    misses = [
-        {"level": lv["level"], "reasons": analyze.slo_failures(lv, slo)}
-        for lv in c.levels
-        if lv.get("level") is not None
-    ]
-    if not any(m["reasons"] for m in misses):
+    misses = [(lv["level"], analyze.slo_failures(lv, slo)) for lv in c.levels if lv.get("level") is not None]
+    if not any(reasons for _, reasons in misses):
         return c
-    text = "; ".join(f"at level {m['level']:g}, {', '.join(m['reasons'])}" for m in misses if m["reasons"])
+    text = "; ".join(f"at level {level:g}, {', '.join(reasons)}" for level, reasons in misses if reasons)
     stored = c.score.model_dump(mode="json") if c.score else {}
-    why = {"why": f"no level meets the SLOs: {text}", "slo_misses": misses}
+    why = {
+        "why": f"no level meets the SLOs: {text}",
+        "slo_misses": [{"level": level, "reasons": reasons} for level, reasons in misses],
+    }
     return c.model_copy(update={"score": CandidateScore.model_validate(stored | why)})
 
 
@@ -458,14 +460,15 @@ def pareto(cands: list[CandidateReport], slo: Any = None) -> Curves:
         s = c.settings
         gpus = layout_gpus(s.tp, s.pp, s.dp)
         for lv in c.levels:
-            x, y = lv.get("output_throughput"), lv.get("tpot_ms_p50")
-            if (pp := pareto_point(c.label, lv["level"], x, y, gpus)) is not None:
+            x, y = analyze.number(lv, "output_throughput"), analyze.number(lv, "tpot_ms_p50")
+            level = analyze.stored_level(lv)
+            if (pp := pareto_point(c.label, level, x, y, gpus)) is not None:
                 per_gpu.append(pp)
             if x is None or y is None:
                 continue
             ok = not analyze.slo_failures(lv, slo) if slo is not None else True
             points.append(
-                CurvePoint(label=c.label, level=lv["level"], output_throughput=x, tpot_ms_p50=y, meets_slo=ok)
+                CurvePoint(label=c.label, level=level, output_throughput=x, tpot_ms_p50=y, meets_slo=ok)
             )
     good = [p for p in points if p.meets_slo]
     front = [
@@ -490,13 +493,12 @@ def energy_points(cands: list[CandidateReport]) -> list[EnergyPoint]:
     report's energy chart, `energy_points`; `energy_front` the levels no other beats on both: more output
     tok/s for fewer J per output token)."""
     return [
-        EnergyPoint(
-            c.label, float(lv["level"]), float(lv["output_throughput"]), float(lv["j_per_output_token"])
-        )
+        EnergyPoint(c.label, analyze.level_of(lv), float(x), float(j))
         for c in cands
         if c.measured
         for lv in c.levels
-        if lv.get("output_throughput") is not None and lv.get("j_per_output_token") is not None
+        if (x := analyze.number(lv, "output_throughput")) is not None
+        and (j := analyze.number(lv, "j_per_output_token")) is not None
     ]
 
 
@@ -527,12 +529,13 @@ def _winner(ranking: StoredRanking | None, cands: list[CandidateReport]) -> Winn
         None: "cannot be judged against the noise (one repeat each; set repeats ≥ 2)",
     }[sig]
     judged = ranking.noise or {}
-    method = judged.get("method")
+    method = _text(judged.get("method"))
     if sig is None and judged.get("reason") and judged.get("reason") != "one trial each":
         noise = f"cannot be judged against the noise ({judged['reason']})"
     if sig is not None:  # say how: a cluster bootstrap over the trials' requests, or the t-interval
         method = method or analyze.T_METHOD
-        ci, hw, failed = (judged.get(k) for k in ("difference_ci95", "half_width", "runner_up_failed_at"))
+        ci = as_list(judged.get("difference_ci95"))
+        hw, failed = (judged.get(k) for k in ("half_width", "runner_up_failed_at"))
         where = (
             f", 95 % interval of the difference [{ci[0]:+.3g}, {ci[1]:+.3g}]"
             if ci
@@ -564,7 +567,12 @@ def _winner(ranking: StoredRanking | None, cands: list[CandidateReport]) -> Winn
     )
 
 
-def _node_spread(ns: Any, margin: Any) -> str | None:
+def _text(v: object) -> str | None:
+    """A stored text (None where there is none)."""
+    return None if v is None else str(v)
+
+
+def _node_spread(ns: object, margin: float | None) -> str | None:
     """On a cluster, the margin against the node-to-node spread measured on the baseline, in words."""
     if not isinstance(ns, dict):
         return None
@@ -666,12 +674,14 @@ def _explain(
             for lv in ex.levels
         ],
         decode=DecodeView(
-            **kind.describe(main_run.value),
+            mode=kind.mode,
+            level=kind.level_value(main_run.value),
+            unit=kind.unit,
             concurrency=main_run.concurrency,
             predicted_step_ms=p.decode_step_ms,
             predicted_tpot_ms=p.tpot_ms,
             predicted_breakdown_ms=dict(p.decode_breakdown_ms),
-            measured_tpot_ms=main_lv.get("tpot_ms_p50"),
+            measured_tpot_ms=analyze.number(main_lv, "tpot_ms_p50"),
             bottleneck=p.bottleneck,
             allreduce_share=p.allreduce_share,
         ),

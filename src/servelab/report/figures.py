@@ -7,11 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from servelab.analyze import level_of, number
 from servelab.load import kind_of
 from servelab.report.model import CandidateReport, Explained, StudyReport
 from servelab.report.pareto import ENERGY_AXES, EnergyPoint, ParetoPoint, front, members_text
 from servelab.report.plots import Series, line_chart, spans_decades, stacked_bars
 from servelab.report.runreport import RunReport, Timeline
+from servelab.report.text import as_map
 
 P = TypeVar("P")
 
@@ -29,22 +31,22 @@ class Figure:
 def _series(c: CandidateReport, y_key: str, x_key: str = "level") -> Series:
     levels = c.levels
     pts = [
-        (float(lv[x_key]), float(lv[y_key]))
+        (float(x), float(y))
         for lv in levels
-        if lv.get(x_key) is not None and lv.get(y_key) is not None
+        if (x := number(lv, x_key)) is not None and (y := number(lv, y_key)) is not None
     ]
-    by_level = {float(lv["level"]): lv for lv in levels}
+    by_level = {level_of(lv): lv for lv in levels}
     marks = []
     for a in c.anomalies:
         lv = by_level.get(float(a.level))
-        if lv is not None and lv.get(y_key) is not None and lv.get(x_key) is not None:
-            marks.append((float(lv[x_key]), float(lv[y_key]), f"{a.kind}: {a.detail}"))
+        if lv is not None and (y := number(lv, y_key)) is not None and (x := number(lv, x_key)) is not None:
+            marks.append((float(x), float(y), f"{a.kind}: {a.detail}"))
     errors = [
-        (float(lv[x_key]), float(lv[y_key]), float((lv.get("ci") or {})[y_key]))
+        (float(x), float(y), float(e))
         for lv in levels
-        if lv.get(x_key) is not None
-        and lv.get(y_key) is not None
-        and isinstance((lv.get("ci") or {}).get(y_key), int | float)
+        if (x := number(lv, x_key)) is not None
+        and (y := number(lv, y_key)) is not None
+        and (e := number(as_map(lv.get("ci")), y_key)) is not None
     ]
     name = c.label + (" (winner)" if c.winner else "")
     return Series(name, pts, marks, dashed=c.status != "measured" and c.status != "running", errors=errors)

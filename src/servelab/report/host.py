@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from servelab.host.agent_op import AgentOp, Answer, NoArgs
+from servelab.jsontypes import JsonObject
 
 
 class HostFacts(Answer):
@@ -29,7 +30,7 @@ HOST_FACTS: AgentOp[NoArgs, HostFacts | None] = AgentOp(
 )
 
 
-def gather() -> dict[str, Any] | None:
+def gather() -> JsonObject | None:
     """Doctor findings and the GPU topology summary of this machine; None when the checks are not installed."""
     try:
         from servelab.host import doctor, gpus, topology

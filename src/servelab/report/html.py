@@ -5,6 +5,7 @@ Content-Security-Policy that forbids fetching anything. Every stored string goes
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servelab.load import in_flight_text, kind_of
@@ -23,7 +24,7 @@ from servelab.report.runreport import RunReport
 from servelab.report.startup import HEAD as STARTUP_HEAD
 from servelab.report.startup import NOTE as STARTUP_NOTE
 from servelab.report.startup import report_rows
-from servelab.report.text import clock_sentence, fmt, fmt_level, h, level_digits
+from servelab.report.text import as_list, as_map, clock_sentence, fmt, fmt_level, h, level_digits
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222;line-height:1.4}
@@ -82,14 +83,14 @@ def num(value: Any, digits: int = 1, key: str = "", half: Any = None) -> str:
     return f'<td class="num"{k}{data}>{h(shown)}</td>'
 
 
-def level_rows(levels: list[dict[str, Any]]) -> list[list[str]]:
+def level_rows(levels: Sequence[Mapping[str, object]]) -> list[list[str]]:
     rows = []
     for lv in levels:
-        ci = lv.get("ci") or {}
-        errors = ", ".join(f"{k}: {v}" for k, v in sorted((lv.get("errors") or {}).items())) or "-"
+        ci = as_map(lv.get("ci"))
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(as_map(lv.get("errors")).items())) or "-"
         rows.append(
             [
-                num(lv.get("level"), 0 if float(lv.get("level") or 0).is_integer() else 2, "level"),
+                num(lv.get("level"), level_digits(lv.get("level") or 0), "level"),
                 num(lv.get("completed"), 0, "completed"),
                 num(lv.get("failed"), 0, "failed"),
                 num(lv.get("ttft_ms_p50"), 1, "ttft_ms_p50", ci.get("ttft_ms_p50")),
@@ -112,7 +113,7 @@ def level_rows(levels: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def levels_table(label: str, levels: list[dict[str, Any]]) -> str:
+def levels_table(label: str, levels: Sequence[Mapping[str, object]]) -> str:
     return table(LEVEL_HEAD, level_rows(levels), "levels", 1, f' data-candidate="{h(label)}"')
 
 
@@ -208,7 +209,7 @@ def host_section(hst: HostReport) -> str:
                         h(c.get("detail") or c.get("evidence") or ""),
                         h(c.get("fix") or ""),
                     ]
-                    for c in here["checks"]
+                    for c in map(as_map, as_list(here["checks"]))
                 ],
                 "doctor",
             )
@@ -452,7 +453,8 @@ def plan_items(plan: PlanView) -> str:
                 h(i["content"]),
                 h(
                     ", ".join(
-                        f"{e.get('run') or '-'} ({e.get('status') or '-'})" for e in i.get("evidence") or []
+                        f"{e.get('run') or '-'} ({e.get('status') or '-'})"
+                        for e in map(as_map, as_list(i.get("evidence")))
                     )
                     or "-"
                 ),

@@ -6,7 +6,7 @@ or `text.md_code` (a fenced block), so a hostile log line stays text in any Mark
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,17 @@ from servelab.report.runreport import RunReport
 from servelab.report.startup import HEAD as STARTUP_HEAD
 from servelab.report.startup import NOTE as STARTUP_NOTE
 from servelab.report.startup import report_rows
-from servelab.report.text import clock_sentence, fmt, fmt_level, md, md_code, md_inline_code
+from servelab.report.text import (
+    as_list,
+    as_map,
+    clock_sentence,
+    fmt,
+    fmt_level,
+    level_digits,
+    md,
+    md_code,
+    md_inline_code,
+)
 
 LEVEL_HEAD = (
     "level",
@@ -55,11 +65,11 @@ def _pm(value: Any, half: Any, digits: int = 1) -> str:
     return fmt(value, digits) + (f" ± {fmt(half, digits)}" if half is not None else "")
 
 
-def level_row(lv: dict[str, Any]) -> list[str]:
-    ci = lv.get("ci") or {}
-    errors = ", ".join(f"{md(k)}: {v}" for k, v in sorted((lv.get("errors") or {}).items())) or "-"
+def level_row(lv: Mapping[str, object]) -> list[str]:
+    ci = as_map(lv.get("ci"))
+    errors = ", ".join(f"{md(k)}: {v}" for k, v in sorted(as_map(lv.get("errors")).items())) or "-"
     return [
-        fmt(lv.get("level"), 0) if float(lv.get("level") or 0).is_integer() else fmt(lv.get("level"), 2),
+        fmt(lv.get("level"), 0) if level_digits(lv.get("level") or 0) == 0 else fmt(lv.get("level"), 2),
         fmt(lv.get("completed"), 0),
         fmt(lv.get("failed"), 0),
         _pm(lv.get("ttft_ms_p50"), ci.get("ttft_ms_p50")),
@@ -177,7 +187,7 @@ def _host(hst: HostReport) -> list[str]:
                         md(c.get("detail") or c.get("evidence") or ""),
                         md(c.get("fix") or ""),
                     ]
-                    for c in here["checks"]
+                    for c in map(as_map, as_list(here["checks"]))
                 ],
             )
         if here.get("note"):
@@ -365,7 +375,7 @@ def _plan(model: StudyReport) -> list[str]:
                     md(
                         ", ".join(
                             f"{e.get('run') or '-'} ({e.get('status') or '-'})"
-                            for e in i.get("evidence") or []
+                            for e in map(as_map, as_list(i.get("evidence")))
                         )
                         or "-"
                     ),

@@ -5,8 +5,8 @@ The JSON the fronts publish is `StudyReport.to_json()` (`"format": "servelab-rep
 the field order here is the order of its keys, and a key some reports lack is dropped when it is None
 (`_omit_none`) so that the published shape stays what it was. Numbers read back from the store keep the
 type they were stored with (`int | float`: a level `4` stays `4`, not `4.0`). What another writer stores
-as open JSON (a level digest, a diagnosis, how the noise was judged) stays a `dict[str, Any]`, said so at
-the field: this model does not own that shape.
+as open JSON (a level digest, a diagnosis, how the noise was judged) stays a `JsonObject`, said so at the
+field: this model does not own that shape, and its readers narrow each value they use.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pydantic import (
     model_serializer,
 )
 
+from servelab.jsontypes import JsonObject
 from servelab.redact import redact
 from servelab.report.pareto import EnergyPoint, ParetoPoint
 from servelab.report.top import TopLine, Winner
@@ -83,7 +84,7 @@ class StudyInfo(_Part):
     baseline: str | None
     model: str | None
     engine: EngineInfo
-    workload: dict[str, Any]  # the study file's [workload] table as written: each kind has its own keys
+    workload: JsonObject  # the study file's [workload] table as written: each kind has its own keys
     load: LoadInfo
     command: str | None  # `servelab tune SOURCE`
     price_note: str | None  # what the energy and money columns are, at which price (None: not measured)
@@ -131,7 +132,7 @@ class HostReport(_Part):
     engine_versions: list[str]
     # doctor's findings as `report.host.gather` (or the remote agent) returned them: its checks are the
     # doctor's own open JSON and a remote answer has keys a local one lacks (None: not gathered)
-    this_machine: dict[str, Any] | None
+    this_machine: JsonObject | None
 
 
 class ConfigRow(_Part):
@@ -257,15 +258,15 @@ class CandidateReport(_Part):
     baseline: bool
     winner: bool
     settings: CandidateSettings
-    predicted: dict[str, Any] | None  # the model's prediction as tune stored it
+    predicted: JsonObject | None  # the model's prediction as tune stored it
     config: list[ConfigRow]
     not_applied: list[NotApplied]
-    diagnosis: dict[str, Any] | None  # logs.diagnose's verdict as the trial stored it
+    diagnosis: JsonObject | None  # logs.diagnose's verdict as the trial stored it
     anomalies: list[AnomalyNote]
     score: CandidateScore | None
     # the stored level digests (`results.LevelSummary.digest`, combined over repeats by analyze): open
     # JSON whose keys grow with the digest (energy, cost, ci)
-    levels: list[dict[str, Any]]
+    levels: list[JsonObject]
     command: str | None  # the last launch as one shell line
     trials: list[TrialReport]
 
@@ -295,7 +296,7 @@ class StoredRanking(_Part):
     verdict: str | None = None
     # how the noise was judged: each method writes its own keys (analyze.rank: a bootstrap's interval, the
     # t-interval's half-width, capacity brackets; guard_node_spread adds node_spread), so it stays open
-    noise: dict[str, Any] | None = None
+    noise: JsonObject | None = None
 
 
 class SloLimit(_Part):
@@ -378,7 +379,7 @@ class PlanView(_Part):
     available: bool
     note: str
     name: str | None = None  # absent when the plan could not be read
-    items: list[dict[str, Any]]  # the plan module's items (`plan.items.Item.to_dict`), its own JSON
+    items: list[JsonObject]  # the plan module's items (`plan.items.Item.to_dict`), its own JSON
 
 
 class StudyReport(_Part):
@@ -397,7 +398,7 @@ class StudyReport(_Part):
     energy_points: list[EnergyPoint]
     energy_front: list[EnergyPoint]
     ranking: StoredRanking | None
-    search: dict[str, Any] | None  # the search driver's stored summary (search.driver), its own JSON
+    search: JsonObject | None  # the search driver's stored summary (search.driver), its own JSON
     winner: Winner
     top: list[TopLine]  # one line per declared objective, then the front's members (report.top)
     explain: Explained | NoExplain
@@ -405,7 +406,7 @@ class StudyReport(_Part):
     plan_state: dict[str, list[str]]
     plan: PlanView
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The published JSON (`servelab report --json`, the UI's /api/study, MCP)."""
         return self.model_dump(mode="json")
 

@@ -10,11 +10,11 @@ binned on the same timeline as the server's `/metrics` samples (`results.LevelSe
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from servelab.bench.metrics import tpot_s
+from servelab.jsontypes import JsonObject
 from servelab.report.pareto import ParetoPoint, point, throughput_front
 from servelab.results import LevelSeries, RequestRecord, Run
 from servelab.store.bench import BenchRepo
@@ -41,7 +41,7 @@ class RunHead(_M):
     finished_at: str | None
     time_base: str
     clock_speed: float
-    workload: dict[str, Any]
+    workload: JsonObject
     gpu: str | None
     num_gpus: int | None
     layout: str | None
@@ -127,7 +127,7 @@ class RunReport(_M):
     pareto_points: list[ParetoPoint] = Field(default_factory=list)
     pareto_front: list[ParetoPoint] = Field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return self.model_dump(mode="json")
 
 

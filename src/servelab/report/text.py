@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL/ST), other two-byte ESC sequences, then the C0/C1 controls left.
 _ANSI = re.compile(
@@ -83,6 +83,17 @@ def fmt(value: object, digits: int = 1) -> str:
             return "-"
         return f"{value:,.{digits}f}"
     return clean(value)
+
+
+def as_map(value: object) -> Mapping[str, object]:
+    """A member of open JSON (a stored digest, a diagnosis, doctor's findings) read as an object: absent or
+    not one, empty, so a renderer shows `-` rather than failing on another writer's shape."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> list[object]:
+    """A member of open JSON read as a list: absent or not one, empty."""
+    return list(value) if isinstance(value, list | tuple) else []
 
 
 def clock_sentence(clock_speeds: Sequence[float]) -> str:

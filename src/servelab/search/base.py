@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import operator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from servelab.config.sections import CandidateSpec
+from servelab.jsontypes import JsonObject
 from servelab.space import Point, Space, Value, candidate_fields
 
 Origin = Literal["listed", "prior", "model", "sampler", "grid", "rung", "pruned"]
@@ -88,7 +89,7 @@ class Region:
         parts = [f"{k} = {v!r}" for k, v in self.values] + [f"{k} {op} {b:g}" for k, op, b in self.bounds]
         return " and ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = {**asdict(self), "values": dict(self.values), "where": self.text()}
         d["bounds"] = [list(b) for b in self.bounds]
         return d

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -19,7 +20,7 @@ from servelab import space as sp
 from servelab.config.sections import CandidateSpec, LoadSpec, WorkloadSpec
 from servelab.config.study import Study
 from servelab.events import SearchPromoted, SearchProposed, SearchPruned
-from servelab.jsontypes import JsonObject
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.model.factors import Factors
 from servelab.search import prior, prune
 from servelab.search.base import History, NamedSetting, Origin, Outcome, Proposal, Tried, candidate, point_key
@@ -126,7 +127,7 @@ class SearchDriver:
         trials: list[StoredTrial],
         search: CandidateSearch,
         point: dict[str, Any],
-        base_levels: list[dict[str, Any]] | None,
+        base_levels: Sequence[analyze.Digest] | None,
     ) -> Tried:
         status = c.status
         origin = cast(Origin, search.origin or "listed")
@@ -178,15 +179,15 @@ class SearchDriver:
             outcome = "pending"
         return Tried(c.label, dict(point), outcome, values, rung, origin, keys, reason, setting)
 
-    def _value(self, label: str, levels: list[dict[str, Any]], objective: str) -> float | None:
+    def _value(self, label: str, levels: Sequence[analyze.Digest], objective: str) -> float | None:
         """The objective at the level the study's own objective scores (a Pareto pair is one level)."""
         main = analyze.score(label, "measured", levels, self.study.slo, self.objectives[0])
         if main.level is None:
             return None
         if objective == self.objectives[0]:
             return main.value
-        d = next((d for d in levels if float(d["level"]) == main.level), None)
-        v = d.get(objective) if d else None
+        d = next((d for d in levels if analyze.level_of(d) == main.level), None)
+        v = analyze.number(d, objective) if d else None
         return float(v) if v is not None else None
 
     # -- the model --------------------------------------------------------------------------------
@@ -307,16 +308,16 @@ class SearchDriver:
         cand = candidate(prop.point, self.space)
         idx = len(t.repo.candidates(self.sid))
         prior_value = prior.predict(self.study, cand, None).value
-        search: dict[str, Any] = {
+        search: JsonObject = {
             "origin": prop.origin,
-            "point": prop.point,
+            "point": dict[str, JsonValue](prop.point),
             "rung": prop.rung,
             "repeats": 1,
             "predicted": {
                 "prior": prior_value,
                 "refit": prop.predicted if self.factors is not None else None,
                 "refit_from_runs": self._fit_from if self.factors is not None else 0,
-                "refit_factors": self.fitted,
+                "refit_factors": list[JsonValue](self.fitted),
             },
         }
         if prop.region is not None:
@@ -355,7 +356,7 @@ class SearchDriver:
             t.repo.set_candidate(c.id, "measured", {})
 
 
-def dry_run_view(study: Study) -> dict[str, Any]:
+def dry_run_view(study: Study) -> JsonObject:
     """What `tune --dry-run` shows of a search: the space, the budget and the model's first points."""
     assert study.search is not None
     spec = study.search
@@ -380,8 +381,11 @@ def dry_run_view(study: Study) -> dict[str, Any]:
         "space_size": space.size(),
         "feasible": len(points) if space.finite() else None,
         "budget": budget or "none (the whole space)",
-        "objectives": objectives(study),
-        "first": [{"label": sp.label(p, space), "point": p, "predicted": v} for p, v in first[:n]],
+        "objectives": list[JsonValue](objectives(study)),
+        "first": [
+            {"label": sp.label(p, space), "point": dict[str, JsonValue](p), "predicted": v}
+            for p, v in first[:n]
+        ],
     }
 
 
@@ -417,9 +421,9 @@ def summary(
     tuner: TrialRunner,
     sid: int,
     cands: list[StoredCandidate],
-    out: list[dict[str, Any]],
+    out: Sequence[Mapping[str, object]],
     ranking: analyze.Ranking,
-) -> dict[str, Any]:
+) -> JsonObject:
     """What the search did: budget used, each candidate's origin and model error, the regions it pruned,
     the contenders, a tie when the winner's margin is within the noise, and the Pareto front."""
     study = tuner.study
@@ -430,9 +434,11 @@ def summary(
     trials_used = 0
     redone = 0  # trials a kill or a lost node cut short, run again (not charged to the budget)
     elapsed = 0.0
-    rows = []
-    regions: dict[str, dict[str, Any]] = {}
-    by_label = {o["label"]: o for o in out}
+    rows: list[JsonObject] = []
+    errors: dict[str, list[float]] = {"prior": [], "refit": []}  # each row's model error, where there is one
+    measured: list[str] = []  # the labels of the rows with a measured score, in order
+    regions: dict[str, JsonObject] = {}
+    by_label: dict[object, Mapping[str, object]] = {o["label"]: o for o in out}
     for c in cands:
         trials = tuner.repo.trials(c.id)
         trials_used += sum(x.status not in ("interrupted", "lost") for x in trials)
@@ -441,11 +447,12 @@ def summary(
         search = c.search or CandidateSearch()
         o = by_label.get(c.label, {})
         # what was measured, also for a candidate left out of the ranking (one trial, or halving's rung 0)
-        score = analyze.score(c.label, "measured", o.get("levels") or [], study.slo, study.objective).value
+        levels = analyze.digests(o.get("levels"))
+        score = analyze.score(c.label, "measured", levels, study.slo, study.objective).value
         if c.status not in ("measured", "anomalous"):
             score = None
         pred = search.predicted or SearchPredicted()
-        row: dict[str, Any] = {
+        row: JsonObject = {
             "label": c.label,
             "origin": search.origin or ("grid" if spec.strategy == "grid" else "listed"),
             "status": c.status,
@@ -456,31 +463,44 @@ def summary(
             "predicted_refit": pred.refit,
         }
         # the model predicts the main level: its error is judged there (the score may sit at another level)
-        at_main = next((d for d in o.get("levels") or [] if float(d["level"]) == main), None)
-        m = at_main.get(study.objective) if at_main and c.status in ("measured", "anomalous") else None
+        at_main = next((d for d in levels if analyze.level_of(d) == main), None)
+        m = (
+            analyze.number(at_main, study.objective)
+            if at_main and c.status in ("measured", "anomalous")
+            else None
+        )
         row["measured_at_main"] = m
         for k in ("prior", "refit"):
             p = pred.prior if k == "prior" else pred.refit
-            row[f"error_{k}"] = abs(p / m - 1.0) if (p and m) else None
+            err = abs(p / m - 1.0) if (p and m) else None
+            row[f"error_{k}"] = err
+            if err is not None:
+                errors[k].append(err)
         if c.status == "pruned" and search.region:
             reg = search.region
             row["pruned_by"] = reg
-            regions.setdefault(str(reg["where"]), {**reg, "pruned": 0})["pruned"] += 1
+            entry = regions.setdefault(str(reg["where"]), {**reg, "pruned": 0})
+            n = entry["pruned"]
+            entry["pruned"] = (n if isinstance(n, int) else 0) + 1
         rows.append(row)
-    errs = {k: [r[f"error_{k}"] for r in rows if r[f"error_{k}"] is not None] for k in ("prior", "refit")}
-    out_d: dict[str, Any] = {
+        if score is not None:
+            measured.append(c.label)
+
+    out_d: JsonObject = {
         "strategy": spec.strategy,
         "seed": spec.seed,
-        "objectives": objs,
+        "objectives": list[JsonValue](objs),
         "budget": {"trials": spec.budget_trials, "minutes": spec.budget_minutes},
         "used": {"trials": trials_used, "minutes": round(elapsed / 60, 3), "cut_short": redone},
         "space_size": sp.build(spec).size() if spec.space else None,
-        "candidates": rows,
-        "regions": list(regions.values()),
+        "candidates": list[JsonValue](rows),
+        "regions": list[JsonValue](regions.values()),
         "model_error": {
-            k: {"median": sorted(v)[len(v) // 2] if v else None, "n": len(v)} for k, v in errs.items()
+            k: {"median": sorted(v)[len(v) // 2] if v else None, "n": len(v)} for k, v in errors.items()
         },
-        "contenders": [c.label for c in cands if c.search is not None and c.search.contender],
+        "contenders": list[JsonValue](
+            [c.label for c in cands if c.search is not None and c.search.contender]
+        ),
     }
     if ranking.winner and ranking.significant is False:
         lo_hi = (ranking.noise or {}).get("difference_ci95")
@@ -492,19 +512,21 @@ def summary(
             "why": "the winner's margin is within the noise: the two are reported as tied",
         }
     if len(objs) == 2:
-        pts = [(r["label"], by_label.get(r["label"], {})) for r in rows if r["measured"] is not None]
+        pts = [(label, by_label.get(label, {})) for label in measured]
         pairs = []
         for label, o in pts:
-            lvl = (o.get("score") or {}).get("level")
-            d = next((d for d in o.get("levels") or [] if float(d["level"]) == lvl), None)
-            if d is not None and d.get(objs[1]) is not None:
-                pairs.append((label, float(d[objs[0]]), float(d[objs[1]])))
-        out_d["pareto"] = {
-            "objectives": objs,
-            "front": [
-                {"label": label, objs[0]: a, objs[1]: b}
-                for label, a, b in analyze.pareto_front(pairs, [prior.better(o) for o in objs])
-            ],
-        }
+            got = o.get("score")
+            lvl = got.get("level") if isinstance(got, Mapping) else None
+            d = next((d for d in analyze.digests(o.get("levels")) if analyze.level_of(d) == lvl), None)
+            if d is not None and (b := analyze.number(d, objs[1])) is not None:
+                a = analyze.number(d, objs[0])
+                if a is None:
+                    raise TypeError(f"{label}'s level {lvl} has no {objs[0]}")
+                pairs.append((label, float(a), float(b)))
+        front: list[JsonValue] = [
+            {"label": label, objs[0]: a, objs[1]: b}
+            for label, a, b in analyze.pareto_front(pairs, [prior.better(o) for o in objs])
+        ]
+        out_d["pareto"] = {"objectives": list[JsonValue](objs), "front": front}
     _ = prune  # the regions above are what prune learned, read back from the stored pruned candidates
     return out_d

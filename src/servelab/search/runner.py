@@ -7,11 +7,13 @@ fits, whatever it stores them as.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
 from servelab.events import Observer
+from servelab.jsontypes import JsonObject
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredTrial, StudyRepo
 
@@ -48,12 +50,13 @@ class TrialRunner(Protocol):
         """The baseline candidate's label ("" while there is none)."""
         ...
 
-    def baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
-        """The baseline's measured levels (None for the baseline itself or before it ran)."""
+    def baseline_levels(self, label: str) -> Sequence[Mapping[str, object]] | None:
+        """The baseline's measured levels, its level digests read only (None for the baseline itself or before
+        it ran)."""
         ...
 
-    def predicted(self, cand: CandidateSpec) -> dict[str, Any] | None:
-        """The model's prediction stored with a new candidate."""
+    def predicted(self, cand: CandidateSpec) -> JsonObject | None:
+        """The model's prediction stored with a new candidate (passed through to the store)."""
         ...
 
     def scored_trials(self, cand_id: int) -> list[StoredTrial]:

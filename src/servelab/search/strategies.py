@@ -14,11 +14,14 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from servelab.search import prune
 from servelab.search.base import History, Proposal, Region, Tried, point_key
 from servelab.space import Categorical, Point, Range, Space, corners
+
+if TYPE_CHECKING:  # optuna is imported only by the strategy that uses it
+    from optuna.distributions import BaseDistribution
 
 # The model's objective for a point (None: it cannot say), with the factors the tuner last refitted.
 Rank = Callable[[Point], float | None]
@@ -115,10 +118,10 @@ class OptunaSearch:
     def __init__(self, space: Space, signs: Sequence[float], seed: int, prior_trials: int) -> None:
         self.space, self.signs, self.seed, self.prior_trials = space, list(signs), seed, prior_trials
 
-    def distributions(self) -> dict[str, Any]:
+    def distributions(self) -> dict[str, BaseDistribution]:
         import optuna
 
-        out: dict[str, Any] = {}
+        out: dict[str, BaseDistribution] = {}
         for p in self.space.params:
             if isinstance(p, Categorical):
                 out[p.key] = optuna.distributions.CategoricalDistribution(list(p.values))
