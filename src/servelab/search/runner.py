@@ -7,11 +7,12 @@ fits, whatever it stores them as.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from servelab.config.sections import CandidateSpec
 from servelab.config.study import Study
 from servelab.events import Observer
+from servelab.jsontypes import JsonObject
 from servelab.store.db import Store
 from servelab.store.studies import StoredCandidate, StoredTrial, StudyRepo
 
@@ -48,11 +49,11 @@ class TrialRunner(Protocol):
         """The baseline candidate's label ("" while there is none)."""
         ...
 
-    def baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
+    def baseline_levels(self, label: str) -> list[JsonObject] | None:
         """The baseline's measured levels (None for the baseline itself or before it ran)."""
         ...
 
-    def predicted(self, cand: CandidateSpec) -> dict[str, Any] | None:
+    def predicted(self, cand: CandidateSpec) -> JsonObject | None:
         """The model's prediction stored with a new candidate."""
         ...
 
