@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from servelab.jsontypes import JsonObject
+
 _perf = time.perf_counter
 
 
@@ -573,7 +575,7 @@ class Client:
             ssl.create_default_context() if self.endpoint.scheme == "https" else None
         )
 
-    def build_request(self, path: str, body: dict[str, Any] | bytes | None, method: str = "POST") -> bytes:
+    def build_request(self, path: str, body: JsonObject | bytes | None, method: str = "POST") -> bytes:
         """Serialize an HTTP/1.1 request once, so sending it later costs only a write."""
         payload = body if isinstance(body, bytes) else (orjson.dumps(body) if body is not None else b"")
         head = [

@@ -22,6 +22,7 @@ import orjson
 
 from servelab.bench.metrics import tpot_s
 from servelab.errors import ConfigError, UserError
+from servelab.jsontypes import JsonObject
 from servelab.results import Run
 from servelab.store.bench import BenchRepo
 
@@ -72,7 +73,7 @@ def check_path(path: str, option: str = "--export-requests") -> tuple[Path, str]
     return out, fmt
 
 
-def rows(run: Run, repo: BenchRepo) -> Iterator[dict[str, Any]]:
+def rows(run: Run, repo: BenchRepo) -> Iterator[JsonObject]:
     """Every stored request of `run`, level by level, in `COLUMNS`' order."""
     ids = repo.level_ids(run.id)
     for lv in run.levels:
@@ -110,7 +111,7 @@ def _csv_cell(v: Any) -> Any:
     return repr(v) if isinstance(v, float) else v  # repr: the float round-trips exactly
 
 
-def render(items: Iterator[dict[str, Any]], fmt: str) -> bytes:
+def render(items: Iterator[JsonObject], fmt: str) -> bytes:
     if fmt == "jsonl":
         return b"".join(orjson.dumps(row) + b"\n" for row in items)
     buf = io.StringIO()

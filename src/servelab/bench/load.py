@@ -14,12 +14,12 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from servelab import tasks
 from servelab.bench.client import Client, StreamResult
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.load import kind_of
 from servelab.results import RequestRecord
 
@@ -120,43 +120,44 @@ class ClientMonitor:
         if self._task is not None:
             await tasks.stop(self._task)
 
-    def summary(self, output_tokens: int, median_itl_ms: float | None) -> dict[str, Any]:
+    def summary(self, output_tokens: int, median_itl_ms: float | None) -> JsonObject:
         lags = np.asarray(self.lags or [0.0]) * 1000
         late = np.asarray(self.lateness or [0.0]) * 1000
         util = self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
-        out: dict[str, Any] = {
+        lag_p99, late_p99 = float(np.percentile(lags, 99)), float(np.percentile(late, 99))
+        out: JsonObject = {
             "cpu_s": self.cpu_s,
             "wall_s": self.wall_s,
             "cpu_utilization": util,
             "cpu_us_per_output_token": (self.cpu_s / output_tokens * 1e6) if output_tokens else None,
             "loop_lag_ms": {
                 "p50": float(np.percentile(lags, 50)),
-                "p99": float(np.percentile(lags, 99)),
+                "p99": lag_p99,
                 "max": float(lags.max()),
             },
             "send_lateness_ms": {
                 "p50": float(np.percentile(late, 50)),
-                "p99": float(np.percentile(late, 99)),
+                "p99": late_p99,
                 "max": float(late.max()),
             }
             if self.lateness
             else None,
         }
-        warnings = []
+        warnings: list[JsonValue] = []
         if util > 0.85:
             warnings.append(
                 f"the benchmark client used {util:.0%} of a CPU core: it may be the bottleneck, "
                 "not the server; run it on a less loaded machine or lower the load"
             )
         lag_limit = max(5.0, 0.25 * median_itl_ms) if median_itl_ms else 5.0
-        if out["loop_lag_ms"]["p99"] > lag_limit:
+        if lag_p99 > lag_limit:
             warnings.append(
-                f"client event-loop lag p99 {out['loop_lag_ms']['p99']:.1f} ms exceeds "
+                f"client event-loop lag p99 {lag_p99:.1f} ms exceeds "
                 f"{lag_limit:.1f} ms: measured latencies include client delay"
             )
-        if self.lateness and out["send_lateness_ms"]["p99"] > 10.0:
+        if self.lateness and late_p99 > 10.0:
             warnings.append(
-                f"requests were sent late (p99 {out['send_lateness_ms']['p99']:.1f} ms behind schedule): "
+                f"requests were sent late (p99 {late_p99:.1f} ms behind schedule): "
                 "the client could not keep the requested rate; latencies are still measured from "
                 "the scheduled time"
             )

@@ -10,7 +10,6 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -20,6 +19,7 @@ from servelab.bench.client import Client, StreamResult
 from servelab.bench.config import BenchConfig
 from servelab.bench.scrape import detect_engine, parse_prometheus
 from servelab.errors import ConfigError, ServerError
+from servelab.jsontypes import JsonObject
 from servelab.results import (
     Clock,
     Host,
@@ -41,8 +41,8 @@ class Capabilities:
     max_model_len: int | None = None  # the model's context, as /v1/models states it (vLLM, SGLang)
 
 
-def request_body(cfg: BenchConfig, caps: Capabilities, prompt: str, max_tokens: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": cfg.model, "max_tokens": max_tokens, "stream": True}
+def request_body(cfg: BenchConfig, caps: Capabilities, prompt: str, max_tokens: int) -> JsonObject:
+    body: JsonObject = {"model": cfg.model, "max_tokens": max_tokens, "stream": True}
     if cfg.api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:

@@ -100,7 +100,9 @@ def session_builder(client: Client, cfg: BenchConfig, caps: Capabilities) -> SE.
 
     def build(history: str | list[dict[str, str]], max_tokens: int) -> bytes:
         body = request_body(cfg, caps, "", max_tokens)
-        body["messages" if cfg.api == "chat" else "prompt"] = history
+        body["messages" if cfg.api == "chat" else "prompt"] = (
+            history if isinstance(history, str) else [dict(m) for m in history]
+        )
         return client.build_request(path, body)
 
     return build

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from servelab.bench import capacity as C
 from servelab.bench import fit as F
@@ -36,6 +35,7 @@ from servelab.bench.prompts import (
 from servelab.bench.telemetry import source_for
 from servelab.errors import ConfigError, Interrupted
 from servelab.events import BenchObserver, ProbeFinished, ProbeStarted, RunFinished, RunStarted
+from servelab.jsontypes import JsonObject
 from servelab.results import (
     CapacityProbe,
     CapacityResult,
@@ -56,8 +56,8 @@ class BenchResult:
     status: str
     levels: list[Level]
     warnings: list[str]
-    workload: dict[str, Any]
-    capabilities: dict[str, Any]
+    workload: JsonObject
+    capabilities: JsonObject
     context: RunContext
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
+from servelab.jsontypes import JsonObject
 from servelab.results import LevelSeries, SeriesPoint
 
 # servelab name -> (kind, candidate metric names in order of preference)
@@ -120,22 +120,22 @@ class LevelScrape:
     sample_at: list[float] = field(default_factory=list)
     gpu_samples: list[GpuReading | None] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         if not self.available:
             return {"available": False}
-        deltas = {}
+        deltas: JsonObject = {}
         for ours, (kind, _) in ENGINE_METRICS.items():
             if kind == "counter" and ours in self.before and ours in self.after:
                 deltas[ours] = self.after[ours] - self.before[ours]
         # the server's own mean over the level, in ms (observations of the level only: a delta)
-        server_ms: dict[str, float] = {}
+        server_ms: JsonObject = {}
         for ours, (kind, _) in ENGINE_METRICS.items():
             keys = (ours + "_sum", ours + "_count")
             if kind == "histogram" and all(k in self.before and k in self.after for k in keys):
                 n = self.after[keys[1]] - self.before[keys[1]]
                 if n > 0:
                     server_ms[ours] = 1000 * (self.after[keys[0]] - self.before[keys[0]]) / n
-        gauges: dict[str, dict[str, float]] = {}
+        gauges: JsonObject = {}
         for ours, (kind, _) in ENGINE_METRICS.items():
             if kind != "gauge":
                 continue
@@ -144,8 +144,8 @@ class LevelScrape:
                 gauges[ours] = {"mean": sum(vals) / len(vals), "max": max(vals), "last": vals[-1]}
         return {
             "available": True,
-            "before": self.before,
-            "after": self.after,
+            "before": dict(self.before),
+            "after": dict(self.after),
             "deltas": deltas,
             "server_mean_ms": server_ms,
             "gauges": gauges,

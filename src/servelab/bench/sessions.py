@@ -22,9 +22,9 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from servelab.bench import workload as W
 from servelab.bench.client import Client, StreamResult
@@ -251,21 +251,28 @@ async def run_sessions(
 
 
 # -- metrics ----------------------------------------------------------------------------------------
-def cache_hit_rate(server: dict[str, Any]) -> tuple[float | None, str | None]:
+def cache_hit_rate(server: Mapping[str, object]) -> tuple[float | None, str | None]:
     """The level's prefix-cache hit rate from the server's metrics (`bench/scrape.py` names):
     vLLM's hits over queries (counters, this level's deltas); SGLang's `cache_hit_rate` gauge."""
     deltas = server.get("deltas") or {}
-    queries = deltas.get("prefix_cache_queries")
+    queries = _number(deltas, "prefix_cache_queries")
     if queries:
-        return float(deltas.get("prefix_cache_hits", 0.0)) / float(queries), "prefix_cache_hits/queries"
+        return (_number(deltas, "prefix_cache_hits") or 0.0) / queries, "prefix_cache_hits/queries"
     after = server.get("after") or {}
-    if "cache_hit_rate" in after:
-        return float(after["cache_hit_rate"]), "cache_hit_rate"
+    rate = _number(after, "cache_hit_rate")
+    if rate is not None:
+        return rate, "cache_hit_rate"
     return None, None
 
 
+def _number(table: object, key: str) -> float | None:
+    """A figure of the scrape's summary (`LevelScrape.summary`: tables of numbers), None when absent."""
+    v = table.get(key) if isinstance(table, Mapping) else None
+    return float(v) if isinstance(v, int | float) else None
+
+
 def summarize_sessions(
-    records: list[RequestRecord], plan: SessionPlan, server: dict[str, Any] | None = None
+    records: list[RequestRecord], plan: SessionPlan, server: Mapping[str, object] | None = None
 ) -> SessionsSummary:
     """Per turn index (TTFT p50/p99 and the prompt's mean length: TTFT against context) and per
     session (turns answered and failed, first send to last answer). Pure."""

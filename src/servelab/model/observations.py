@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 from servelab.load import kind_of
 from servelab.model.predict import Workload
 from servelab.results import Run
@@ -165,7 +165,7 @@ def _kv_dtype(engine: str, quant: str | None) -> str | None:
 
 
 @functools.cache
-def bench_protocols() -> dict[str, dict[str, Any]]:
+def bench_protocols() -> dict[str, JsonObject]:
     """How published measurement sources ran their benchmark client (`data/bench_protocols.toml`)."""
     return tomllib.loads(resources.files("servelab.data").joinpath("bench_protocols.toml").read_text())
 
@@ -174,8 +174,9 @@ def length_mean(source: str) -> float:
     """Mean / recorded request length for a row's `silicon_data_source`: (1 + r)/2 for a client drawing
     lengths uniformly from [r·L, L] (`random_range_ratio` r), 1 for fixed lengths or an unknown source."""
     for proto in bench_protocols().values():
-        if any(m in source for m in proto.get("match", [])):
-            return (1.0 + float(proto.get("random_range_ratio", 1.0))) / 2.0
+        match, ratio = proto.get("match", []), proto.get("random_range_ratio", 1.0)
+        if isinstance(match, list) and any(isinstance(m, str) and m in source for m in match):
+            return (1.0 + (float(ratio) if isinstance(ratio, int | float) else 1.0)) / 2.0
     return 1.0
 
 

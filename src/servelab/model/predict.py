@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 from servelab.model import silicon as _silicon
 from servelab.model.architecture import Architecture, load_model
 from servelab.model.factors import Factors, default_factors
@@ -31,15 +32,16 @@ from servelab.model.quant import QuantScheme, normalize_format, normalize_kv
 from servelab.model.step import (
     DecodeBatch,
     ModelPerf,
-    StepBreakdown,
     StepRaw,
     allreduce_parts,
+    breakdown,
     build_perf,
     combine,
     compute_work,
     measured_moe_parts,
     raw_step,
     step_time,
+    step_total,
 )
 
 
@@ -242,8 +244,8 @@ def latencies(t: Terms, f: Factors) -> tuple[Any, Any, Any]:
     first stall their decodes while the rest of the wave prefills (spread over osl tokens). Of the other
     requests' prefills in one cycle, only those after this request's first token are in its TPOT
     (`decode_time`)."""
-    dec = sum(combine(t.dec, f).values())
-    pre = sum(combine(t.pre, f).values())
+    dec = step_total(combine(t.dec, f))
+    pre = step_total(combine(t.pre, f))
     marg = prefill_marginal(t.pre, f, t.isl)
     # the queue counts every running request: attention-DP ranks prefill in lockstep through the MoE stage
     others = np.maximum(t.running - 1.0, 0.0) ** f.queue_exp
@@ -310,7 +312,7 @@ class Prediction:
     interconnect: str
     layout: dict[str, int]
     quant: dict[str, str]
-    workload: dict[str, Any]
+    workload: dict[str, float]  # isl, osl, concurrency, mtp_tokens, accept_len
     tpot_ms: float | None = None
     ttft_ms: float | None = None
     output_throughput: float | None = None
@@ -348,7 +350,7 @@ class Prediction:
         gpus = (lay.get("tp") or 1) * (lay.get("pp") or 1) * (lay.get("dp_attention") or 1) * self.replicas
         return gpus / self.output_throughput * 1e6
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         from dataclasses import asdict
 
         return asdict(self)
@@ -427,8 +429,8 @@ def evaluate(
             f"concurrency {wl.concurrency} exceeds the {running} requests the KV cache holds; the rest queue"
         )
         ttft += (wl.concurrency / running - 1.0) * (ttft + wl.osl * tpot)
-    dec = StepBreakdown(**{k: float(v) for k, v in combine(terms.dec, f).items()})
-    pre = StepBreakdown(**{k: float(v) for k, v in combine(terms.pre, f).items()})
+    dec = breakdown(combine(terms.dec, f))
+    pre = breakdown(combine(terms.pre, f))
     e2e = ttft + max(wl.osl - 1, 0) * tpot
     ceiling = step_time(perf, DecodeBatch(1, wl.isl + wl.osl // 2), comm=False).total
     single = step_time(perf, DecodeBatch(1, wl.isl + wl.osl // 2)).total

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -206,24 +206,28 @@ def allreduce_curve(system: str, engine: str | None, ranks: int) -> Curve | None
     return None
 
 
+@dataclass(frozen=True)
+class _MoeRow:
+    """One measured fused-MoE kernel of a `moe_perf.parquet` (the columns `moe_curve` reads)."""
+
+    moe_dtype: str
+    num_tokens: float
+    hidden_size: int
+    inter_size: int
+    topk: int
+    num_experts: int
+    moe_tp_size: int
+    moe_ep_size: int
+    distribution: str
+    latency: float | None
+
+
 @cache
-def _moe_rows(path: Path) -> list[dict[str, Any]]:
+def _moe_rows(path: Path) -> list[_MoeRow]:
     import pyarrow.parquet as pq
 
-    cols = [
-        "moe_dtype",
-        "num_tokens",
-        "hidden_size",
-        "inter_size",
-        "topk",
-        "num_experts",
-        "moe_tp_size",
-        "moe_ep_size",
-        "distribution",
-        "latency",
-    ]
-    rows: list[dict[str, Any]] = pq.read_table(path, columns=cols).to_pylist()
-    return rows
+    cols = [f.name for f in fields(_MoeRow)]
+    return [_MoeRow(**row) for row in pq.read_table(path, columns=cols).to_pylist()]
 
 
 @cache
@@ -257,19 +261,19 @@ def moe_curve(
             pts: dict[float, float] = {}
             for r in rows:
                 if (
-                    r["moe_dtype"] == dtype
-                    and r["distribution"] == MOE_DISTRIBUTION
-                    and r["hidden_size"] == hidden
-                    and r["inter_size"] == inter
-                    and r["topk"] == topk
-                    and r["num_experts"] == experts
-                    and r["moe_tp_size"] == moe_tp
-                    and r["moe_ep_size"] == moe_ep
-                    and r["latency"]
-                    and r["latency"] > 0
+                    r.moe_dtype == dtype
+                    and r.distribution == MOE_DISTRIBUTION
+                    and r.hidden_size == hidden
+                    and r.inter_size == inter
+                    and r.topk == topk
+                    and r.num_experts == experts
+                    and r.moe_tp_size == moe_tp
+                    and r.moe_ep_size == moe_ep
+                    and r.latency
+                    and r.latency > 0
                 ):
-                    x = float(r["num_tokens"])
-                    pts[x] = min(pts.get(x, math.inf), float(r["latency"]) * 1e-3)
+                    x = float(r.num_tokens)
+                    pts[x] = min(pts.get(x, math.inf), float(r.latency) * 1e-3)
             if len(pts) >= 2:
                 xs = tuple(sorted(pts))
                 label = (

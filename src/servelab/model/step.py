@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -403,7 +403,45 @@ def measured_moe_parts(raw: StepRaw, f: Factors) -> tuple[Any, Any, Any]:
     return mem, compute, raw.moe_meas_s - mem - compute
 
 
-def combine(raw: StepRaw, f: Factors, comm: bool = True) -> dict[str, Any]:
+class StepParts(TypedDict):
+    """A step's time by part, in seconds (floats, or numpy arrays as `StepRaw`'s terms are); a dict, in
+    this order, so that the parts read as `StepBreakdown`'s fields and add up to the step."""
+
+    weights: Any
+    kv_cache: Any
+    compute: Any
+    allreduce: Any
+    moe_comm: Any
+    other: Any
+
+
+def step_total(parts: StepParts) -> Any:
+    """The whole step: its parts added in their order (as `sum(parts.values())`)."""
+    return sum(
+        (
+            parts["weights"],
+            parts["kv_cache"],
+            parts["compute"],
+            parts["allreduce"],
+            parts["moe_comm"],
+            parts["other"],
+        )
+    )
+
+
+def breakdown(parts: StepParts) -> StepBreakdown:
+    """The parts of one step (floats) as a `StepBreakdown`."""
+    return StepBreakdown(
+        weights=float(parts["weights"]),
+        kv_cache=float(parts["kv_cache"]),
+        compute=float(parts["compute"]),
+        allreduce=float(parts["allreduce"]),
+        moe_comm=float(parts["moe_comm"]),
+        other=float(parts["other"]),
+    )
+
+
+def combine(raw: StepRaw, f: Factors, comm: bool = True) -> StepParts:
     """Apply efficiency factors to raw terms; works on floats and on numpy arrays alike."""
     weights = raw.weights_s / f.bw_eff
     kv = raw.kv_s / f.bw_eff
@@ -451,4 +489,4 @@ def step_time(
     parts = combine(
         raw_step(perf, decode, prefill_tokens, prefill_context, tokens_per_seq), perf.factors, comm
     )
-    return StepBreakdown(**{k: float(v) for k, v in parts.items()})
+    return breakdown(parts)

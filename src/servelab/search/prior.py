@@ -154,4 +154,5 @@ def refit(study: Study, runs: list[tuple[Run, CandidateSpec]]) -> tuple[Factors 
         )
     except Exception:  # a fit that cannot converge leaves the model as it was
         return None, []
-    return glob, list(report.get("fitted") or [])
+    fitted = report.get("fitted") or []
+    return glob, [str(n) for n in fitted] if isinstance(fitted, list) else []

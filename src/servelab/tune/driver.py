@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any
 
 from servelab import analyze, naming
 from servelab.config.sections import CandidateSpec
@@ -36,6 +35,7 @@ from servelab.events import (
 )
 from servelab.executors.base import Executor, LocalExecutor, Placement
 from servelab.host import transport
+from servelab.jsontypes import JsonObject
 from servelab.paths import data_home
 from servelab.store import leases
 from servelab.store.bench import BenchRepo
@@ -61,7 +61,7 @@ class Tuner:
         self.opts = opts
         self.engine: Engine = registry.get(study.engine.name)
         self.notify: Observer = opts.observe or (lambda _e: None)
-        self.swept: list[dict[str, Any]] = []  # the interrupted run's processes a resume ended
+        self.swept: list[JsonObject] = []  # the interrupted run's processes a resume ended
         self._sid = 0
         self._want: dict[
             str, int
@@ -119,7 +119,7 @@ class Tuner:
         """How many measured trials an adaptive search's candidate needs (`repeats_of`)."""
         self._want[label] = repeats
 
-    def predicted(self, cand: CandidateSpec) -> dict[str, Any] | None:
+    def predicted(self, cand: CandidateSpec) -> JsonObject | None:
         """The model's view of a candidate the search proposed (as `order_candidates` stores it)."""
         return predict_candidate(self.study, cand)
 
@@ -279,7 +279,7 @@ class Tuner:
         base_label = self.base_label()
         baseline = levels_by.get(base_label) or None
         scores = []
-        out = []
+        out: list[JsonObject] = []
         for c in cands:
             status = c.status
             levels = levels_by[c.label]
@@ -314,7 +314,7 @@ class Tuner:
                     str(row["status"]),
                     {k: v for k, v in row.items() if k not in ("label", "status", "predicted")},
                 )
-        search_view: dict[str, Any] | None = None
+        search_view: JsonObject | None = None
         if self.study.adaptive:
             from servelab.search.driver import excluded
 
@@ -341,7 +341,7 @@ class Tuner:
         node_spread = spread.node_spread(self.repo, self.study.objective, cands, scores, base_label)
         ranking = analyze.guard_node_spread(ranking, node_spread, cluster=self.executor.parallel)
         spread.note_nodes(self.repo, cands, out)
-        result: dict[str, Any] = {"ranking": ranking.to_dict(), "baseline": base_label}
+        result: JsonObject = {"ranking": ranking.to_dict(), "baseline": base_label}
         if self.study.search is not None:
             from servelab.search.driver import summary
 
@@ -391,7 +391,7 @@ class Tuner:
 
     async def _trial(
         self, uid: str, cand: StoredCandidate, spec: CandidateSpec, repeat: int, before: list[StoredTrial]
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[str, JsonObject]:
         """One repeat of a candidate, placed by the executor. On a cluster a trial whose node dies is
         marked `lost` and run once more on another node; lost again, it fails with that diagnosis."""
         label = cand.label
@@ -510,7 +510,7 @@ class Tuner:
         """The plan's items for the study's candidates (`PlanSync.fill`; the search adds its own)."""
         self.plan.fill(uid, cands)
 
-    def baseline_levels(self, label: str) -> list[dict[str, Any]] | None:
+    def baseline_levels(self, label: str) -> list[JsonObject] | None:
         """The baseline candidate's measured levels (None for the baseline itself or before it ran)."""
         base = self.base_label()
         if label == base:

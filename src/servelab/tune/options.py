@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from servelab.events import Observer
+from servelab.jsontypes import JsonObject
 
 
 @dataclass
@@ -23,19 +23,20 @@ class TuneOptions:
 class StudyOutcome:
     uid: str
     status: str
-    candidates: list[dict[str, Any]]
-    ranking: dict[str, Any]
-    swept: list[dict[str, Any]] = field(default_factory=list)
-    search: dict[str, Any] | None = None  # [search]: strategy, budget, pruned regions, model errors, Pareto
-    load: dict[str, Any] | None = None  # the study's load kind: mode, levels, main level, unit
+    candidates: list[JsonObject]
+    ranking: JsonObject
+    swept: list[JsonObject] = field(default_factory=list)
+    search: JsonObject | None = None  # [search]: strategy, budget, pruned regions, model errors, Pareto
+    load: JsonObject | None = None  # the study's load kind: mode, levels, main level, unit
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
+    def to_dict(self) -> JsonObject:
+        """What `tune --json` prints (and `StudyFinished` carries): written out, not read back by key."""
+        out: JsonObject = {
             "study": self.uid,
             "status": self.status,
-            "candidates": self.candidates,
+            "candidates": [*self.candidates],
             "ranking": self.ranking,
-            "orphans_cleaned": self.swept,
+            "orphans_cleaned": [*self.swept],
         }
         if self.load is not None:
             out["load"] = self.load

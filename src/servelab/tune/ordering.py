@@ -4,7 +4,6 @@ in (most promising first, the baseline before all), and the preflight that deriv
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import orjson
 
@@ -14,6 +13,7 @@ from servelab.config.study import Study
 from servelab.engines.base import Engine
 from servelab.errors import ConfigError, ServelabError, UserError
 from servelab.host import transport
+from servelab.jsontypes import JsonObject
 from servelab.lifecycle.handle import check_marker
 from servelab.trial.prepare import bench_config, settings_for
 from servelab.tune.flagcheck import check_study_flags
@@ -28,8 +28,9 @@ def spec_hash(study: Study) -> str:
     ).hexdigest()[:16]
 
 
-def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | None:
-    """The model's view of a candidate at the study's main level, or None when it does not know the setup."""
+def predict_candidate(study: Study, cand: CandidateSpec) -> JsonObject | None:
+    """The model's view of a candidate at the study's main level, or None when it does not know the setup:
+    stored with the candidate as it is (open JSON), read back only for its `output_throughput`."""
     if not study.host.gpu:
         return None
     kind = study.load_kind(read_trace=True)
@@ -65,17 +66,18 @@ def predict_candidate(study: Study, cand: CandidateSpec) -> dict[str, Any] | Non
     }
 
 
-def order_candidates(study: Study) -> list[tuple[CandidateSpec, dict[str, Any] | None]]:
+def order_candidates(study: Study) -> list[tuple[CandidateSpec, JsonObject | None]]:
     """Most promising first when the model knows the setup (infeasible last); file order otherwise."""
     pairs = [(c, predict_candidate(study, c)) for c in study.candidates]
 
-    def key(item: tuple[int, tuple[CandidateSpec, dict[str, Any] | None]]) -> tuple[int, float, int]:
+    def key(item: tuple[int, tuple[CandidateSpec, JsonObject | None]]) -> tuple[int, float, int]:
         i, (_c, p) = item
         if not p or not p.get("known"):
             return (1, 0.0, i)
         if not p.get("feasible"):
             return (2, 0.0, i)
-        return (0, -(p.get("output_throughput") or 0.0), i)
+        thr = p.get("output_throughput")
+        return (0, -(thr if isinstance(thr, int | float) and thr else 0.0), i)
 
     ordered = [pair for _i, pair in sorted(enumerate(pairs), key=key)]
     # The baseline runs first: anomalies of the others are judged against it as they run.

@@ -11,6 +11,7 @@ from servelab.config.study import Study
 from servelab.engines.base import Engine
 from servelab.errors import ServelabError
 from servelab.events import Observer, PlanWarning
+from servelab.jsontypes import JsonObject
 from servelab.plan.study import TUNE_WORKER
 from servelab.store import plans
 from servelab.store.db import Store
@@ -44,24 +45,24 @@ class PlanSync:
             rows.append((c.label, p if isinstance(p, int | float) else None, own))
         self._call(lambda: plans.fill_from_study(self.store, uid, rows))
 
-    def move(self, uid: str, label: str, status: str, evidence: dict[str, Any]) -> None:
+    def move(self, uid: str, label: str, status: str, evidence: JsonObject) -> None:
         actor = f"{TUNE_WORKER}:{label}" if self.parallel else TUNE_WORKER
         self._call(lambda: plans.on_trial(self.store, uid, label, status, evidence, actor=actor))
 
-    def trial(self, uid: str, label: str, tid: int, status: str, evidence: dict[str, Any]) -> None:
+    def trial(self, uid: str, label: str, tid: int, status: str, evidence: JsonObject) -> None:
         """A trial's step, with the trial and its run as the item's evidence (empty values left out)."""
-        ref = {"trial": tid, "run": f"{uid}/{label}/t{tid}"}
+        ref: JsonObject = {"trial": tid, "run": f"{uid}/{label}/t{tid}"}
         self.move(uid, label, status, {**ref, **{k: v for k, v in evidence.items() if v is not None}})
 
-    def close_not_applied(self, uid: str, cand: StoredCandidate, outcome: dict[str, Any]) -> None:
+    def close_not_applied(self, uid: str, cand: StoredCandidate, outcome: JsonObject) -> None:
         """The study is over: a not-applied candidate's item is closed as not applied, with its last
         trial's evidence (what was requested, what runs, the log line), so no item is left pending."""
         trials = self.repo.trials(cand.id)
         last = trials[-1] if trials else None
-        evidence: dict[str, Any] = {
+        evidence: JsonObject = {
             "run": f"{uid}/{cand.label}" + (f"/t{last.id}" if last is not None else ""),
             "not_applied": outcome.get("not_applied")
-            or (last.not_applied if last is not None else None)
+            or ([*last.not_applied] if last is not None and last.not_applied else None)
             or [],
             "unconfirmed": outcome.get("unconfirmed") or [],
         }

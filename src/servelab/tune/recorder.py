@@ -4,7 +4,7 @@ stopped at any point resumes from what is stored; and what a resume keeps of an 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from servelab import crashpoint
 from servelab.engines.base import LaunchSpec
@@ -26,6 +26,7 @@ from servelab.events import (
     TrialTeardown,
 )
 from servelab.executors.base import Placement
+from servelab.jsontypes import JsonObject
 from servelab.lifecycle.handle import ServerHandle, TeardownReport
 from servelab.results import Node
 from servelab.startup import StartupPhases
@@ -54,7 +55,7 @@ class TrialRecorder(TrialObserver):
         self.repo, self.notify, self.plan = repo, notify, plan
         self.uid, self.tid, self.label, self.cand_id = uid, tid, label, cand_id
         self.last_repeat = last_repeat  # a measured trial ends its candidate as measured
-        self.effective: dict[str, Any] | None = None
+        self.effective: JsonObject | None = None
 
     def launching(self, launch: LaunchSpec, log_path: Path) -> None:
         self.repo.update_trial(
@@ -138,7 +139,7 @@ class TrialRecorder(TrialObserver):
             self._plan(outcome.status, {"effective": self.effective, **record})
         crashpoint.reached("finished")
 
-    def _plan(self, status: str, evidence: dict[str, Any]) -> None:
+    def _plan(self, status: str, evidence: JsonObject) -> None:
         self.plan.trial(self.uid, self.label, self.tid, status, evidence)
 
     def placed(self, placement: Placement) -> None:
@@ -187,7 +188,7 @@ class TrialRecorder(TrialObserver):
         crashpoint.reached("torn-down")
 
 
-def kept_levels(trials: list[StoredTrial], repeat: int) -> tuple[list[LevelResult], dict[str, Any]]:
+def kept_levels(trials: list[StoredTrial], repeat: int) -> tuple[list[LevelResult], JsonObject]:
     """The levels the last trial of this repeat had measured when it was interrupted (kept, not run
     again), and the columns the new trial starts with. None are kept when a level saw the server die:
     that trial's end is unknown, so it is redone whole."""
@@ -197,12 +198,12 @@ def kept_levels(trials: list[StoredTrial], repeat: int) -> tuple[list[LevelResul
     if any(d.get("died") for d in last.levels):
         return [], {}
     kept = [LevelResult.from_stored(d) for d in last.levels]
-    return kept, {"levels": last.levels, "resumed_from": last.id, "bench_run_id": last.bench_run_id}
+    return kept, {"levels": [*last.levels], "resumed_from": last.id, "bench_run_id": last.bench_run_id}
 
 
-def record_of(trial: StoredTrial) -> dict[str, Any]:
+def record_of(trial: StoredTrial) -> JsonObject:
     """A candidate's outcome as its final trial's row shows it (repairing a store written before a trial's
     end and its candidate's status went in one transaction)."""
     if trial.status == "not_applied":
-        return {"not_applied": trial.not_applied or [], "unconfirmed": []}
+        return {"not_applied": [*(trial.not_applied or [])], "unconfirmed": []}
     return {"diagnosis": trial.diagnosis} if trial.diagnosis else {}

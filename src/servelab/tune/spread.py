@@ -9,6 +9,7 @@ from typing import Any
 from servelab import analyze
 from servelab.config.study import Study
 from servelab.errors import ServelabError
+from servelab.jsontypes import JsonObject
 from servelab.results import Node
 from servelab.store.bench import BenchRepo
 from servelab.store.db import Store
@@ -48,14 +49,14 @@ def node_spread(
     return analyze.node_spread(score.level, values)
 
 
-def note_nodes(repo: StudyRepo, cands: list[StoredCandidate], out: list[dict[str, Any]]) -> None:
+def note_nodes(repo: StudyRepo, cands: list[StoredCandidate], out: list[JsonObject]) -> None:
     """Each candidate's nodes, and a note when its repeats ran on different ones (its interval then
     holds the node-to-node noise too)."""
     for c, o in zip(cands, out, strict=True):
         names = sorted({n.name for _, n in node_trials(repo, c.id)})
         if not names:
             continue
-        o["nodes"] = names
+        o["nodes"] = [*names]
         if len(names) > 1:
             o["node_note"] = (
                 f"its repeats ran on {len(names)} different nodes ({', '.join(names)}): its interval "
@@ -63,7 +64,7 @@ def note_nodes(repo: StudyRepo, cands: list[StoredCandidate], out: list[dict[str
             )
         repo.set_candidate(
             c.id,
-            o["status"],
+            str(o["status"]),
             {k: v for k, v in o.items() if k not in ("label", "status", "predicted")},
         )
 
