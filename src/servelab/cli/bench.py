@@ -28,7 +28,7 @@ from servelab.cli.costs import price_options, render_costs
 from servelab.cli.output import emit, printable, progress_enabled, stderr, stdout, warn
 from servelab.errors import ConfigError, Interrupted, ServelabError, ServerError
 from servelab.events import BenchEvent, LevelFinished, LevelStarted, RequestDone, RunFinished, RunStarted
-from servelab.results import Host, Layout, LevelSummary, RunContext
+from servelab.results import CapacityResult, Host, Layout, LevelSummary, RunContext, SessionsSummary
 from servelab.store import open_store
 from servelab.store.bench import BenchRepo
 
@@ -210,11 +210,11 @@ def render(data: dict[str, Any]) -> None:
     render_costs([(lv["label"], LevelSummary.model_validate(lv["summary"])) for lv in data["levels"]])
     for lv in data["levels"]:
         if lv["summary"].get("sessions"):
-            render_sessions(lv["label"], lv["summary"]["sessions"])
+            render_sessions(lv["label"], SessionsSummary.model_validate(lv["summary"]["sessions"]))
     for w in data["warnings"]:
         stdout.print(f"[yellow]warning:[/yellow] {escape(printable(w))}")
     if data.get("capacity"):
-        render_capacity(data["capacity"])
+        render_capacity(CapacityResult.model_validate(data["capacity"]))
     stdout.print(f"stored as run {data['run']} (workload hash {data['workload'].get('dataset_hash')})")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import click
 
@@ -11,6 +11,19 @@ from servelab.errors import ConfigError, NotFoundError
 from servelab.store.copy import copy_store
 from servelab.store.db import Store, open_store, open_store_migrated
 from servelab.store.dialect import command_line_location
+
+
+class Migrated(TypedDict):
+    """`db migrate --json`: the store, its kind, the migrations applied now and every one it has had."""
+
+    store: str
+    kind: str
+    applied: list[str]
+    migrations: list[str]
+
+
+# `from` is a keyword: the functional form keeps the document's own key
+Copied = TypedDict("Copied", {"from": str, "to": str, "tables": dict[str, int], "rows": int})
 
 
 @click.group("db")
@@ -29,7 +42,7 @@ def migrate(location: str | None, as_json: bool) -> None:
         command_line_location(location, "--db")
     store, applied = open_store_migrated(location)
     with store:
-        data = {
+        data: Migrated = {
             "store": store.shown,
             "kind": store.kind,
             "applied": applied,
@@ -38,7 +51,7 @@ def migrate(location: str | None, as_json: bool) -> None:
     emit(data, as_json, _render_migrate)
 
 
-def _render_migrate(d: dict[str, Any]) -> None:
+def _render_migrate(d: Migrated) -> None:
     if d["applied"]:
         stdout.print(f"applied to {d['store']}: {', '.join(d['applied'])}")
     else:
@@ -68,11 +81,11 @@ def copy(source: str, target: str, as_json: bool) -> None:
     emit(data, as_json, _render_copy)
 
 
-def _copied(src: Store, dst: Store, counts: dict[str, int]) -> dict[str, Any]:
+def _copied(src: Store, dst: Store, counts: dict[str, int]) -> Copied:
     return {"from": src.shown, "to": dst.shown, "tables": counts, "rows": sum(counts.values())}
 
 
-def _render_copy(d: dict[str, Any]) -> None:
+def _render_copy(d: Copied) -> None:
     stdout.print(f"copied {d['rows']} rows from {d['from']} to {d['to']}")
     for table, n in d["tables"].items():
         stdout.print(f"  {table:<20} {n:>8}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import click
 from rich.markup import escape
@@ -22,7 +22,37 @@ from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.errors import ConfigError
 from servelab.host.logs import JOURNAL_LINES
 from servelab.host.transport import Host
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.redact import redact
+
+
+class Parsed(TypedDict):
+    """`logs parse --json` (`EffectiveConfig.to_dict()`): each key the log shows, and its line."""
+
+    effective: JsonObject
+    evidence: dict[str, str]
+
+
+class SettingDoc(TypedDict):
+    """`Setting.to_dict()`: what the renderer reads of the setting to change."""
+
+    name: str
+    value: JsonValue
+    reason: str
+
+
+# `class` is a keyword: the functional form keeps the document's own key (`Diagnosis.to_dict()`)
+Diagnosed = TypedDict(
+    "Diagnosed",
+    {
+        "class": str,
+        "evidence": str,
+        "advice": str,
+        "fatal": bool,
+        "tail": NotRequired[list[str]],
+        "setting": NotRequired[SettingDoc],
+    },
+)
 
 
 def _source(host: Host, file: str | None, unit: str | None, lines: int, keep: Literal["head", "tail"]) -> str:
@@ -47,7 +77,7 @@ def _source(host: Host, file: str | None, unit: str | None, lines: int, keep: Li
     return got.text
 
 
-def _server_info(host: Host, path: str | None) -> dict[str, Any] | None:
+def _server_info(host: Host, path: str | None) -> JsonObject | None:
     if path is None:
         return None
     from servelab.host import logs as hostlogs
@@ -78,7 +108,7 @@ def _short(text: str, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _render_parse(data: dict[str, Any]) -> None:
+def _render_parse(data: Parsed) -> None:
     if not data["effective"]:
         stdout.print("no configuration found in this log (is --engine right?)")
         return
@@ -92,7 +122,7 @@ def _render_parse(data: dict[str, Any]) -> None:
     stdout.print(t)
 
 
-def _render_diagnosis(data: dict[str, Any]) -> None:
+def _render_diagnosis(data: Diagnosed) -> None:
     fatal = " (fatal)" if data.get("fatal") else ""
     stdout.print(f"[bold]class:[/bold] {data['class']}{fatal}")
     if data["evidence"]:
@@ -151,7 +181,7 @@ def parse(
     with _on_host(host, remote_python) as h:
         text = _source(h, file, unit, lines, "head")
         info = _server_info(h, info_path)
-    data = redact(engine.effective_config(text, info).to_dict())
+    data: Parsed = redact(engine.effective_config(text, info).to_dict())
     emit(data, as_json, _render_parse)
 
 
@@ -180,4 +210,4 @@ def diagnose(
     diag = signatures.diagnose(text, engine_name)
     if diag.klass == "unknown":
         diag = signatures.healthy(text) or diag
-    emit(diag.to_dict(), as_json, _render_diagnosis)
+    emit(cast(Diagnosed, diag.to_dict()), as_json, _render_diagnosis)

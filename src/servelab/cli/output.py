@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from rich.console import Console
@@ -49,9 +49,13 @@ def dumps_json(data: Any) -> str:
     ).decode()
 
 
-def emit(data: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:
+D = TypeVar("D")
+
+
+def emit(data: D, as_json: bool, render: Callable[[D], None] | None = None) -> None:
     """Print `data` as JSON (nothing else on stdout) or through the human renderer; secrets masked either
-    way (`redact`: whatever a command prints may end up in a terminal log or a CI artifact)."""
+    way (`redact`: whatever a command prints may end up in a terminal log or a CI artifact). The renderer
+    reads the document it is given (typed alike, so a key it reads is one the document declares)."""
     if isinstance(data, dict | list):
         data = redact(data)
     if as_json or render is None:

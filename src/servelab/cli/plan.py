@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 import click
 import orjson
@@ -18,8 +18,9 @@ from servelab.cli.args import option
 from servelab.cli.output import dumps_json, emit, host_option, stdout
 from servelab.cli.remote import remote_python_option
 from servelab.errors import ConfigError, HostError, NotFoundError
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.plan import checks, formats, machine
-from servelab.plan.items import DEFAULT_WORKER, JSON_FORMAT, STATUSES, TODO_HINT, Outcome, Plan
+from servelab.plan.items import DEFAULT_WORKER, JSON_FORMAT, STATUSES, TODO_HINT, Item, Outcome, Plan
 from servelab.plan.study import assess
 from servelab.store import Store, open_store
 from servelab.store.db import utcnow
@@ -35,6 +36,9 @@ _STYLE = {
     "cancelled": "dim",
     "blocked": "red",
 }
+
+
+_APPLIED: dict[bool | None, str] = {True: "applied", False: "NOT applied"}
 
 
 def _actor() -> str:
@@ -72,13 +76,111 @@ def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
+# -- the documents `--json` prints (the keys the views read; `Item`, `Event`, `Finding` as dicts) -----
+class EvidenceDoc(TypedDict, total=False):
+    """An evidence record (`plan.study.assess`): what the plan's table shows of the latest one."""
+
+    run: str
+    status: str
+    applied: bool | None
+
+
+class ItemDoc(TypedDict):
+    """`Item.to_dict()`: the keys the views read."""
+
+    id: str
+    content: str
+    status: str
+    priority: str
+    worker: str | None
+    depends_on: list[str]
+    evidence: list[EvidenceDoc]
+
+
+class EventDetail(TypedDict, total=False):
+    note: str
+
+
+class EventDoc(TypedDict):
+    """`Event.to_dict()`: one change to one item."""
+
+    item: str
+    at: str
+    from_status: str | None
+    to_status: str
+    reason: str
+    actor: str
+    detail: EventDetail
+
+
+class FindingDoc(TypedDict):
+    """`Finding.to_dict()`: the keys the view reads."""
+
+    kind: str
+    severity: str
+    message: str
+
+
+class Shown(TypedDict):
+    plan: str
+    items: list[ItemDoc]
+    counts: dict[str, int]
+
+
+class Changed(TypedDict):
+    plan: str
+    item: ItemDoc | None
+    changed: bool
+    events: list[EventDoc]
+
+
+class History(TypedDict):
+    plan: str
+    events: list[EventDoc]
+
+
+class Imported(TypedDict):
+    plan: str
+    format: str
+    added: list[str]
+    updated: list[str]
+    unchanged: list[str]
+    missing: list[str]
+    pruned: list[str]
+
+
+class Observed(TypedDict):
+    servers: int
+    services: int
+    host: NotRequired[JsonValue]
+    hostname: NotRequired[JsonValue]
+
+
+class Checked(TypedDict):
+    plan: str
+    checked: int
+    observed: Observed
+    findings: list[FindingDoc]
+
+
+class CandidateRef(TypedDict):
+    """`--bind-candidate STUDY:LABEL` resolved: the study's uid and the candidate's label."""
+
+    study: str
+    candidate: str
+
+
+def _item_doc(item: Item) -> ItemDoc:
+    return cast(ItemDoc, item.to_dict())
+
+
 # -- show -------------------------------------------------------------------------------------------
-def _show_data(plan: Plan) -> dict[str, Any]:
+def _show_data(plan: Plan) -> Shown:
     counts = {s: sum(1 for i in plan.items if i.status == s) for s in STATUSES}
-    return {"plan": plan.name, "items": [i.to_dict() for i in plan.items], "counts": counts}
+    return {"plan": plan.name, "items": [_item_doc(i) for i in plan.items], "counts": counts}
 
 
-def _render_show(d: dict[str, Any]) -> None:
+def _render_show(d: Shown) -> None:
     if not d["items"]:
         flag = "" if d["plan"] == WORKSPACE else f" --plan {d['plan']}"
         stdout.print(f'plan {d["plan"]} is empty; `servelab plan add{flag} "what to do"` adds an item')
@@ -90,11 +192,7 @@ def _render_show(d: dict[str, Any]) -> None:
             "-"
             if ev is None
             else f"{ev.get('run') or '-'}: "
-            + ", ".join(
-                x
-                for x in (ev.get("status"), {True: "applied", False: "NOT applied"}.get(ev.get("applied")))
-                if x
-            )
+            + ", ".join(x for x in (ev.get("status"), _APPLIED.get(ev.get("applied"))) if x)
         )
         t.add_row(
             i["id"],
@@ -140,17 +238,19 @@ def _change(plan_ref: str | None, as_json: bool, op: Callable[[Store, Plan], Out
         name, uid = _plan_name(store, plan_ref)
         out = PlanRepo(store).apply(name, lambda p: op(store, p), uid)
     key = out.info.get("item")
-    item = out.plan.get(key).to_dict() if key else None
-    data = {
+    item = _item_doc(out.plan.get(key)) if key else None
+    data: Changed = {
         "plan": name,
         "item": item,
         "changed": bool(out.events),
-        "events": [e.to_dict() for e in out.events],
+        "events": [cast(EventDoc, e.to_dict()) for e in out.events],
     }
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: Changed) -> None:
         if not d["changed"]:
-            stdout.print(f"item {key} is already {d['item']['status']}; nothing changed")
+            item = d["item"]
+            assert item is not None  # nothing changed: the item named is there
+            stdout.print(f"item {key} is already {item['status']}; nothing changed")
             return
         for e in d["events"]:
             move = (
@@ -184,7 +284,7 @@ def _kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     return out
 
 
-def _bind_candidate(store: Store, ref: str) -> dict[str, Any]:
+def _bind_candidate(store: Store, ref: str) -> CandidateRef:
     from servelab.store.studies import StudyRepo
 
     study, sep, label = ref.rpartition(":")
@@ -242,9 +342,13 @@ def add(
     req = _kv(requested, "--requested")
 
     def op(store: Store, p: Plan) -> Outcome:
-        binding: dict[str, Any] = _bind_candidate(store, bind_candidate) if bind_candidate else {}
+        binding: JsonObject = {}
+        if bind_candidate:
+            ref = _bind_candidate(store, bind_candidate)
+            binding.update(study=ref["study"], candidate=ref["candidate"])
         if req:
-            binding["requested"] = req
+            requested: JsonObject = dict(req)
+            binding["requested"] = requested
         binding.update({k: v for k, v in (("url", url), ("unit", unit)) if v})
         return machine.add(
             p,
@@ -275,7 +379,7 @@ def start(item: str, worker: str | None, plan_ref: str | None, as_json: bool) ->
     _change(plan_ref, as_json, lambda _s, p: machine.start(p, item, now=utcnow(), actor=_actor(), worker=w))
 
 
-def _run_evidence(store: Store, ref: str) -> dict[str, Any]:
+def _run_evidence(store: Store, ref: str) -> JsonObject:
     """Evidence from a run: a study trial (STUDY:LABEL, its latest trial) or a bench run uid (its trial if a
     study made it; otherwise a run that shows no configuration)."""
     from servelab.store.bench import BenchRepo
@@ -306,13 +410,13 @@ def _trial_by_id(srepo: StudyRepo, trial_id: int) -> StoredTrial:
     return next(t for t in srepo.trials(owner[1]) if t.id == trial_id)
 
 
-def _trial_evidence(t: StoredTrial, ref: str) -> dict[str, Any]:
+def _trial_evidence(t: StoredTrial, ref: str) -> JsonObject:
     return {
         "run": ref,
         "trial": t.id,
         "status": t.status,
         "effective": t.effective or {},
-        "not_applied": t.not_applied or [],
+        "not_applied": list(t.not_applied or []),
         "diagnosis": t.diagnosis,
     }
 
@@ -419,7 +523,7 @@ def history(item: str | None, plan_ref: str | None, as_json: bool) -> None:
             repo.load(name).get(item)
         events = repo.history(name, item)
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: History) -> None:
         if not d["events"]:
             stdout.print(f"no changes recorded in plan {d['plan']}")
             return
@@ -435,7 +539,8 @@ def history(item: str | None, plan_ref: str | None, as_json: bool) -> None:
             )
         stdout.print(t)
 
-    emit({"plan": name, "events": [e.to_dict() for e in events]}, as_json, render)
+    doc: History = {"plan": name, "events": [cast(EventDoc, e.to_dict()) for e in events]}
+    emit(doc, as_json, render)
 
 
 def _read_json(path: str) -> Any:
@@ -477,13 +582,18 @@ def import_(file: str, fmt: str, prune: bool, plan_ref: str | None, as_json: boo
     with open_store() as store:
         name, uid = _plan_name(store, plan_ref)
         out = PlanRepo(store).apply(name, lambda p: op(store, p), uid)
-    data_out = {
+    info = out.info
+    data_out: Imported = {
         "plan": name,
         "format": fmt,
-        **{k: out.info.get(k, []) for k in ("added", "updated", "unchanged", "missing", "pruned")},
+        "added": info.get("added", []),
+        "updated": info.get("updated", []),
+        "unchanged": info.get("unchanged", []),
+        "missing": info.get("missing", []),
+        "pruned": info.get("pruned", []),
     }
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: Imported) -> None:
         stdout.print(
             f"plan {d['plan']}: {len(d['added'])} added, {len(d['updated'])} updated, "
             f"{len(d['unchanged'])} unchanged"
@@ -528,7 +638,7 @@ def export(fmt: str, output: str | None, plan_ref: str | None) -> None:
 # -- check ------------------------------------------------------------------------------------------
 def _observe(
     urls: tuple[str, ...], units: tuple[str, ...], host: str | None, remote_python: str | None
-) -> dict[str, Any]:
+) -> JsonObject:
     """What `servelab status` observes, on this machine or (--host) on the remote one through its agent:
     the URLs are probed from there, the units are its own."""
     from servelab.cli.remote import open_cli_host
@@ -545,6 +655,11 @@ def _observe(
         return observe(urls=list(urls) or None, units=list(units) or None, host=h)
     finally:
         h.close()
+
+
+def _count(entries: JsonValue) -> int:
+    """How many servers (or services) an observation lists (none when the key is missing or null)."""
+    return len(entries) if isinstance(entries, list | dict | str) else 0
 
 
 @plan.command("check")
@@ -578,28 +693,30 @@ def check(
             "--observation and --host both say where the observed state comes from",
             hint="pass one: --observation FILE (saved before) or --host TARGET (observed there now).",
         )
+    obs: JsonObject
     if observation:
-        obs = _read_json(observation)
-        if not isinstance(obs, dict):
+        read = _read_json(observation)
+        if not isinstance(read, dict):
             raise ConfigError(
                 f"{observation} is not an observation object", hint="use `servelab status --json`."
             )
+        obs = read
     else:
         named_urls, named_units = checks.referenced(p.items)
         obs = _observe(urls or tuple(named_urls), units or tuple(named_units), host, remote_python)
     found = checks.check(p.items, obs)
-    data: dict[str, Any] = {
+    data: Checked = {
         "plan": name,
         "checked": sum(1 for i in p.items if i.is_open),
-        "observed": {"servers": len(obs.get("servers") or []), "services": len(obs.get("services") or [])},
-        "findings": [f.to_dict() for f in found],
+        "observed": {"servers": _count(obs.get("servers")), "services": _count(obs.get("services"))},
+        "findings": [cast(FindingDoc, f.to_dict()) for f in found],
     }
     where = obs.get("host") or {}
-    if not observation and where.get("via") == "ssh":
+    if not observation and isinstance(where, dict) and where.get("via") == "ssh":
         data["observed"]["host"] = where.get("target")
         data["observed"]["hostname"] = where.get("hostname")
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: Checked) -> None:
         where = f" on {d['observed']['host']}" if d["observed"].get("host") else ""
         head = (
             f"plan {d['plan']}: {d['checked']} open item(s) checked against {d['observed']['servers']} "

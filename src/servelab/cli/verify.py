@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 from rich.markup import escape
@@ -13,6 +13,31 @@ from rich.table import Table
 
 from servelab.cli.output import emit, stdout
 from servelab.redact import redact
+
+
+class CheckDoc(TypedDict):
+    """One check of `verify-output --json`: the keys the view reads."""
+
+    name: str
+    ok: bool
+    severity: str
+    detail: str
+
+
+class Verified(TypedDict):
+    """`verify-output --json` (`VerifyResult.to_dict()`, docs/cli/verify.md): the keys the view reads."""
+
+    model: str
+    url: str
+    api: str
+    checks: list[CheckDoc]
+    notes: list[str]
+    reference: str
+    known_answers: str
+    ok: bool
+    warnings: list[str]
+    failed: list[str]
+
 
 _MARK = {"info": "[green]ok[/green]", "warning": "[yellow]warn[/yellow]", "error": "[red]FAIL[/red]"}
 
@@ -102,12 +127,13 @@ def verify_output_cmd(as_json: bool, **opts: Any) -> None:
             timeout_s=opts["timeout_s"],
         )
     )
-    emit(redact(result.to_dict()), as_json, render)
+    doc: Verified = redact(result.to_dict())
+    emit(doc, as_json, render)
     if not result.ok:
         sys.exit(1)
 
 
-def render(data: dict[str, Any]) -> None:
+def render(data: Verified) -> None:
     t = Table(
         "check", "verdict", "detail", title=f"verify-output {data['model']} at {data['url']} ({data['api']})"
     )

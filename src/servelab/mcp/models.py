@@ -10,10 +10,9 @@ report, `deploy`), its main keys are declared and the rest passes through (`extr
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from servelab.jsontypes import JsonObject
 from servelab.results import (
     CapacityResult,
     LevelSeries,
@@ -41,11 +40,11 @@ class Doc(BaseModel):
 class StatusView(View):
     """`servelab status --json` (docs/cli/status.md)."""
 
-    host: dict[str, Any] = Field(description="Which machine was observed (hostname, via, target).")
+    host: JsonObject = Field(description="Which machine was observed (hostname, via, target).")
     verdict: str = Field(description="One line: what is true right now.")
-    servers: list[dict[str, Any]] = Field(description="Each server probed: url, up, engine, effective, ...")
-    gpus: dict[str, Any]
-    findings: list[dict[str, Any]] = Field(description="What is wrong, its evidence and what to do next.")
+    servers: list[JsonObject] = Field(description="Each server probed: url, up, engine, effective, ...")
+    gpus: JsonObject
+    findings: list[JsonObject] = Field(description="What is wrong, its evidence and what to do next.")
 
 
 class DoctorCheck(View):
@@ -58,8 +57,8 @@ class DoctorCheck(View):
 class DoctorView(View):
     """`servelab doctor --json`."""
 
-    host: dict[str, Any]
-    gpus: dict[str, Any]
+    host: JsonObject
+    gpus: JsonObject
     checks: list[DoctorCheck]
     worst: str = Field(description="The worst check status: ok | warn | fail.")
 
@@ -68,7 +67,7 @@ class DoctorView(View):
 class LogsParseView(Doc):
     """`servelab logs parse --json`: `EffectiveConfig`, the configuration a server log shows."""
 
-    effective: dict[str, Any] = Field(description="Each key the engine runs with, as the log shows it.")
+    effective: JsonObject = Field(description="Each key the engine runs with, as the log shows it.")
     evidence: dict[str, str] = Field(description="For each key, the log line (or endpoint) that shows it.")
 
 
@@ -118,11 +117,11 @@ class PlanItem(Doc):
     worker: str | None = Field(description="Who claimed it.")
     depends_on: list[str] = Field(description="Ids of the items it waits for.")
     notes: list[str]
-    binding: dict[str, Any] | None = Field(
+    binding: JsonObject | None = Field(
         description="The experiment it is bound to: study, candidate, requested, predicted, url, unit."
     )
-    evidence: list[dict[str, Any]] = Field(description="Run records, newest last.")
-    extra: dict[str, Any] = Field(description="todowrite keys servelab does not use, kept verbatim.")
+    evidence: list[JsonObject] = Field(description="Run records, newest last.")
+    extra: JsonObject = Field(description="todowrite keys servelab does not use, kept verbatim.")
     created_at: str
     updated_at: str
 
@@ -172,7 +171,7 @@ class PlanFinding(Doc):
     kind: str = Field(description="server_down, server_healthy, service_healthy, config_mismatch, ...")
     severity: str = Field(description="warning | info")
     message: str
-    evidence: dict[str, Any] = Field(description="What was observed (the server, the service, ...).")
+    evidence: JsonObject = Field(description="What was observed (the server, the service, ...).")
 
 
 class Observed(Doc):
@@ -202,8 +201,8 @@ class PredictionView(Doc):
     num_gpus: int
     interconnect: str
     layout: dict[str, int] = Field(description="tp, pp, ep, dp_attention.")
-    quant: dict[str, Any] = Field(description="The weight, KV cache and activation formats.")
-    workload: dict[str, Any] = Field(description="isl, osl, concurrency, ...")
+    quant: JsonObject = Field(description="The weight, KV cache and activation formats.")
+    workload: JsonObject = Field(description="isl, osl, concurrency, ...")
     tpot_ms: float | None = Field(description="Time per output token, ms.")
     ttft_ms: float | None = Field(description="Time to first token, ms.")
     output_throughput: float | None = Field(description="Output tokens/s, every replica.")
@@ -311,7 +310,7 @@ class LevelSummaryView(LevelSummary):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    vllm_names: dict[str, Any] = Field(
+    vllm_names: JsonObject = Field(
         alias="vllm_compatible", description="The same figures in `vllm bench serve`'s result names."
     )
 
@@ -326,8 +325,8 @@ class LevelView(Doc):
     wall_clock_summary: LevelSummary | None = Field(
         default=None, description="The client's own clock, when the run's time base is a simulated GPU's."
     )
-    server_metrics: dict[str, Any]
-    client: dict[str, Any]
+    server_metrics: JsonObject
+    client: JsonObject
     saturation: Saturation | None
     series: LevelSeries
 
@@ -347,8 +346,8 @@ class RunView(Doc):
     context: RunContext
     time_base: str
     workload: WorkloadInfo
-    capabilities: dict[str, Any]
-    config: dict[str, Any] = Field(description="The bench options, as given (secrets masked).")
+    capabilities: JsonObject
+    config: JsonObject = Field(description="The bench options, as given (secrets masked).")
     warnings: list[str]
     levels: list[LevelView]
     capacity: CapacityResult | None
@@ -405,7 +404,7 @@ class DeployView(View):
     content: str = Field(description="The unit (or Compose / Kubernetes) text, from the run's exact argv.")
     dry_run: bool
     actions: list[str] = Field(description="What deploying does, step by step.")
-    install: dict[str, Any] | None = None
+    install: JsonObject | None = None
 
 
 # -- studies (this server's own) ------------------------------------------------------------------

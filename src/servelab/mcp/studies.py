@@ -13,11 +13,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
 
 from servelab.errors import ConfigError, NotFoundError, ServelabError, UserError
+from servelab.jsontypes import JsonObject
 from servelab.paths import data_home
 
 _STUDY_LINE = re.compile(r"^(?:resuming )?study (s-[0-9a-f]+)", re.MULTILINE)
@@ -187,7 +188,7 @@ class Studies:
             self._close(c)
         return left
 
-    def result(self, uid: str) -> dict[str, Any] | None:
+    def result(self, uid: str) -> JsonObject | None:
         """The outcome document a child printed when it ended (its `--json`)."""
         child = self.children.get(uid)
         if child is None or child.exit_code() is None:
