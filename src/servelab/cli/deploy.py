@@ -538,11 +538,13 @@ def wait_ready_cmd(
         h.close()
     if not h.is_local:
         report = dataclasses.replace(report, url=url.rstrip("/"))
+    ready = report
     emit(
-        report.to_dict(),
+        ready.to_dict(),
         as_json,
-        lambda d: stdout.print(
-            f"[green]ready[/green]: {escape(d['url'])} serves {escape(d['served_model'])} after {d['waited_s']:.1f} s "
-            f"({', '.join(f'{k} {v:.1f} s' for k, v in d['phases'].items())})"
+        lambda _d: stdout.print(  # the typed report itself, rounded as its JSON is
+            f"[green]ready[/green]: {escape(ready.url)} serves {escape(ready.served_model)} after "
+            f"{round(ready.waited_s, 3):.1f} s "
+            f"({', '.join(f'{k} {round(v, 3):.1f} s' for k, v in ready.phases.items())})"
         ),
     )

@@ -588,7 +588,7 @@ def import_(file: str, fmt: str, prune: bool, plan_ref: str | None, as_json: boo
         "format": fmt,
         "added": info.get("added", []),
         "updated": info.get("updated", []),
-        "unchanged": info.get("unchanged", []),
+        "unchanged": unchanged if isinstance(unchanged := info.get("unchanged", []), list) else [],
         "missing": info.get("missing", []),
         "pruned": info.get("pruned", []),
     }

@@ -35,7 +35,7 @@ from servelab.events import (
 )
 from servelab.executors.base import Executor, LocalExecutor, Placement
 from servelab.host import transport
-from servelab.jsontypes import JsonObject
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.paths import data_home
 from servelab.store import leases
 from servelab.store.bench import BenchRepo
@@ -294,10 +294,10 @@ class Tuner:
                     "anomalous",
                     {"run": f"{uid}/{c.label}", "anomalies": [a.to_dict() for a in flags]},
                 )
-            outcome: dict[str, object] = dict(c.outcome or {})
+            outcome: JsonObject = dict(c.outcome or {})
             if status == "not_applied":
                 self.plan.close_not_applied(uid, c, outcome)
-            outcome.update({"levels": levels, "anomalies": [a.to_dict() for a in flags]})
+            outcome.update({"levels": list[JsonValue](levels), "anomalies": [a.to_dict() for a in flags]})
             s = analyze.score(c.label, status, levels, self.study.slo, self.study.objective)
             outcome["score"] = s.to_dict()
             self.repo.set_candidate(c.id, status, outcome)
