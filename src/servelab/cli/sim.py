@@ -154,7 +154,7 @@ def build_config(opts: dict[str, Any], engine_argv: list[str]) -> Any:
         host=opts["host"],
         port=port,
         box_gpus=opts["num_gpus"],
-        api_key=sim_api_key(personality, args.raw.get("api_key")),
+        api_key=sim_api_key(personality, args.api_key),
         request_log=_writable(opts.get("request_log")),
     )
 

@@ -4,8 +4,8 @@ with its field path."""
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -14,7 +14,7 @@ from servelab.config.study import Study
 from servelab.errors import ConfigError
 
 
-def parse_study(data: dict[str, Any], source: str = "study") -> Study:
+def parse_study(data: Mapping[str, object], source: str = "study") -> Study:
     """Validate a study given as a dict; every problem is listed with its field path."""
     try:
         return Study.model_validate(data)

@@ -4,6 +4,7 @@ candidates."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from servelab.config.sections import CandidateSpec, label_parts
@@ -17,7 +18,7 @@ def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
     `wide-c64`)."""
     if not matrix:
         return []
-    axes: list[list[dict[str, Any]]] = []
+    axes: list[list[dict[str, object]]] = []
     for key, values in matrix.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"matrix.{key} must be a non-empty list")
@@ -39,13 +40,13 @@ def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
             raise ValueError(f"matrix.{key} is not a candidate field; use variants or one of: {known}")
     out: list[CandidateSpec] = []
     for combo in itertools.product(*axes):
-        merged: dict[str, Any] = {}
+        merged: dict[str, object] = {}
         names: list[str] = []
-        unnamed: dict[str, Any] = {}
+        unnamed: dict[str, object] = {}
         for part in combo:
             fields = {k: v for k, v in part.items() if k != "name"}
             if "name" in part:
-                names.append(part["name"])
+                names.append(str(part["name"]))  # a non-empty string, checked above
             else:
                 _merge(unnamed, fields)
             _merge(merged, fields)
@@ -55,12 +56,13 @@ def expand_matrix(matrix: dict[str, list[Any]]) -> list[CandidateSpec]:
     return out
 
 
-def _merge(into: dict[str, Any], part: dict[str, Any]) -> None:
+def _merge(into: dict[str, object], part: Mapping[str, object]) -> None:
     """One matrix part onto an item: args append, env and options merge, the rest replaces."""
     for k, v in part.items():
-        if k == "args" and k in into and isinstance(v, list):
-            into[k] = [*into[k], *v]
-        elif k in ("env", "options") and k in into and isinstance(v, dict):
-            into[k] = {**into[k], **v}
+        before = into.get(k)
+        if k == "args" and isinstance(before, Iterable) and isinstance(v, list):
+            into[k] = [*before, *v]
+        elif k in ("env", "options") and isinstance(before, Mapping) and isinstance(v, dict):
+            into[k] = {**before, **v}
         else:
             into[k] = v

@@ -4,7 +4,8 @@ The whole file and its cross-table checks are study.py's `Study`."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -136,7 +137,8 @@ class EngineSpec(Strict):
     port: int | None = Field(default=None, ge=1, le=65535, description="a fixed port (default: a free one)")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    options: dict[str, Any] = Field(default_factory=dict)
+    # the engine's table as written: its adapter's options model checks it (Study), the adapter narrows it
+    options: dict[str, object] = Field(default_factory=dict)
 
     check_args = field_validator("args")(_launchable_args)
     check_env = field_validator("env")(_launchable_env)
@@ -157,7 +159,7 @@ class CandidateSpec(Strict):
     max_model_len: int | None = Field(default=None, ge=1)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, object] = Field(default_factory=dict)  # merged onto the engine's, checked the same way
     baseline: bool = False
     _label: str | None = PrivateAttr(default=None)
 
@@ -175,7 +177,7 @@ class CandidateSpec(Strict):
         return self._label
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -187,7 +189,7 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-def label_parts(fields: dict[str, Any]) -> list[str]:
+def label_parts(fields: Mapping[str, object]) -> list[str]:
     """The label pieces of the candidate fields given (tp only when given: `label` always shows it)."""
     parts = [f"tp{fields['tp']}"] if "tp" in fields else []
     for key, prefix in (("pp", "pp"), ("ep", "ep"), ("dp", "dp")):
@@ -203,9 +205,12 @@ def label_parts(fields: dict[str, Any]) -> list[str]:
         if fields.get(key) is not None:
             parts.append(f"{prefix}{_show(fields[key])}")
     # Secrets masked: a label is printed, stored and names files.
-    parts += [a.lstrip("-") for a in redact_argv([str(a) for a in fields.get("args") or ()])]
-    parts += [f"{k}={_show(v)}" for k, v in redact_env(fields.get("env") or {}).items()]
-    parts += [f"{k}={_show(v)}" for k, v in (fields.get("options") or {}).items()]
+    # a matrix's parts are not checked yet: a field of the wrong kind adds nothing (the check refuses it)
+    args, env, options = fields.get("args") or (), fields.get("env") or {}, fields.get("options") or {}
+    argv = [str(a) for a in (args if isinstance(args, list | tuple) else ())]
+    parts += [a.lstrip("-") for a in redact_argv(argv)]
+    parts += [f"{k}={_show(v)}" for k, v in redact_env(env if isinstance(env, dict) else {}).items()]
+    parts += [f"{k}={_show(v)}" for k, v in (options.items() if isinstance(options, dict) else ())]
     return parts
 
 
@@ -384,9 +389,10 @@ class ConstraintSpec(Strict):
     point's values must pass `allow` and take the values in `set` (e.g. `disable_radix_cache = true` with
     NSA attention)."""
 
-    when: dict[str, Any] = Field(default_factory=dict)
-    allow: dict[str, Any] = Field(default_factory=dict)
-    set: dict[str, Any] = Field(default_factory=dict)
+    # tables as written: servelab.space checks and reads them
+    when: dict[str, object] = Field(default_factory=dict)
+    allow: dict[str, object] = Field(default_factory=dict)
+    set: dict[str, object] = Field(default_factory=dict)
 
 
 class SearchSpec(Strict):
@@ -397,7 +403,7 @@ class SearchSpec(Strict):
     budget_trials: int | None = Field(default=None, ge=1, description="trials in all, repeats included")
     budget_minutes: float | None = Field(default=None, gt=0)
     seed: int = 0
-    space: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, object] = Field(default_factory=dict)  # as written: servelab.space checks and reads it
     constraints: list[ConstraintSpec] = Field(default_factory=list)
     # several objectives: a Pareto front (NSGA-II); the first also ranks the winner
     objectives: list[str] = Field(default_factory=list)

@@ -4,6 +4,7 @@ the candidates its matrix and search space make, and each candidate's engine opt
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -129,7 +130,8 @@ class Study(Strict):
 
     def sim_speed(self) -> float:
         """How many times faster than a real GPU the server's clock runs (the simulator's `speed`; else 1)."""
-        return float(self.engine.options.get("speed", 1.0) or 1.0)
+        speed = self.engine.options.get("speed", 1.0) or 1.0
+        return float(speed) if isinstance(speed, int | float | str) else 1.0  # a number: the options model
 
     def load_kind(self, read_trace: bool = False) -> LoadKind:
         """The study's load as its type (servelab.load): the main-level rule, units, warm-up and what a
@@ -309,7 +311,7 @@ class Study(Strict):
                 break
         return list(out)
 
-    def _box(self, options: dict[str, Any]) -> int | None:
+    def _box(self, options: Mapping[str, object]) -> int | None:
         """How many GPUs the candidates run on, when the study says (a GPU kind is declared)."""
         if not (self.host.gpu or options.get("gpu")):
             return None

@@ -10,8 +10,11 @@ protocol so that an outside adapter without one still registers (its options are
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
+
+from servelab.jsontypes import JsonObject, JsonValue
 
 # The normalized keys of an effective (or requested) configuration. Adapters map their engine's own
 # spellings onto these; keys an engine does not expose are simply absent.
@@ -48,7 +51,8 @@ class Settings:
     `extra_args` are engine flags spelled exactly as the engine spells them (["--moe-runner-backend",
     "flashinfer_trtllm"]); `env` adds environment variables (NCCL_*, VLLM_*, CUDA_VISIBLE_DEVICES);
     `options` carries adapter-specific knobs (the python executable, the simulator's gpu/num_gpus/speed/
-    faults, an external endpoint's URL).
+    faults, an external endpoint's URL): the study's table, checked against the adapter's `options_model`,
+    so a reader narrows the value it takes.
     """
 
     model: str
@@ -66,12 +70,24 @@ class Settings:
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def served_name(self) -> str:
         """The name clients ask for (and /v1/models must list): the served name, else the model path."""
         return self.served_model_name or self.model
+
+    def text_option(self, key: str) -> str | None:
+        """An option that is text (the simulator's personality); None when absent or not text."""
+        value = self.options.get(key)
+        return value if isinstance(value, str) else None
+
+    @property
+    def cpus(self) -> list[int] | None:
+        """The CPU cores the server is pinned to (options.cpus, a list of ints once the options model
+        checked it); None when not pinned."""
+        value = self.options.get("cpus")
+        return [int(c) for c in value if isinstance(c, int)] if isinstance(value, list) and value else None
 
 
 @dataclass(frozen=True)
@@ -138,12 +154,13 @@ class EngineCapabilities:
 
 @dataclass
 class EffectiveConfig:
-    """What the engine actually runs with, each key tied to the log line or endpoint that showed it."""
+    """What the engine actually runs with, each key tied to the log line or endpoint that showed it. The
+    values are JSON: they are compared key by key with `requested` and stored or printed as they are."""
 
-    effective: dict[str, Any] = field(default_factory=dict)
+    effective: JsonObject = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
 
-    def set(self, key: str, value: Any, evidence: str) -> None:
+    def set(self, key: str, value: JsonValue, evidence: str) -> None:
         self.effective[key] = value
         self.evidence[key] = evidence
 
@@ -163,7 +180,7 @@ class EffectiveConfig:
             self.effective[key] = value
             self.evidence[key] = other.evidence.get(key, "")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"effective": dict(self.effective), "evidence": dict(self.evidence)}
 
 
@@ -185,8 +202,8 @@ class Setting:
     tried: SettingValue | None = None
     flags: tuple[tuple[str, SettingValue], ...] = ()
 
-    def to_dict(self) -> dict[str, SettingValue | dict[str, SettingValue]]:
-        d: dict[str, SettingValue | dict[str, SettingValue]] = {
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {
             "name": self.name,
             "value": self.value,
             "reason": self.reason,
@@ -209,8 +226,8 @@ class Diagnosis:
     fatal: bool = False  # the server that printed it will not become ready (or serve again)
     setting: Setting | None = None  # the setting to change, when the log's figures say
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        d: JsonObject = {
             "class": self.klass,
             "evidence": self.evidence,
             "advice": self.advice,
@@ -237,12 +254,12 @@ class Engine(Protocol):
         """Turn a candidate's settings into argv + environment. Raises ConfigError on impossible input."""
         ...
 
-    def requested(self, s: Settings) -> dict[str, Any]:
+    def requested(self, s: Settings) -> JsonObject:
         """The normalized configuration the settings ask for (typed settings plus recognised engine flags),
         so it can be compared key by key with `effective_config`."""
         ...
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         """Read the effective configuration from the server's log (and an info endpoint's JSON if fetched)."""
         ...
 

@@ -9,7 +9,6 @@ an info endpoint (/version, /get_server_info) reports.
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import Field
@@ -18,6 +17,7 @@ from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 
 def _endpoint(s: Settings) -> tuple[str, str, int]:
@@ -59,11 +59,11 @@ class External:
         scheme, host, port = _endpoint(s)
         return LaunchSpec(argv=[], env={}, host=host, port=port, served_model=s.served_name, scheme=scheme)
 
-    def requested(self, s: Settings) -> dict[str, Any]:
+    def requested(self, s: Settings) -> JsonObject:
         _endpoint(s)
         return {"model": s.model, "served_model_name": s.served_name}
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         cfg = EffectiveConfig()
         if server_info:
             if server_info.get("version"):

@@ -13,9 +13,11 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from servelab.engines.base import Settings
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject, JsonValue
 
 Kind = Literal["str", "int", "float", "true", "false", "json"]
 
@@ -24,7 +26,7 @@ Kind = Literal["str", "int", "float", "true", "false", "json"]
 class Flag:
     key: str  # normalized key (or an adapter-internal one starting with "_")
     kind: Kind = "str"
-    value: Any = None  # for "true"/"false" kinds: what the key becomes (default True / False)
+    value: bool | None = None  # for "true"/"false" kinds: what the key becomes (default True / False)
 
     @property
     def takes_value(self) -> bool:
@@ -70,14 +72,15 @@ def table(rows: Iterable[tuple[tuple[str, ...], Flag]]) -> dict[str, Flag]:
     return out
 
 
-def _convert(flag: Flag, name: str, raw: str) -> Any:
+def _convert(flag: Flag, name: str, raw: str) -> JsonValue:
     try:
         if flag.kind == "int":
             return int(raw)
         if flag.kind == "float":
             return float(raw)
         if flag.kind == "json":
-            return json.loads(raw)
+            value: JsonValue = json.loads(raw)
+            return value
     except ValueError as exc:
         raise ConfigError(
             f"engine flag {name} has an invalid value {raw!r}",
@@ -86,9 +89,9 @@ def _convert(flag: Flag, name: str, raw: str) -> Any:
     return raw
 
 
-def scan(args: Sequence[str], flags: Mapping[str, Flag]) -> dict[str, Any]:
+def scan(args: Sequence[str], flags: Mapping[str, Flag]) -> JsonObject:
     """{normalized key: value} for the flags in `args` that the table knows; last one wins."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -113,7 +116,7 @@ def scan(args: Sequence[str], flags: Mapping[str, Flag]) -> dict[str, Any]:
     return out
 
 
-def python_for(options: Mapping[str, Any], fallback: str = "python3") -> str:
+def python_for(options: Mapping[str, object], fallback: str = "python3") -> str:
     """The interpreter for python-launched engines: options["python"], $SERVELAB_ENGINES_PYTHON, else `fallback`."""
     explicit = options.get("python")
     if explicit:
@@ -121,14 +124,22 @@ def python_for(options: Mapping[str, Any], fallback: str = "python3") -> str:
     return os.environ.get("SERVELAB_ENGINES_PYTHON") or fallback
 
 
-def opt(flag: str, value: Any) -> list[str]:
+def int_option(options: Mapping[str, object], key: str, default: int) -> int:
+    """options[key] as `int()` reads it (the options model checked it is an integer), else `default`."""
+    value = options.get(key, default)
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise ConfigError(f"engine option {key} must be an integer, not {value!r}")
+
+
+def opt(flag: str, value: object) -> list[str]:
     """[flag, str(value)] when value is set, else []."""
     return [] if value is None else [flag, str(value)]
 
 
-def typed_requested(s: Any, served: str) -> dict[str, Any]:
+def typed_requested(s: Settings, served: str) -> JsonObject:
     """The normalized keys a candidate's typed settings ask for (engine flags come on top, per adapter)."""
-    req: dict[str, Any] = {"model": s.model, "served_model_name": served, "tp_size": s.tp, "pp_size": s.pp}
+    req: JsonObject = {"model": s.model, "served_model_name": served, "tp_size": s.tp, "pp_size": s.pp}
     if s.port:
         req["port"] = s.port
     for key, value in (

@@ -10,16 +10,16 @@ layers to GPU`, the slot count, the KV cache type, the build and the listening p
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import Field
 
 from servelab.engines import logparse as lp
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import Flag, opt, scan, table
+from servelab.engines.flags import Flag, int_option, opt, scan, table
 from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 FLAGS = table(
     [
@@ -102,8 +102,8 @@ class LlamaCpp:
         argv += list(s.extra_args)
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 
-    def requested(self, s: Settings) -> dict[str, Any]:
-        req: dict[str, Any] = {"model": s.model}
+    def requested(self, s: Settings) -> JsonObject:
+        req: JsonObject = {"model": s.model}
         if s.served_model_name:
             req["served_model_name"] = s.served_model_name
         if s.port:
@@ -116,11 +116,11 @@ class LlamaCpp:
             if value is not None:
                 req[key] = value
         if "n_gpu_layers" in s.options or s.options.get("cpu"):
-            req["n_gpu_layers"] = int(s.options.get("n_gpu_layers", 0))
+            req["n_gpu_layers"] = int_option(s.options, "n_gpu_layers", 0)
         req.update(scan(s.extra_args, FLAGS))
         return req
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         cfg = EffectiveConfig()
         for line in log_text.splitlines():
             for rx in _MODEL:
@@ -145,12 +145,12 @@ class LlamaCpp:
                 cfg.set("port", int(m.group(1)), line.strip())
         if server_info:
             props = server_info.get("default_generation_settings", server_info)
-            if isinstance(props, dict) and isinstance(props.get("n_ctx"), int):
-                cfg.set("max_model_len", props["n_ctx"], "GET /props")
-            if isinstance(server_info.get("total_slots"), int):
-                cfg.set("max_running_requests", server_info["total_slots"], "GET /props")
-            if isinstance(server_info.get("model_path"), str):
-                cfg.set("model", server_info["model_path"], "GET /props")
+            if isinstance(props, dict) and isinstance(n_ctx := props.get("n_ctx"), int):
+                cfg.set("max_model_len", n_ctx, "GET /props")
+            if isinstance(slots := server_info.get("total_slots"), int):
+                cfg.set("max_running_requests", slots, "GET /props")
+            if isinstance(path := server_info.get("model_path"), str):
+                cfg.set("model", path, "GET /props")
         return lp.finish(cfg)
 
     def info_paths(self) -> tuple[str, ...]:

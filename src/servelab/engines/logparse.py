@@ -13,9 +13,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from typing import Any
 
 from servelab.engines.base import EffectiveConfig
+from servelab.jsontypes import JsonValue
 from servelab.redact import MASK, redact_text
 
 _ENUM_REPR = re.compile(r"<([A-Za-z_][\w.]*): [^<>]*>")
@@ -24,8 +24,9 @@ _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {")", "]", "}"}
 
 
-def literal(text: str) -> Any:
-    """A Python literal from its repr; enum reprs become their names; non-literals stay as stripped text."""
+def literal(text: str) -> object:
+    """A Python literal from its repr; enum reprs become their names; non-literals stay as stripped text.
+    Any Python literal may come back (a tuple, a set), so readers narrow what they take."""
     text = text.strip()
     cleaned = _ENUM_REPR.sub(lambda m: repr(m.group(1)), text)
     try:
@@ -81,9 +82,9 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     return parts
 
 
-def parse_kv(text: str) -> dict[str, Any]:
+def parse_kv(text: str) -> dict[str, object]:
     """`a=1, b='x', c=Foo(d=2)` -> {'a': 1, 'b': 'x', 'c': {'__call__': 'Foo', 'd': 2}}; pieces without `=` are skipped."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for part in split_top(text):
         key, eq, value = part.partition("=")
         key = key.strip()
@@ -93,7 +94,7 @@ def parse_kv(text: str) -> dict[str, Any]:
     return out
 
 
-def dict_after(line: str, marker: str) -> dict[str, Any] | None:
+def dict_after(line: str, marker: str) -> dict[str, object] | None:
     """The dict literal that follows `marker` in `line` (`non-default args: {...}`), or None."""
     idx = line.find(marker)
     if idx == -1:
@@ -106,7 +107,7 @@ def dict_after(line: str, marker: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def call_after(line: str, marker: str) -> dict[str, Any] | None:
+def call_after(line: str, marker: str) -> dict[str, object] | None:
     """The key=value list inside `Name(...)` that follows `marker` (`server_args=ServerArgs(...)`), or None."""
     idx = line.find(marker)
     if idx == -1:
@@ -138,15 +139,30 @@ def to_int(text: str) -> int | None:
         return None
 
 
-def dtype_name(value: Any) -> Any:
+def dtype_name(value: object) -> object:
     """'torch.bfloat16' -> 'bfloat16' (engines print torch dtypes; users write the short name)."""
     if isinstance(value, str) and value.startswith("torch."):
         return value[len("torch.") :]
     return value
 
 
-def none_if_auto(value: Any) -> Any:
+def none_if_auto(value: object) -> object:
     return None if value in (None, "auto", "") else value
+
+
+def json_value(value: object) -> JsonValue:
+    """A parsed log value as JSON, the form an effective configuration is stored and printed in: scalars
+    as they are, tuples and lists as lists, a set sorted (as `--json` printed it), dicts with their keys
+    as text, anything else (bytes, a complex number) as its text."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple):
+        return [json_value(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return [json_value(v) for v in sorted(value)]
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    return str(value)
 
 
 _EVIDENCE_MAX = 400

@@ -9,7 +9,7 @@ names its field path before anything launches, in the dry run and the real run a
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,7 @@ class EngineOptions(BaseModel):
     )
     gpu: str | None = Field(default=None, min_length=1, description="GPU kind (default: host.gpu)")
     num_gpus: int | None = Field(default=None, ge=1, description="GPUs in the box (default: host.num_gpus)")
-    verify: dict[str, Any] | None = Field(default=None, description="arguments of verify-output")
+    verify: dict[str, object] | None = Field(default=None, description="arguments of verify-output")
 
 
 class AnyOptions(BaseModel):

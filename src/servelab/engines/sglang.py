@@ -11,7 +11,7 @@ flashinfer_cutlass as MoE runner backend on SM120 ...`), runtime lines (`KV Cach
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
 
 from pydantic import Field
 
@@ -21,6 +21,7 @@ from servelab.engines.flags import Flag, Spellings, opt, python_for, scan, spell
 from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 # SGLang's flags, spelled once: this adapter writes and reads them, the simulator's SGLang personality
 # parses them (sim/engine_args.py). In SGLang's argparse order (which declares the long parallel sizes
@@ -167,12 +168,12 @@ class SGLang:
         argv += list(s.extra_args)
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 
-    def requested(self, s: Settings) -> dict[str, Any]:
+    def requested(self, s: Settings) -> JsonObject:
         req = typed_requested(s, s.served_name)
         req.update(scan(s.extra_args, FLAGS))
         return req
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         args, chosen, runtime = EffectiveConfig(), EffectiveConfig(), EffectiveConfig()
         for line in log_text.splitlines():
             if "server_args=" in line:
@@ -194,8 +195,8 @@ class SGLang:
             if "max_total_num_tokens=" in line:
                 summary = lp.parse_kv(line[line.index("max_total_num_tokens=") :])
                 for raw_key, key in _RUNTIME_KEYS.items():
-                    if isinstance(summary.get(raw_key), int):
-                        runtime.set(key, summary[raw_key], line.strip())
+                    if isinstance(value := summary.get(raw_key), int):
+                        runtime.set(key, value, line.strip())
             if m := _PORT.search(line):
                 runtime.set("port", int(m.group(1)), line.strip())
         out = EffectiveConfig()
@@ -204,8 +205,8 @@ class SGLang:
         if server_info:
             info = EffectiveConfig()
             _apply_args(info, server_info, "", source="GET /get_server_info")
-            if isinstance(server_info.get("max_total_num_tokens"), int):
-                info.set("kv_cache_tokens", server_info["max_total_num_tokens"], "GET /get_server_info")
+            if isinstance(tokens := server_info.get("max_total_num_tokens"), int):
+                info.set("kv_cache_tokens", tokens, "GET /get_server_info")
             if server_info.get("version"):
                 info.set("version", str(server_info["version"]), "GET /get_server_info")
             out.merge(info, keep_confirmed=True)
@@ -215,7 +216,9 @@ class SGLang:
         return ("/get_server_info", "/server_info")
 
 
-def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str, source: str | None = None) -> None:
+def _apply_args(
+    cfg: EffectiveConfig, parsed: Mapping[str, object], line: str, source: str | None = None
+) -> None:
     """Map ServerArgs fields (from the log repr or the info JSON) onto normalized keys."""
 
     def evidence(raw_key: str) -> str:
@@ -224,7 +227,7 @@ def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str, source:
     for raw_key, key in _ARG_KEYS.items():
         if raw_key in parsed:
             value = parsed[raw_key]
-            cfg.set(key, lp.dtype_name(value) if key == "dtype" else value, evidence(raw_key))
+            cfg.set(key, lp.json_value(lp.dtype_name(value) if key == "dtype" else value), evidence(raw_key))
     if "disable_cuda_graph" in parsed:
         cfg.set("cuda_graph", not bool(parsed["disable_cuda_graph"]), evidence("disable_cuda_graph"))
 

@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, TypedDict
+from typing import TypedDict, cast
 
 from servelab.engines.base import Diagnosis, Setting, SettingValue
 from servelab.engines.lognorm import normalise
@@ -150,8 +150,12 @@ class SettingRule:
         return Setting(self.name, round(value, 6), reason, tried, self.flags)
 
 
-class SettingRow(TypedDict, total=False):
-    """One `[[setting]]` table as the TOML holds it (its `class` is passed apart: a keyword here)."""
+# `class` is a keyword: the tables that hold it are declared in TypedDict's call form.
+_ClassKey = TypedDict("_ClassKey", {"class": str}, total=False)
+
+
+class SettingRow(_ClassKey, total=False):
+    """One `[[setting]]` table as the TOML holds it (its `class` is passed to `_setting_rule` apart)."""
 
     name: str
     kind: str
@@ -207,10 +211,44 @@ def _setting_rule(i: int, klass: str, row: SettingRow) -> SettingRule:
     )
 
 
+class ClassRow(TypedDict, total=False):
+    """One `[class.NAME]` table: a failure class's defaults for its signatures."""
+
+    priority: int
+    fatal: bool
+    advice: str
+
+
+class SignatureRow(_ClassKey, total=False):
+    """One `[[signature]]` table."""
+
+    pattern: str
+    fatal: bool
+    advice: str
+    engines: list[str]
+    phase: str
+    unless: str
+    source: str
+
+
+# The whole table as the TOML holds it (`[serving_markers]` mixes the engines' patterns with `window`).
+SignatureTable = TypedDict(
+    "SignatureTable",
+    {
+        "class": dict[str, ClassRow],
+        "signature": list[SignatureRow],
+        "setting": list[SettingRow],
+        "ready_markers": dict[str, list[str]],
+        "serving_markers": dict[str, list[str] | list[int]],
+    },
+    total=False,
+)
+
+
 @dataclass(frozen=True)
 class KnowledgeBase:
     signatures: tuple[Signature, ...]
-    classes: dict[str, dict[str, Any]]
+    classes: dict[str, ClassRow]
     ready_markers: dict[str, tuple[re.Pattern[str], ...]]
     serving_markers: dict[str, tuple[re.Pattern[str], ...]]
     serving_window: tuple[int, int]  # lines before, lines after a match in which a serving marker counts
@@ -236,9 +274,9 @@ def _compile(pattern: str, where: str) -> re.Pattern[str]:
         ) from exc
 
 
-def parse_table(data: dict[str, Any]) -> KnowledgeBase:
+def parse_table(data: SignatureTable) -> KnowledgeBase:
     """Validate and compile a signature table (the packaged TOML, or a test's own)."""
-    classes: dict[str, dict[str, Any]] = data.get("class", {})
+    classes = data.get("class", {})
     if "unknown" not in classes:
         raise ConfigError(
             "signature table lacks [class.unknown]", hint="every table needs the fallback class"
@@ -246,7 +284,7 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
     sigs: list[Signature] = []
     for i, row in enumerate(data.get("signature", [])):
         klass = row.get("class")
-        if klass not in classes:
+        if klass is None or klass not in classes:
             raise ConfigError(
                 f"signature #{i} names unknown class {klass!r}", hint="add a [class.NAME] table"
             )
@@ -274,15 +312,15 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
     serving = data.get("serving_markers", {})
     window = serving.get("window", [0, 0])
     serving_markers = {
-        engine: tuple(_compile(p, f"serving_markers.{engine}") for p in pats)
+        engine: tuple(_compile(str(p), f"serving_markers.{engine}") for p in pats)
         for engine, pats in serving.items()
         if engine != "window"
     }
     settings = []
-    for i, row in enumerate(data.get("setting", [])):
-        if row.get("class") not in classes:
-            raise ConfigError(f"setting #{i} names unknown class {row.get('class')!r}")
-        settings.append(_setting_rule(i, str(row["class"]), row))
+    for i, rule in enumerate(data.get("setting", [])):
+        if rule.get("class") not in classes:
+            raise ConfigError(f"setting #{i} names unknown class {rule.get('class')!r}")
+        settings.append(_setting_rule(i, str(rule["class"]), rule))
     return KnowledgeBase(
         tuple(sigs), classes, markers, serving_markers, (int(window[0]), int(window[1])), tuple(settings)
     )
@@ -292,7 +330,8 @@ def parse_table(data: dict[str, Any]) -> KnowledgeBase:
 def knowledge_base() -> KnowledgeBase:
     """The packaged table, parsed once."""
     text = resources.files("servelab.engines").joinpath("signatures.toml").read_text()
-    return parse_table(tomllib.loads(text))
+    # Our own table, described by SignatureTable; parse_table checks what it reads (classes, phases, regexes).
+    return parse_table(cast(SignatureTable, tomllib.loads(text)))
 
 
 def classes() -> list[str]:

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import sys
 from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator
 
 from servelab.engines import sglang, vllm
 from servelab.engines.base import EffectiveConfig, EngineCapabilities, LaunchSpec, Readiness, Settings
-from servelab.engines.flags import Spellings, opt
+from servelab.engines.flags import Spellings, int_option, opt
 from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.engines.signatures import guess_engine
 from servelab.errors import ConfigError, ServelabError
+from servelab.jsontypes import JsonObject
 
 PERSONALITIES = ("vllm", "sglang")
 
@@ -141,7 +142,7 @@ class Sim:
             raise ConfigError(
                 "the simulator needs options.gpu", hint="e.g. gpu = 'h100-sxm' (see `servelab sim --help`)"
             )
-        _check_box(s.model, str(gpu), int(s.options.get("num_gpus", 1)), s)
+        _check_box(s.model, str(gpu), int_option(s.options, "num_gpus", 1), s)
         port = s.port or (8000 if p == "vllm" else 30000)
         argv = [str(s.options.get("python") or sys.executable), "-m", "servelab", "sim"]
         argv += ["--model", s.model, "--gpu", str(gpu), "--num-gpus", str(s.options.get("num_gpus", 1))]
@@ -151,7 +152,8 @@ class Sim:
             argv += ["--pp", str(s.pp)]
         argv += opt("--ep", s.ep) + opt("--dp", s.dp) + opt("--quant", s.quantization)
         argv += opt("--speed", s.options.get("speed")) + opt("--seed", s.options.get("seed"))
-        for fault in s.options.get("faults", ()) or ():
+        faults = s.options.get("faults", ()) or ()
+        for fault in faults if isinstance(faults, list | tuple) else ():  # a list, as Options checked
             argv += ["--fault", str(fault)]
         if s.options.get("fast_start"):
             argv.append("--fast-start")
@@ -164,10 +166,10 @@ class Sim:
         argv += list(s.extra_args)
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.served_name)
 
-    def requested(self, s: Settings) -> dict[str, Any]:
+    def requested(self, s: Settings) -> JsonObject:
         return _adapter(personality(s)).requested(s)
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         engine = guess_engine(log_text) or (
             "sglang" if server_info and "model_path" in server_info else "vllm"
         )

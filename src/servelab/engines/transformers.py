@@ -9,7 +9,6 @@ checked. The log says little: the model it loads and the port.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import Field
 
@@ -19,6 +18,7 @@ from servelab.engines.flags import Flag, opt, python_for, scan, table
 from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 FLAGS = table(
     [
@@ -84,8 +84,8 @@ class TransformersServe:
         argv += ["--host", s.host, "--port", str(port), s.model]
         return LaunchSpec(argv=argv, env=dict(s.env), host=s.host, port=port, served_model=s.model)
 
-    def requested(self, s: Settings) -> dict[str, Any]:
-        req: dict[str, Any] = {"model": s.model, "served_model_name": s.model}
+    def requested(self, s: Settings) -> JsonObject:
+        req: JsonObject = {"model": s.model, "served_model_name": s.model}
         if s.port:
             req["port"] = s.port
         if s.quantization is not None:
@@ -96,7 +96,7 @@ class TransformersServe:
         req.update(flags)
         return req
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         cfg = EffectiveConfig()
         for line in log_text.splitlines():
             if m := _LOADING.search(line):

@@ -10,7 +10,7 @@ runtime lines (`GPU KV cache size: N tokens`, `Starting vLLM server on http://..
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
 
 from pydantic import Field
 
@@ -20,6 +20,7 @@ from servelab.engines.flags import Flag, Spellings, opt, python_for, scan, spell
 from servelab.engines.flagschema import FlagSource
 from servelab.engines.options import EngineOptions
 from servelab.errors import ConfigError
+from servelab.jsontypes import JsonObject
 
 # vLLM's flags, spelled once: this adapter writes and reads them, the simulator's vLLM personality parses
 # them (sim/engine_args.py). In vLLM's argparse order; `--attention-backend` and `--moe-backend` are read
@@ -193,19 +194,20 @@ class VLLM:
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(s.options["cpu_bind"]))
         return LaunchSpec(argv=argv, env=env, host=s.host, port=port, served_model=s.served_name)
 
-    def requested(self, s: Settings) -> dict[str, Any]:
+    def requested(self, s: Settings) -> JsonObject:
         req = typed_requested(s, s.served_name)
         flags = scan(s.extra_args, FLAGS)
         expert = flags.pop("_expert_parallel", None)
         compilation = flags.pop("_compilation_config", None)
         req.update(flags)
-        if expert:
-            req["ep_size"] = req["tp_size"] * req.get("dp_size", 1)
+        tp, dp = req["tp_size"], req.get("dp_size", 1)
+        if expert and isinstance(tp, int) and isinstance(dp, int):  # ints: the typed sizes or int flags
+            req["ep_size"] = tp * dp
         if isinstance(compilation, dict):
             req.update(_compilation_keys(compilation))
         return req
 
-    def effective_config(self, log_text: str, server_info: dict[str, Any] | None = None) -> EffectiveConfig:
+    def effective_config(self, log_text: str, server_info: JsonObject | None = None) -> EffectiveConfig:
         args, chosen, runtime = EffectiveConfig(), EffectiveConfig(), EffectiveConfig()
         for line in log_text.splitlines():
             if "non-default args:" in line:
@@ -246,9 +248,9 @@ class VLLM:
         return ("/version",)
 
 
-def _compilation_keys(cc: dict[str, Any]) -> dict[str, Any]:
+def _compilation_keys(cc: Mapping[str, object]) -> JsonObject:
     """Normalized keys a compilation config decides: CUDA graphs off, all-reduce fusion on."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     mode = cc.get("cudagraph_mode")
     if isinstance(mode, str) and mode.split(".")[-1].upper() == "NONE":
         out["cuda_graph"] = False
@@ -260,7 +262,7 @@ def _compilation_keys(cc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str) -> None:
+def _apply_args(cfg: EffectiveConfig, parsed: Mapping[str, object], line: str) -> None:
     """Map one parsed config dump (non-default args, Namespace, engine config) onto normalized keys."""
     for raw_key, key in _ARG_KEYS.items():
         if raw_key not in parsed:
@@ -270,7 +272,7 @@ def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str) -> None
             value = value[0] if value else None
         if key == "dtype":
             value = lp.dtype_name(value)
-        cfg.set(key, value, lp.excerpt(line, f"'{raw_key}':", f"{raw_key}="))
+        cfg.set(key, lp.json_value(value), lp.excerpt(line, f"'{raw_key}':", f"{raw_key}="))
     if "enforce_eager" in parsed:
         cfg.set("cuda_graph", not bool(parsed["enforce_eager"]), lp.excerpt(line, "enforce_eager"))
     if "enable_prefix_caching" in parsed and parsed["enable_prefix_caching"] is not None:
@@ -282,7 +284,7 @@ def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str) -> None
     if parsed.get("enable_expert_parallel"):
         tp = parsed.get("tensor_parallel_size", 1) or 1
         dp = parsed.get("data_parallel_size", 1) or 1
-        cfg.set("ep_size", int(tp) * int(dp), lp.excerpt(line, "enable_expert_parallel"))
+        cfg.set("ep_size", _size(tp) * _size(dp), lp.excerpt(line, "enable_expert_parallel"))
     cc = parsed.get("compilation_config")
     if isinstance(cc, str):
         cc = lp.literal(cc)
@@ -291,7 +293,14 @@ def _apply_args(cfg: EffectiveConfig, parsed: dict[str, Any], line: str) -> None
             cfg.set(key, value, lp.excerpt(line, "cudagraph_mode" if key == "cuda_graph" else "pass_config"))
     kc = parsed.get("kernel_config")
     if isinstance(kc, dict) and "moe_backend" in kc:
-        cfg.set("moe_runner_backend", kc["moe_backend"], lp.excerpt(line, "moe_backend="))
+        cfg.set("moe_runner_backend", lp.json_value(kc["moe_backend"]), lp.excerpt(line, "moe_backend="))
+
+
+def _size(value: object) -> int:
+    """A parallel size from a config dump (an int, or its text), as `int()` reads it."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"a parallel size, not {value!r}")
 
 
 ENGINE = VLLM()

@@ -17,6 +17,31 @@ from typing import Any, NamedTuple
 
 from servelab.engines import sglang, vllm
 from servelab.engines.flags import Spellings
+from servelab.jsontypes import JsonObject
+
+
+@dataclass(frozen=True)
+class SimEffective:
+    """The settings the simulated engine runs with, its defaults filled in (`server.effective`): what its
+    start-up log, its info routes and its scheduler read."""
+
+    max_running: int
+    max_batched_tokens: int
+    mem_fraction: float
+    max_model_len: int
+    quantization: str | None
+    attention_backend: str
+
+    def as_json(self) -> JsonObject:
+        """The settings as GET /servelab/state shows them (these keys, in this order)."""
+        return {
+            "max_running": self.max_running,
+            "max_batched_tokens": self.max_batched_tokens,
+            "mem_fraction": self.mem_fraction,
+            "max_model_len": self.max_model_len,
+            "quantization": self.quantization,
+            "attention_backend": self.attention_backend,
+        }
 
 
 @dataclass
@@ -47,8 +72,9 @@ class EngineArgs:
     port: int = 8000
     seed: int = 0
     trust_remote_code: bool = False
-    non_default: dict[str, Any] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None  # --api-key: what /v1/* demands (else the environment's, cli.sim)
+    non_default: JsonObject = field(default_factory=dict)  # repr'd into the start-up log
+    raw: JsonObject = field(default_factory=dict)  # every flag's value, echoed by /get_server_info
 
 
 def _adder(p: argparse.ArgumentParser, spelling: Spellings) -> Callable[..., None]:
@@ -201,6 +227,7 @@ def _parse_vllm_flags(name: str, argv: list[str], sm: int, is_moe: bool) -> tupl
         port=ns.port,
         seed=ns.seed,
         trust_remote_code=ns.trust_remote_code,
+        api_key=ns.api_key,
         non_default=non_default,
         raw=raw,
     )
@@ -243,6 +270,7 @@ def _parse_sglang_flags(name: str, argv: list[str], sm: int, is_moe: bool) -> tu
         seed=ns.random_seed if ns.random_seed is not None else 0,
         trust_remote_code=ns.trust_remote_code,
         raw=raw,
+        api_key=ns.api_key,
     )
     return args, warnings
 
@@ -300,8 +328,8 @@ FLAG_DIALECTS: dict[str, FlagDialect] = {
 # -- effective config in each engine's syntax ---------------------------------------------------
 
 
-def sglang_server_args(a: EngineArgs, eff: dict[str, Any]) -> str:
-    fields: list[tuple[str, Any]] = [
+def sglang_server_args(a: EngineArgs, eff: SimEffective) -> str:
+    fields: list[tuple[str, object]] = [
         ("model_path", a.model),
         ("tokenizer_path", a.model),
         ("tokenizer_mode", "auto"),
@@ -313,10 +341,10 @@ def sglang_server_args(a: EngineArgs, eff: dict[str, Any]) -> str:
         ("kv_cache_dtype", a.kv_cache_dtype or "auto"),
         ("host", a.host),
         ("port", a.port),
-        ("mem_fraction_static", eff["mem_fraction"]),
-        ("max_running_requests", eff["max_running"]),
+        ("mem_fraction_static", eff.mem_fraction),
+        ("max_running_requests", eff.max_running),
         ("max_total_tokens", None),
-        ("chunked_prefill_size", eff["max_batched_tokens"]),
+        ("chunked_prefill_size", eff.max_batched_tokens),
         ("max_prefill_tokens", 16384),
         ("schedule_policy", "fcfs"),
         ("tp_size", a.tp),
@@ -326,7 +354,7 @@ def sglang_server_args(a: EngineArgs, eff: dict[str, Any]) -> str:
         ("random_seed", a.seed),
         ("enable_dp_attention", a.enable_dp_attention),
         ("moe_runner_backend", a.moe_runner_backend),
-        ("attention_backend", eff.get("attention_backend")),
+        ("attention_backend", eff.attention_backend),
         ("disable_radix_cache", not a.prefix_caching),
         ("disable_cuda_graph", not a.cuda_graph),
         ("enable_flashinfer_allreduce_fusion", a.allreduce_fusion),
@@ -335,7 +363,7 @@ def sglang_server_args(a: EngineArgs, eff: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in fields)
 
 
-def vllm_engine_config(a: EngineArgs, eff: dict[str, Any]) -> str:
+def vllm_engine_config(a: EngineArgs, eff: SimEffective) -> str:
     fields = [
         ("model", repr(a.model)),
         ("speculative_config", "None"),
@@ -345,14 +373,14 @@ def vllm_engine_config(a: EngineArgs, eff: dict[str, Any]) -> str:
         ("revision", "None"),
         ("trust_remote_code", str(a.trust_remote_code)),
         ("dtype", "torch.bfloat16"),
-        ("max_seq_len", str(eff["max_model_len"])),
+        ("max_seq_len", str(eff.max_model_len)),
         ("download_dir", "None"),
         ("load_format", "auto"),
         ("tensor_parallel_size", str(a.tp)),
         ("pipeline_parallel_size", str(a.pp)),
         ("data_parallel_size", str(a.dp)),
         ("disable_custom_all_reduce", "False"),
-        ("quantization", str(eff.get("quantization"))),
+        ("quantization", str(eff.quantization)),
         ("enforce_eager", str(not a.cuda_graph)),
         ("kv_cache_dtype", a.kv_cache_dtype or "auto"),
         ("device_config", "cuda"),

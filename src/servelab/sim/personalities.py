@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Formatter
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeVar
 
 from servelab.engines.flagdump import dump_argparse
 from servelab.engines.flagschema import FlagSchema, from_dump
@@ -27,14 +27,47 @@ from servelab.model.context import PICKS, ContextFacts, ContextRule, derive
 from servelab.sim.engine_args import FLAG_DIALECTS, EngineArgs
 
 
-@cache
-def fault_signatures() -> dict[str, Any]:
-    return tomllib.loads(resources.files("servelab.data").joinpath("sim/faults.toml").read_text())
+@dataclass(frozen=True)
+class FaultSignature:
+    """One `[NAME]` table of sim/faults.toml: the lines a fault prints (a personality's own where it has
+    them, `<personality>_lines`) and the exit code of a start-up crash."""
+
+    lines: tuple[str, ...]
+    own_lines: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    exit: int = 1
+
+    def lines_for(self, personality: str) -> list[str]:
+        return list(self.own_lines.get(personality) or self.lines)
 
 
 @cache
-def power_table() -> dict[str, Any]:
-    return tomllib.loads(resources.files("servelab.data").joinpath("sim/gpu_power.toml").read_text())
+def fault_signatures() -> dict[str, FaultSignature]:
+    data = tomllib.loads(resources.files("servelab.data").joinpath("sim/faults.toml").read_text())
+    out: dict[str, FaultSignature] = {}
+    for name, raw in data.items():
+        t = _Table(raw, f"faults.{name}")
+        own = [k for k in t.data if k.endswith("_lines")]
+        out[name] = FaultSignature(
+            lines=tuple(str(x) for x in t.array("lines")),
+            own_lines={k.removesuffix("_lines"): tuple(str(x) for x in t.array(k)) for k in own},
+            exit=t.integer("exit") if "exit" in t.data else 1,
+        )
+    return out
+
+
+@cache
+def power_table() -> dict[str, dict[str, float]]:
+    """sim/gpu_power.toml: `[default]`, `[step]` and each GPU's own figures, by name."""
+    data = tomllib.loads(resources.files("servelab.data").joinpath("sim/gpu_power.toml").read_text())
+    out: dict[str, dict[str, float]] = {}
+    for name, raw in data.items():
+        t = _Table(raw, f"gpu_power.{name}")
+        out[name] = {}
+        for key, v in t.data.items():  # kept as written: an int limit is shown as an int
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise PersonalityError(f"{t.where}.{key}: expected a number, got {v!r}")
+            out[name][key] = v
+    return out
 
 
 # -- the personalities, as data ----------------------------------------------------------------------
@@ -257,16 +290,19 @@ class Personality:
         return self.compile_s if (cuda_graph or not self.compile_needs_cuda_graph) else 0.0
 
 
+_T = TypeVar("_T")
+
+
 class _Table:
     """Typed reads of one TOML table; errors name the key path."""
 
-    def __init__(self, data: Any, where: str) -> None:
+    def __init__(self, data: object, where: str) -> None:
         if not isinstance(data, dict):
             raise PersonalityError(f"{where}: expected a table")
-        self.data: dict[str, Any] = data
+        self.data: dict[str, object] = data
         self.where = where
 
-    def _get(self, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    def _get(self, key: str, kind: type[_T], what: str) -> _T:
         if key not in self.data:
             raise PersonalityError(f"{self.where}.{key}: missing")
         v = self.data[key]
@@ -281,13 +317,22 @@ class _Table:
         return int(self._get(key, int, "an integer"))
 
     def number(self, key: str) -> float:
-        return float(self._get(key, (int, float), "a number"))
+        v = self.data.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+        return self._get(key, float, "a number")  # missing, or not a number: says which
 
     def flag(self, key: str) -> bool:
         return bool(self._get(key, bool, "true or false"))
 
-    def array(self, key: str) -> list[Any]:
+    def array(self, key: str) -> list[object]:
         return list(self._get(key, list, "an array"))
+
+    def integers(self, key: str) -> tuple[int, ...]:
+        items = self.array(key)
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in items):
+            raise PersonalityError(f"{self.where}.{key}: expected an array of integers, got {items!r}")
+        return tuple(int(x) for x in items if isinstance(x, int | float))
 
     def table(self, key: str) -> _Table:
         return _Table(self._get(key, dict, "a table"), f"{self.where}.{key}")
@@ -430,7 +475,7 @@ def _personality(name: str, t: _Table) -> Personality:
         defaults=defaults,
         compile_s=st.number("compile_s"),
         compile_needs_cuda_graph=st.flag("compile_needs_cuda_graph"),
-        nsa_radix_crash_sm=tuple(int(x) for x in st.array("nsa_radix_crash_sm")),
+        nsa_radix_crash_sm=st.integers("nsa_radix_crash_sm"),
         compile_cache=_compile_cache(st),
         log=log,
         periodic=periodic,
@@ -448,7 +493,7 @@ def _context(c: _Table) -> ContextRule:
         items = c.array(key)
         if not all(isinstance(x, str) for x in items):
             raise PersonalityError(f"{c.where}.{key}: expected an array of strings, got {items!r}")
-        return tuple(items)
+        return tuple(str(x) for x in items)
 
     rule = ContextRule(
         keys=words("keys"),

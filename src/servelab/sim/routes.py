@@ -10,10 +10,10 @@ routes by naming a handler of `ENGINE_HANDLERS` per path (personalities.toml [ro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import orjson
 
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.sim.http import HttpError, HttpProtocol, Request
 from servelab.sim.personalities import ROUTE_HANDLERS
 from servelab.sim.render import render_metrics
@@ -25,19 +25,19 @@ GENERATE = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> c
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
-def _json(proto: HttpProtocol, req: Request, body: Any) -> None:
+def _json(proto: HttpProtocol, req: Request, body: JsonValue) -> None:
     proto.send(200, orjson.dumps(body), keep_alive=req.keep_alive)
 
 
 # -- what the server reports ---------------------------------------------------------------------
 
 
-def layout(srv: SimState) -> dict[str, int]:
+def layout(srv: SimState) -> JsonObject:
     lay = srv.cfg.setup.layout
     return {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "dp": lay.dp}
 
 
-def state(srv: SimState) -> dict[str, Any]:
+def state(srv: SimState) -> JsonObject:
     """The scheduler's counters and the effective settings (GET /servelab/state)."""
     c = srv.sched.counters
     lay = layout(srv)
@@ -57,7 +57,7 @@ def state(srv: SimState) -> dict[str, Any]:
         "kv_usage": srv.sched.kv_usage,
         "allreduce_collapse": srv.collapse,
         "effective": {
-            **srv.eff,
+            **srv.eff.as_json(),
             "tp": lay["tp"],
             "pp": lay["pp"],
             "dp": lay["dp"],
@@ -67,7 +67,7 @@ def state(srv: SimState) -> dict[str, Any]:
     }
 
 
-def info(srv: SimState) -> dict[str, Any]:
+def info(srv: SimState) -> JsonObject:
     """What the simulated server is (GET /servelab/info): a benchmark records it with every run."""
     cfg, s = srv.cfg, srv.cfg.setup
     return {
@@ -90,7 +90,7 @@ def info(srv: SimState) -> dict[str, Any]:
     }
 
 
-def server_info(srv: SimState) -> dict[str, Any]:
+def server_info(srv: SimState) -> JsonObject:
     """SGLang's /get_server_info: its server arguments, effective, plus live internal state."""
     a = srv.cfg.engine
     out = dict(a.raw)
@@ -106,9 +106,9 @@ def server_info(srv: SimState) -> dict[str, Any]:
             "ep_size": a.ep,
             "moe_runner_backend": a.moe_runner_backend,
             "disable_radix_cache": not a.prefix_caching,
-            "mem_fraction_static": srv.eff["mem_fraction"],
-            "chunked_prefill_size": srv.eff["max_batched_tokens"],
-            "max_running_requests": srv.eff["max_running"],
+            "mem_fraction_static": srv.eff.mem_fraction,
+            "chunked_prefill_size": srv.eff.max_batched_tokens,
+            "max_running_requests": srv.eff.max_running,
             "enable_flashinfer_allreduce_fusion": a.allreduce_fusion,
             "max_total_num_tokens": srv.kv_tokens,
             "version": srv.persona.version,
@@ -118,7 +118,7 @@ def server_info(srv: SimState) -> dict[str, Any]:
     return out
 
 
-def models(srv: SimState) -> dict[str, Any]:
+def models(srv: SimState) -> JsonObject:
     return {
         "object": "list",
         "data": [
@@ -129,7 +129,7 @@ def models(srv: SimState) -> dict[str, Any]:
                 "owned_by": srv.persona.owned_by,
                 "root": srv.cfg.engine.model,
                 "parent": None,
-                "max_model_len": srv.eff["max_model_len"],
+                "max_model_len": srv.eff.max_model_len,
             }
         ],
     }

@@ -23,12 +23,13 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
 
 from servelab.model.memory import plan_memory
+from servelab.sim.engine_args import SimEffective
 from servelab.sim.faults import Fault
 from servelab.sim.http import (
     SSE_HEAD,
@@ -54,21 +55,21 @@ EARLY = 0.0005  # event-loop timers fire up to ~1 ms late (millisecond resolutio
 _GARBAGE = GARBAGE_WORD.encode()
 
 
-def effective(cfg: SimConfig) -> dict[str, Any]:
+def effective(cfg: SimConfig) -> SimEffective:
     """The engine's effective settings (defaults filled in the way each engine fills them:
     personalities.toml [defaults])."""
     s, a = cfg.setup, cfg.engine
     d = cfg.resolved_persona().defaults
     gpu_gb = s.host.gpu.memory_gb
     model_fraction = d.mem_fraction if d.mem_fraction is not None else s.mem_fraction
-    return {
-        "max_running": a.max_num_seqs or int(d.max_running.pick(gpu_gb)),
-        "max_batched_tokens": a.max_batched_tokens or int(d.max_batched_tokens.pick(gpu_gb)),
-        "mem_fraction": a.mem_fraction or model_fraction,
-        "max_model_len": a.max_model_len or cfg.resolved_persona().max_model_len(s.arch.context)[0],
-        "quantization": a.quantization,
-        "attention_backend": "nsa" if s.arch.index_topk else "flashinfer",
-    }
+    return SimEffective(
+        max_running=a.max_num_seqs or int(d.max_running.pick(gpu_gb)),
+        max_batched_tokens=a.max_batched_tokens or int(d.max_batched_tokens.pick(gpu_gb)),
+        mem_fraction=a.mem_fraction or model_fraction,
+        max_model_len=a.max_model_len or cfg.resolved_persona().max_model_len(s.arch.context)[0],
+        quantization=a.quantization,
+        attention_backend="nsa" if s.arch.index_topk else "flashinfer",
+    )
 
 
 def allreduce_collapse(cfg: SimConfig) -> bool:
@@ -263,14 +264,14 @@ class SimServer:
         self.persona: Personality = cfg.resolved_persona()
         self.eff = effective(cfg)
         s = cfg.setup
-        self.mem = plan_memory(s.arch, s.quant, s.host, s.layout, self.eff["mem_fraction"])
+        self.mem = plan_memory(s.arch, s.quant, s.host, s.layout, self.eff.mem_fraction)
         self.collapse = allreduce_collapse(cfg)
         self.timing = Timing(s, self.mem, slowdown=8.0 if self.collapse else 1.0)
         self.kv_tokens = max(self.mem.kv_cache_tokens, 0) * s.layout.dp
         self.limits = Limits(
             kv_tokens=self.kv_tokens,
-            max_running=self.eff["max_running"],
-            prefill_budget=self.eff["max_batched_tokens"],
+            max_running=self.eff.max_running,
+            prefill_budget=self.eff.max_batched_tokens,
             ttft_overhead_s=s.factors.ttft_overhead_ms * 1e-3,
         )
         self.sched = Scheduler(self.timing, self.limits)
@@ -444,7 +445,7 @@ class SimServer:
             "e2e_count": c.timed,
         }
 
-    def _prompt_tokens(self, payload: dict[str, Any], chat: bool) -> int:
+    def _prompt_tokens(self, payload: Mapping[str, object], chat: bool) -> int:
         if chat:
             msgs = payload.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -530,7 +531,7 @@ class SimServer:
         if not isinstance(payload, dict):
             raise HttpError(400, "request body must be a JSON object")
         prompt = self._prompt_tokens(payload, chat)
-        max_model_len = self.eff["max_model_len"]
+        max_model_len = self.eff.max_model_len
         max_tokens = payload.get("max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = payload.get("max_tokens")

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from servelab.jsontypes import JsonObject
 from servelab.model.architecture import catalog_names
 from servelab.model.memory import GB
 from servelab.sim.engine_args import sglang_server_args, vllm_engine_config
@@ -52,7 +52,7 @@ def arch_class_for_type(model_type: str) -> str:
     )
 
 
-def hf_config(model: str) -> dict[str, Any] | None:
+def hf_config(model: str) -> JsonObject | None:
     """The HF config.json of a model as `servelab.model.architecture.load_model` finds it (a catalog
     name, or a path to a config.json or to a directory holding one); None when there is none."""
     path = Path(model).expanduser()
@@ -78,7 +78,7 @@ def hf_config(model: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def architecture_class(config: dict[str, Any] | None, model_type: str) -> str:
+def architecture_class(config: Mapping[str, object] | None, model_type: str) -> str:
     """The model's class as the engine resolves it: the config's own `architectures[0]`, else a
     mapping from model_type."""
     archs = (config or {}).get("architectures")
@@ -123,13 +123,13 @@ def delays(srv: SimState) -> dict[str, float]:
     }
 
 
-def context(srv: SimState) -> dict[str, Any]:
-    """The values the start-up lines' placeholders take."""
+def context(srv: SimState) -> dict[str, object]:
+    """The values the start-up lines' placeholders take (each line is `str.format`ted with them)."""
     cfg, s, a, eff, mem = srv.cfg, srv.cfg.setup, srv.cfg.engine, srv.eff, srv.mem
     weights_gb = mem.weights / GB
     kv_gb = max(mem.kv_cache, 0) / GB
     total_gb = s.host.gpu.memory_gb
-    maxc = srv.kv_tokens / eff["max_model_len"] if eff["max_model_len"] else 0
+    maxc = srv.kv_tokens / eff.max_model_len if eff.max_model_len else 0
     if s.arch.kv_elems_per_token and s.arch.num_kv_heads and s.arch.attention_kind != "mla":
         kv_sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
     else:
@@ -139,10 +139,10 @@ def context(srv: SimState) -> dict[str, Any]:
         "version": srv.persona.version,
         "non_default": repr(dict(a.non_default)),
         "architecture": architecture_class(hf_config(cfg.model_name or a.model), s.arch.model_type),
-        "max_model_len": eff["max_model_len"],
-        "max_model_len_fmt": f"{eff['max_model_len']:,}",
-        "max_batched_tokens": eff["max_batched_tokens"],
-        "max_running": eff["max_running"],
+        "max_model_len": eff.max_model_len,
+        "max_model_len_fmt": f"{eff.max_model_len:,}",
+        "max_batched_tokens": eff.max_batched_tokens,
+        "max_running": eff.max_running,
         "engine_config": vllm_engine_config(a, eff),
         "server_args": sglang_server_args(a, eff),
         "world": s.layout.tp * s.layout.pp * s.layout.dp,
@@ -173,8 +173,7 @@ def context(srv: SimState) -> dict[str, Any]:
 
 def fault_lines(personality: str, name: str) -> list[str]:
     """A fault signature's lines: the personality's own (`<name>_lines`) when given."""
-    sig = fault_signatures()[name]
-    return list(sig.get(f"{personality}_lines") or sig["lines"])
+    return fault_signatures()[name].lines_for(personality)
 
 
 def crash(srv: SimState, name: str, **extra: object) -> int:
@@ -197,7 +196,7 @@ def crash(srv: SimState, name: str, **extra: object) -> int:
         **extra,
     }
     srv.log.raw([ln.format(**values) for ln in fault_lines(srv.persona.name, name)])
-    return int(sig.get("exit", 1))
+    return sig.exit
 
 
 def kv_too_small(srv: SimState) -> int | None:
@@ -206,7 +205,7 @@ def kv_too_small(srv: SimState) -> int | None:
     or the personality serves on (no lines)."""
     if not fault_lines(srv.persona.name, "kv_cache_too_small"):
         return None
-    mem, asked = srv.mem, int(srv.eff["max_model_len"] or 0)
+    mem, asked = srv.mem, int(srv.eff.max_model_len or 0)
     arg = srv.cfg.faults["kv_cache_too_small"].arg
     tokens = int(arg) if arg else int(mem.kv_cache_tokens)
     if tokens <= 0 or asked <= tokens:

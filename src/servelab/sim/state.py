@@ -9,11 +9,11 @@ from __future__ import annotations
 import subprocess
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from servelab.model.memory import MemoryPlan
 from servelab.model.predict import Setup
-from servelab.sim.engine_args import EngineArgs
+from servelab.sim.engine_args import EngineArgs, SimEffective
 from servelab.sim.faults import Fault
 from servelab.sim.http import HttpProtocol, Request
 from servelab.sim.personalities import Personality, get_personality
@@ -54,7 +54,7 @@ class SimState(Protocol):
 
     cfg: SimConfig
     persona: Personality
-    eff: dict[str, Any]
+    eff: SimEffective
     mem: MemoryPlan
     collapse: bool
     kv_tokens: int

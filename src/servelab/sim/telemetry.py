@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any
 
+from servelab.jsontypes import JsonObject, JsonValue
 from servelab.model.memory import GB
 from servelab.sim.personalities import power_table
 from servelab.sim.scheduler import Work
@@ -59,7 +59,7 @@ def draw(pw: dict[str, float], span_s: float, done: Work, collapse: bool = False
     return busy, idle + above * busy
 
 
-def gpus(srv: SimState) -> dict[str, Any]:
+def gpus(srv: SimState) -> JsonObject:
     """nvidia-smi-like telemetry of the simulated GPUs."""
     s = srv.cfg.setup
     pw = power(s.host.gpu.name)
@@ -69,7 +69,7 @@ def gpus(srv: SimState) -> dict[str, Any]:
     util, watts = draw(pw, span, done, srv.collapse)
     used = s.layout.tp * s.layout.pp * s.layout.dp
     pid = os.getpid()
-    out = []
+    out: list[JsonValue] = []
     for i, mib in enumerate(srv.gpu_mem_mib):
         busy = util if i < used else 0.0
         proc_name = srv.persona.processes.on_gpu(i, s.layout.tp)

@@ -8,10 +8,10 @@ be three concatenated byte strings instead of a JSON encode.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import orjson
 
+from servelab.jsontypes import JsonObject
 from servelab.sim.http import chunk
 
 __all__ = ["DONE_EVENT", "MALFORMED_EVENT", "SseTemplates", "chunk", "completion_body"]
@@ -84,10 +84,10 @@ def completion_body(
     with_usage: bool = True,
 ) -> bytes:
     """The JSON body of a non-streaming completion or chat completion."""
-    choice: dict[str, Any]
+    choice: JsonObject
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []}}
-        obj: dict[str, Any] = {"id": f"chatcmpl-{rid:016x}", "object": "chat.completion"}
+        obj: JsonObject = {"id": f"chatcmpl-{rid:016x}", "object": "chat.completion"}
     else:
         choice = {"index": 0, "text": text}
         obj = {"id": f"cmpl-{rid:016x}", "object": "text_completion"}

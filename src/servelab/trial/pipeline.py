@@ -170,7 +170,7 @@ class Trial:
         api_key: str | None = None,
     ) -> TrialOutcome:
         """`api_key`: the key the server demands (moved from its argv), sent by every request of ours."""
-        cpus = settings.options.get("cpus")
+        cpus = settings.cpus
         started: list[ServerHandle] = []
         outcome: TrialOutcome | None = None
 

@@ -88,7 +88,7 @@ def run_context(study: Study, settings: Settings, path: NetPath | None = None) -
     simulated = study.engine.name == "sim"
     return RunContext(
         engine=study.engine.name,
-        personality=settings.options.get("personality"),
+        personality=settings.text_option("personality"),
         model_config=study.model.config or study.model.path,
         host=Host(gpu=study.host.gpu, num_gpus=study.host.num_gpus, source="study"),
         layout=Layout(tp=settings.tp, pp=settings.pp, ep=settings.ep, dp=settings.dp),

@@ -45,7 +45,7 @@ def test_the_default_context_is_what_the_engine_derives(engine: str, model: str,
     # the config states this length: the derivation reads the file, not a constant
     assert bundled(model)["max_position_embeddings"] == expected
     c = cfg(engine, model=model)
-    assert effective(c)["max_model_len"] == expected
+    assert effective(c).max_model_len == expected
 
 
 def test_qwen3_8b_is_no_longer_32768() -> None:
@@ -59,7 +59,7 @@ def test_qwen3_8b_is_no_longer_32768() -> None:
 @pytest.mark.parametrize("engine,flag", [("vllm", "--max-model-len"), ("sglang", "--context-length")])
 def test_an_explicit_flag_wins(engine: str, flag: str) -> None:
     c = cfg(engine, (flag, "2000"))
-    assert effective(c)["max_model_len"] == 2000
+    assert effective(c).max_model_len == 2000
 
 
 def test_the_engines_differ_where_their_code_does() -> None:

@@ -47,7 +47,7 @@ def test_vllm_flags():
         "vllm", ["--tensor-parallel-size", "4", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.8"]
     )
     assert c.setup.layout.tp == 4
-    assert effective(c)["max_running"] == 64 and effective(c)["mem_fraction"] == 0.8
+    assert effective(c).max_running == 64 and effective(c).mem_fraction == 0.8
     assert c.engine.non_default["tensor_parallel_size"] == 4
     assert cfg("vllm", ["-tp", "2"]).setup.layout.tp == 2
 
@@ -69,7 +69,7 @@ def test_sglang_flags():
     )
     assert c.setup.layout.tp == 2 and not c.engine.prefix_caching
     eff = effective(c)
-    assert (eff["max_running"], eff["max_batched_tokens"], eff["mem_fraction"]) == (32, 4096, 0.7)
+    assert (eff.max_running, eff.max_batched_tokens, eff.mem_fraction) == (32, 4096, 0.7)
     assert "tp_size=2" in sglang_server_args(c.engine, eff)
     assert "disable_radix_cache=True" in sglang_server_args(c.engine, eff)
 

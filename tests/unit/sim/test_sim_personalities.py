@@ -245,7 +245,7 @@ def test_a_third_personality_needs_only_a_table(tmp_path: Path):
     base = cfg("sglang", tp=2, num_gpus=3)
     args, _ = parse_engine_args(fake, ["--model-path", "Qwen3-8B", "--tp-size", "2"], sm=90, is_moe=False)
     c = dataclasses.replace(base, engine=args, persona=fake)
-    assert effective(c)["max_running"] == 77 and effective(c)["mem_fraction"] == 0.5
+    assert effective(c).max_running == 77 and effective(c).mem_fraction == 0.5
     gen = orjson.dumps({"model": "Qwen3-8B", "prompt": "hello there", "max_tokens": 4})
     answers, log, rc = serve(
         c,
