@@ -1,4 +1,4 @@
-"""JSON as a type: what crosses a wire, a file or a front as JSON is typed `JsonObject`, not `dict[str, Any]`.
+"""JSON as a type: what crosses a wire, a file or a front as JSON is typed `JsonObject`, not a dict of Any.
 
 A reader of a `JsonObject` must narrow each value before it uses it (mypy sees `str | int | ... | None`),
 so a key guessed at fails the type check instead of at run time. Data that a room reads by key belongs
