@@ -279,6 +279,7 @@ LAYERS: dict[str, int] = {
             "mcp",
             "output",
             "plan",
+            "plan_docs",
             "predict",
             "remote",
             "report",

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 import orjson
@@ -16,6 +16,17 @@ from rich.table import Table
 from servelab import arguments as A
 from servelab.cli.args import option
 from servelab.cli.output import dumps_json, emit, host_option, stdout
+from servelab.cli.plan_docs import (
+    CandidateRef,
+    Changed,
+    Checked,
+    EventDoc,
+    FindingDoc,
+    History,
+    Imported,
+    ItemDoc,
+    Shown,
+)
 from servelab.cli.remote import remote_python_option
 from servelab.errors import ConfigError, HostError, NotFoundError
 from servelab.jsontypes import JsonObject, JsonValue
@@ -74,100 +85,6 @@ def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--json", "as_json", is_flag=True, help="Machine-readable output (docs/cli/plan.md)."
     )(f)
-
-
-# -- the documents `--json` prints (the keys the views read; `Item`, `Event`, `Finding` as dicts) -----
-class EvidenceDoc(TypedDict, total=False):
-    """An evidence record (`plan.study.assess`): what the plan's table shows of the latest one."""
-
-    run: str
-    status: str
-    applied: bool | None
-
-
-class ItemDoc(TypedDict):
-    """`Item.to_dict()`: the keys the views read."""
-
-    id: str
-    content: str
-    status: str
-    priority: str
-    worker: str | None
-    depends_on: list[str]
-    evidence: list[EvidenceDoc]
-
-
-class EventDetail(TypedDict, total=False):
-    note: str
-
-
-class EventDoc(TypedDict):
-    """`Event.to_dict()`: one change to one item."""
-
-    item: str
-    at: str
-    from_status: str | None
-    to_status: str
-    reason: str
-    actor: str
-    detail: EventDetail
-
-
-class FindingDoc(TypedDict):
-    """`Finding.to_dict()`: the keys the view reads."""
-
-    kind: str
-    severity: str
-    message: str
-
-
-class Shown(TypedDict):
-    plan: str
-    items: list[ItemDoc]
-    counts: dict[str, int]
-
-
-class Changed(TypedDict):
-    plan: str
-    item: ItemDoc | None
-    changed: bool
-    events: list[EventDoc]
-
-
-class History(TypedDict):
-    plan: str
-    events: list[EventDoc]
-
-
-class Imported(TypedDict):
-    plan: str
-    format: str
-    added: list[str]
-    updated: list[str]
-    unchanged: list[str]
-    missing: list[str]
-    pruned: list[str]
-
-
-class Observed(TypedDict):
-    servers: int
-    services: int
-    host: NotRequired[JsonValue]
-    hostname: NotRequired[JsonValue]
-
-
-class Checked(TypedDict):
-    plan: str
-    checked: int
-    observed: Observed
-    findings: list[FindingDoc]
-
-
-class CandidateRef(TypedDict):
-    """`--bind-candidate STUDY:LABEL` resolved: the study's uid and the candidate's label."""
-
-    study: str
-    candidate: str
 
 
 def _item_doc(item: Item) -> ItemDoc:
