@@ -702,3 +702,9 @@ def test_the_signature_checker_sees_an_open_dict_used_by_another_room(tmp_path: 
     (pkg / "tune" / "driver.py").write_text("from servelab.bench.runner import run\n\nrun()\n")
     (found,) = _open_signatures(tmp_path)
     assert "runner.py:4 run (used by servelab.tune.driver)" in found
+
+
+def test_no_source_file_over_700_lines() -> None:
+    """A file past 700 lines mixes concepts (issue 30 split plan.py, lifecycle.py, tune.py ... on that line)."""
+    long = {str(p): n for p in _modules().values() if (n := len(p.read_text().splitlines())) > 700}
+    assert long == {}
