@@ -27,6 +27,8 @@ class Objective:
     is_rate: ClassVar[bool] = False
     # whether a request's share depends on it meeting the study's per-request SLO
     counts_slo: ClassVar[bool] = False
+    # ranking by it needs a price per GPU-hour (a study without one is refused before anything runs)
+    needs_price: ClassVar[bool] = False
 
     _registry: ClassVar[dict[str, type[Objective]]] = {}
 
@@ -125,6 +127,7 @@ class Cost(Objective):
 
     name = "cost"
     direction = "min"
+    needs_price = True
     predicted_as = "gpu_s_per_m_output_tokens"  # at a fixed price, cost follows GPU-seconds per token
 
 

@@ -214,3 +214,21 @@ def test_energy_and_throughput_pick_different_winners_and_cost_follows_the_price
         for label, c in ((c["label"], c) for c in cost["candidates"])
     }
     assert ranked_cost == pytest.approx(best)
+
+
+def test_a_cost_study_with_no_price_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Ranked by cost on a GPU kind the catalog has no price for (B300), with no price given: the dry run and
+    the real run refuse it up front, naming the field; a price from the flag makes the same file runnable."""
+    home = tmp_path / "home"
+    path = tmp_path / "cost.toml"
+    path.write_text(
+        STUDY.format(objective="cost", name="qwen-cost").replace('gpu = "h100-sxm"', 'gpu = "b300"')
+    )
+    for flags in (("--dry-run",), ()):
+        res = simruns.servelab(home, "tune", str(path), *flags)
+        assert res.returncode == 2, res.stderr[-3000:]
+        assert "cost.gpu_hour_usd" in res.stderr and "'b300'" in res.stderr and "Traceback" not in res.stderr
+    runs = simruns.servelab(home, "runs", "--json")
+    assert runs.returncode == 0 and json.loads(runs.stdout)["studies"] == [], runs.stdout  # nothing stored
+    priced = simruns.servelab(home, "tune", str(path), "--dry-run", "--gpu-hour-usd", "9")
+    assert priced.returncode == 0, priced.stderr[-3000:]

@@ -15,6 +15,8 @@ from servelab.errors import ConfigError, ServelabError, UserError
 from servelab.host import transport
 from servelab.jsontypes import JsonObject
 from servelab.lifecycle.handle import check_marker
+from servelab.model.hardware import default_price
+from servelab.objectives import objective
 from servelab.trial.prepare import bench_config, settings_for
 from servelab.tune.flagcheck import check_study_flags
 
@@ -117,6 +119,7 @@ def preflight(
         if len(problems) >= 20:
             break
     truncated = len(problems) >= 20
+    problems += _unpriced(study)
     flags = check_study_flags(study, engine, host, reachable=reachable)
     problems += flags.problems
     if truncated or len(problems) > 20:
@@ -127,3 +130,19 @@ def preflight(
             hint="fix the fields named above; `servelab tune STUDY --dry-run` checks the same",
         )
     return flags.notes()
+
+
+def _unpriced(study: Study) -> list[str]:
+    """A study ranked by cost on a GPU kind the catalog has no price for, and no price given: every level's
+    cost would be missing and no candidate could win, so it is refused before anything runs. (A study that
+    names no GPU kind is priced by the kind its trials detect; that is known only when they run.)"""
+    names = [study.objective, *(study.search.objectives if study.search else [])]
+    if not any(objective(n).needs_price for n in names) or study.cost.gpu_hour_usd is not None:
+        return []
+    gpu = study.host.gpu
+    if not gpu or default_price(gpu) is not None:
+        return []
+    return [
+        f"  cost.gpu_hour_usd: the study is ranked by cost and the catalog has no price per GPU-hour for "
+        f"{gpu!r} (give the study [cost] gpu_hour_usd = PRICE, or `tune --gpu-hour-usd PRICE`)"
+    ]
