@@ -16,7 +16,7 @@ import click
 from rich.markup import escape
 
 from servelab import __version__
-from servelab.cli.output import dumps_json, printable, stderr
+from servelab.cli.output import dumps_json, printable, stderr, write_out
 from servelab.errors import INTERNAL_ERROR, INTERRUPTED, ServelabError
 from servelab.redact import redact_text
 
@@ -92,7 +92,7 @@ def _report(exc: ServelabError, debug: bool, as_json: bool) -> None:
     if debug:
         stderr.print(escape("".join(traceback.format_exception(exc))))
     if as_json:
-        sys.stdout.write(dumps_json(exc.document if exc.document is not None else exc.to_dict()) + "\n")
+        write_out(dumps_json(exc.document if exc.document is not None else exc.to_dict()) + "\n")
     stderr.print(f"[red]error:[/red] {escape(printable(redact_text(exc.message)))}")
     if exc.hint:
         stderr.print(f"[cyan]hint:[/cyan] {escape(printable(exc.hint))}")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
+import select
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,20 +59,34 @@ def emit(data: D, as_json: bool, render: Callable[[D], None] | None = None) -> N
     if isinstance(data, dict | list):
         data = redact(data)
     if as_json or render is None:
-        _blocking_stdout()
-        sys.stdout.write(dumps_json(data) + "\n")
-        sys.stdout.flush()
+        write_out(dumps_json(data) + "\n")
     else:
         render(data)
 
 
-def _blocking_stdout() -> None:
-    """stdout back to blocking before a document is written: an event loop or a child left the shared
-    fd non-blocking, and a pipe whose reader lags then took only its first 64 KiB (a `tune --json` of
-    a large search arrived cut at 65,535 bytes with exit 0)."""
-    # not a real fd (a test runner's buffer: io.UnsupportedOperation): nothing to restore
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        os.set_blocking(sys.stdout.fileno(), True)
+def write_out(text: str) -> None:
+    """Write a whole document to stdout, every byte of it, even when the fd is non-blocking.
+
+    The write end of a pipe is one open file shared by every process holding it: an event loop or a child
+    can leave it non-blocking at any moment, and a pipe whose reader lags then took only its first 64 KiB
+    (a `tune --json`, later a `bench --find-capacity --json`, arrived cut at 65,536 bytes with exit 0).
+    Setting it back to blocking once was not enough (another holder can flip it again mid-write), so the
+    bytes go out with `os.write`, waiting for the pipe to drain (`select`) whenever it is full."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # not a real fd (a test runner's buffer)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    view = memoryview(text.encode(sys.stdout.encoding or "utf-8", errors="replace"))
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+            continue
+        view = view[n:]
 
 
 def warn(message: str) -> None:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from servelab import arguments as A
 from servelab.cli.args import option
-from servelab.cli.output import dumps_json, emit, host_option, stdout
+from servelab.cli.output import dumps_json, emit, host_option, stdout, write_out
 from servelab.cli.plan_docs import (
     CandidateRef,
     Changed,
@@ -549,7 +549,7 @@ def export(fmt: str, output: str | None, plan_ref: str | None) -> None:
     if output:
         Path(output).write_text(text)
     else:
-        sys.stdout.write(text)
+        write_out(text)
 
 
 # -- check ------------------------------------------------------------------------------------------

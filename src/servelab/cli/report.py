@@ -3,7 +3,6 @@ bench run), as self-contained HTML and/or Markdown, or the report model as JSON.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from rich.markup import escape
 
 from servelab import arguments as A
 from servelab.cli.args import option
-from servelab.cli.output import emit, host_option, stdout
+from servelab.cli.output import emit, host_option, stdout, write_out
 from servelab.cli.remote import open_cli_host, remote_python_option
 from servelab.errors import NotFoundError, UserError
 from servelab.host import transport
@@ -117,7 +116,7 @@ def _run_report(store: Store, ref: str, html_file: Path | None, md_file: Path | 
     if as_json:
         emit({**model.to_json(), "written": written}, True)
     elif not written:
-        sys.stdout.write(md_report.render_run(model))
+        write_out(md_report.render_run(model))
     else:
         for p in written:
             stdout.print(f"wrote {escape(p)}")
@@ -184,7 +183,7 @@ def report(
         emit({**model.to_json(), "written": written}, True)
         return
     if not written:
-        sys.stdout.write(md_report.render(model))
+        write_out(md_report.render(model))
         return
 
     def show(d: dict[str, Any]) -> None:
