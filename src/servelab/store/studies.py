@@ -46,7 +46,7 @@ class SearchPredicted(BaseModel):
     prior: float | None = None
     refit: float | None = None
     refit_from_runs: int = 0
-    refit_factors: JsonObject | None = None
+    refit_factors: list[str] | None = None  # the factors the refit freed (their names)
 
 
 class CandidateSearch(BaseModel):
