@@ -616,8 +616,8 @@ def _tune_on_a_terminal(study: Path, home: Path) -> tuple[subprocess.CompletedPr
 
 def test_live_line_on_a_terminal_and_identical_candidates_are_within_the_noise(tmp_path: Path) -> None:
     """One real study of two identical candidates, stderr a terminal: the live line shows requests done of
-    the total, tok/s and TTFT p50 so far, elapsed and ETA; the verdict on two identical configurations is
-    that the margin is within the noise."""
+    the total, tok/s and TTFT p50 so far, elapsed and ETA; the repeats run in rounds across candidates; the
+    verdict on two identical configurations is that the margin is within the noise."""
     same = {"max_concurrency": 16}
     study = write_study(
         tmp_path / "twins.toml",
@@ -643,6 +643,16 @@ def test_live_line_on_a_terminal_and_identical_candidates_are_within_the_noise(t
     measured = [lv["output_throughput"] for c in out["candidates"] for lv in c["levels"]]
     last_tok = float(final[-1]["tok"].replace(",", ""))
     assert 0.5 * min(measured) < last_tok < 1.5 * max(measured), (last_tok, measured)
+
+    # the repeats ran in rounds (a, b, a, b): a load that changes between trials spreads both candidates
+    detail = json.loads(servelab("runs", "study", out["study"], "--json", home=tmp_path / "home").stdout)
+    ran = sorted((t["id"], c["label"], t["repeat"]) for c in detail["candidates"] for t in c["trials"])
+    assert [(label, rep) for _, label, rep in ran] == [
+        ("twin-a", 0),
+        ("twin-b", 0),
+        ("twin-a", 1),
+        ("twin-b", 1),
+    ]
 
     r = out["ranking"]
     assert {r["winner"], r["runner_up"]} == {"twin-a", "twin-b"}

@@ -75,6 +75,8 @@ class TrialRunner(Protocol):
         """How many measured trials the candidate needs (one while searching; contenders: the repeats)."""
         ...
 
-    async def run_candidate(self, uid: str, cand: StoredCandidate, spec: CandidateSpec) -> None:
-        """Run the candidate's missing trials at its rung and store them and its outcome."""
+    async def run_candidate(
+        self, uid: str, cand: StoredCandidate, spec: CandidateSpec, upto: int | None = None
+    ) -> bool:
+        """Run the candidate's missing trials at its rung and store them and its outcome (True: it ended)."""
         ...

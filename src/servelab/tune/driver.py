@@ -227,8 +227,7 @@ class Tuner:
             elif self.executor.parallel:
                 await self._run_parallel(uid, cands, specs)
             else:
-                for cand in cands:
-                    await self.run_candidate(uid, cand, specs[cand.label])
+                await self._run_rounds(uid, cands, specs)
         except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
             self._interrupted(sid, uid, cands, "interrupted by the user")
             raise Interrupted(
@@ -259,6 +258,18 @@ class Tuner:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_rounds(
+        self, uid: str, cands: list[StoredCandidate], specs: dict[str, CandidateSpec]
+    ) -> None:
+        """One machine: the candidates in rounds, each round every candidate's next repeat. A drift of the
+        machine between trials (a neighbour's load, heat) then lands in every candidate's spread; with one
+        candidate's repeats back to back it would read as a difference between two candidates."""
+        ended: set[str] = set()
+        for upto in range(1, max((self.repeats_of(c.label) for c in cands), default=0) + 1):
+            for cand in cands:
+                if cand.label not in ended and await self.run_candidate(uid, cand, specs[cand.label], upto):
+                    ended.add(cand.label)
 
     def _interrupted(self, sid: int, uid: str, cands: list[StoredCandidate], why: str) -> None:
         """Open trials and the study become `interrupted` (a resume redoes those trials)."""
@@ -363,7 +374,11 @@ class Tuner:
         return spread.scored_trials(self.repo, cand_id)
 
     # -- one candidate ----------------------------------------------------------------------------
-    async def run_candidate(self, uid: str, cand: StoredCandidate, spec: CandidateSpec) -> None:
+    async def run_candidate(
+        self, uid: str, cand: StoredCandidate, spec: CandidateSpec, upto: int | None = None
+    ) -> bool:
+        """Run a candidate's missing repeats (the first `upto` of them when given); True once it has ended:
+        every repeat measured, or skipped, failed or not applied."""
         trials = self.repo.trials(cand.id)
         rung = self._rung.get(cand.label, 0)
         measured = [t for t in trials if t.status == "measured" and (t.rung or 0) == rung]
@@ -373,21 +388,27 @@ class Tuner:
                 # a store written before the two went in one transaction: the trial's end is the truth
                 self.repo.set_candidate(cand.id, final[-1].status, record_of(final[-1]))
             self.notify(CandidateSkipped(cand.label, cand.status))
-            return
+            return True
         repeats = self.repeats_of(cand.label)
         if len(measured) >= repeats:
             if cand.status not in ("measured", "anomalous"):  # as above: repaired, never dropped
                 self.repo.set_candidate(cand.id, "measured", {})
-            return
+            return True
+        target = repeats if upto is None else min(upto, repeats)
+        if len(measured) >= target:
+            return False
         self.repo.set_candidate(cand.id, "running")
-        for n in range(len(measured), repeats):
+        for n in range(len(measured), target):
             # a candidate's trials at every rung have their own repeat numbers (its markers differ)
             repeat = n + sum(1 for t in trials if t.status == "measured" and (t.rung or 0) != rung)
             status, outcome = await self._trial(uid, cand, spec, repeat, trials)
             if status != "measured":
                 self.repo.set_candidate(cand.id, status, outcome)
-                return
+                return True
+        if target < repeats:
+            return False
         self.repo.set_candidate(cand.id, "measured", {})
+        return True
 
     async def _trial(
         self, uid: str, cand: StoredCandidate, spec: CandidateSpec, repeat: int, before: list[StoredTrial]
