@@ -49,13 +49,15 @@ def test_each_format_replays_at_its_timestamps(
         assert rec.start_s == pytest.approx(rec.scheduled_s, abs=1e-9)
     rate = len(records) / (trace.span_s / SCALE)
     assert 45 <= rate <= 55  # the 50 requests/s of the lateness bound
-    # Sends are on time: p99 within the 5 ms. On a box whose other jobs stall this process
-    # (2 shared cores: timers then fire whole milliseconds late), the client's own idle lag ticker over
-    # the same level sees those stalls too (loop_lag_ms); the sends may then be no later than the
-    # longest of them plus 3 ms (what a slow send path, a prompt built or a row written, would exceed).
-    late, lag = level["client"]["send_lateness_ms"], level["client"]["loop_lag_ms"]
-    assert late["p50"] <= 2.0, (late, lag)
-    assert late["p99"] <= 5.0 or (lag["max"] >= 4.0 and late["p99"] <= lag["max"] + 3.0), (late, lag)
+    # Sends are on time: p99 within the 5 ms. On a box whose other jobs take the cores, the
+    # kernel holds this process off a CPU for whole milliseconds (6.2 ms late once in a clean-clone
+    # run, with the loop's 20 ms ticker seeing 3 ms): the client is held to its own part, the lateness
+    # less the time its thread waited on a run queue for each send (schedstat, the same sends), which
+    # a slow send path, a prompt built or a row written, would exceed.
+    late, own = level["client"]["send_lateness_ms"], level["client"]["send_lateness_own_ms"]
+    assert late["p50"] <= 2.0, (late, own)
+    assert own["p99"] <= 5.0, (late, own)
+    assert own["max"] <= late["max"] and own["p50"] <= late["p50"], (late, own)
     # a trace is an open-loop level: it has a saturation verdict, and 50/s on a 200× simulator is calm
     sat = level["saturation"]
     assert sat is not None and not sat["server_saturated"], sat

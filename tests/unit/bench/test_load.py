@@ -1,11 +1,18 @@
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from servelab.bench.load import arrival_offsets, frozen_heap
+from servelab.bench.load import ClientMonitor, arrival_offsets, frozen_heap
+from servelab.jsontypes import JsonObject
 
 
 def test_constant_schedule_is_evenly_spaced() -> None:
@@ -45,3 +52,65 @@ def test_frozen_heap_hides_older_objects_from_the_collector_only_while_a_level_r
         assert gc.get_freeze_count() >= before + len(kept)
     assert gc.get_freeze_count() == 0
     assert len(kept) == 1000
+
+
+async def _one_send(hold_up: Callable[[], None]) -> JsonObject:
+    """One send due 2 ms from now through a real ClientMonitor, `hold_up` run on the loop's thread
+    between the wait's start and the send, as a late timer's cause would be."""
+    monitor = ClientMonitor()
+    monitor.start()
+    try:
+        monitor.waiting_to_send()
+        due = time.perf_counter() + 0.002
+        hold_up()
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        monitor.sent(due)
+    finally:
+        await monitor.stop()
+    return monitor.summary(1, None)
+
+
+def test_a_send_late_by_the_clients_own_loop_is_the_clients_lateness() -> None:
+    """The loop's thread blocked 10 ms (a slow send path, a row written on the loop): not waiting on
+    a run queue, so all of it is the client's own lateness, however busy the box."""
+    client = asyncio.run(_one_send(lambda: time.sleep(0.010)))
+    late, own = client["send_lateness_ms"], client["send_lateness_own_ms"]
+    assert isinstance(late, dict) and isinstance(own, dict)
+    assert isinstance(late["max"], float) and isinstance(own["max"], float)
+    assert late["max"] >= 8.0 and own["max"] >= 8.0, (late, own)
+
+
+def test_a_send_late_because_the_kernel_ran_another_process_is_not_the_clients() -> None:
+    """A real-time process on the loop thread's own core takes it for 30 ms while the send is due: the
+    thread waits on the run queue all that time, schedstat says so, and the client's own part is
+    what is left. The last core, not core 0 where the shared vLLM runs; the affinity is put back."""
+    cores = os.sched_getaffinity(0)
+    core = max(cores)
+    go_r, go_w = os.pipe()
+
+    def take_the_core() -> None:
+        os.write(go_w, b"x")  # the hog is runnable at once and, real-time on this core, runs first
+
+    try:
+        os.sched_setaffinity(0, {core})
+        hog = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import os, time\nos.read(0, 1)\nt = time.perf_counter()\n"
+                "while time.perf_counter() - t < 0.03:\n    pass\n",
+            ],
+            stdin=go_r,
+        )
+        os.sched_setscheduler(hog.pid, os.SCHED_FIFO, os.sched_param(1))
+        client = asyncio.run(_one_send(take_the_core))
+        assert hog.wait(10) == 0
+    finally:
+        os.sched_setaffinity(0, cores)
+        os.close(go_r)
+        os.close(go_w)
+    late, own = client["send_lateness_ms"], client["send_lateness_own_ms"]
+    assert isinstance(late, dict) and isinstance(own, dict)
+    assert isinstance(late["max"], float) and isinstance(own["max"], float)
+    assert late["max"] >= 20.0, late  # the hog held the core past the due time
+    assert own["max"] <= 0.25 * late["max"], (late, own)
