@@ -52,8 +52,8 @@ def test_each_format_replays_at_its_timestamps(
     # Sends are on time: p99 within the 5 ms. On a box whose other jobs take the cores, the
     # kernel holds this process off a CPU for whole milliseconds (6.2 ms late once in a clean-clone
     # run, with the loop's 20 ms ticker seeing 3 ms): the client is held to its own part, the lateness
-    # less the time its thread waited on a run queue for each send (schedstat, the same sends), which
-    # a slow send path, a prompt built or a row written, would exceed.
+    # less the time its thread waited on a run queue while each send was due (schedstat, the same
+    # sends), which a slow send path, a prompt built or a row written, would exceed.
     late, own = level["client"]["send_lateness_ms"], level["client"]["send_lateness_own_ms"]
     assert late["p50"] <= 2.0, (late, own)
     assert own["p99"] <= 5.0, (late, own)

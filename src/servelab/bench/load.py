@@ -8,6 +8,7 @@ so a report can say when the client, not the server, was the bottleneck.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import os
@@ -97,12 +98,16 @@ class ClientMonitor:
     lags: list[float] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)
     # Per send, the part of its lateness the kernel explains: time the loop's thread spent runnable but
-    # off a CPU (Linux schedstat) since the sender went to wait for it. On a box whose other jobs take
-    # the cores, that is most of a late send; what remains is the client's own loop (a slow send path,
-    # callbacks ahead of the send), the figure a client can be held to on a busy machine.
+    # off a CPU (Linux schedstat) since the last reading taken at or before the send's due time. On a
+    # box whose other jobs take the cores, that is most of a late send; what remains is the client's
+    # own loop (a slow send path, callbacks ahead of the send), the figure a client can be held to on a
+    # busy machine.
     descheduled: list[float] = field(default_factory=list)
     _schedstat: int | None = None  # fd of /proc/thread-self/schedstat, None where the kernel has none
-    _wait_mark: int = 0
+    # (perf_counter, run-queue ns) readings, oldest first. A send can fall due while the thread waits
+    # in the run queue for an earlier one and go out overdue without waiting again itself: the wait
+    # that delayed it was read before its own wait began, so each send looks back to its due time.
+    _marks: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
     _task: asyncio.Task[None] | None = None
     _cpu0: float = 0.0
     _wall0: float = 0.0
@@ -131,16 +136,26 @@ class ClientMonitor:
         return int(os.pread(self._schedstat, 64, 0).split()[1])
 
     def waiting_to_send(self) -> None:
-        """The sender is about to wait for its next send's time: run-queue wait counts from here."""
-        self._wait_mark = self._run_queue_wait_ns()
+        """The sender is about to wait for its next send's time: a reading run-queue wait counts from."""
+        if self._schedstat is not None:
+            self._marks.append((time.perf_counter(), self._run_queue_wait_ns()))
 
     def sent(self, due: float) -> None:
         """A send left at its time `due` (perf_counter): record how late, and how much of it the kernel
-        explains (at most all of it: wait before the due time can only have delayed it that much)."""
-        late = max(0.0, time.perf_counter() - due)
+        explains: the run-queue wait since the newest reading at or before `due` (the oldest kept where
+        none is that old), at most the whole lateness. Sends fall due in order, so older readings go."""
+        now = time.perf_counter()
+        late = max(0.0, now - due)
         self.lateness.append(late)
-        if self._schedstat is not None:
-            self.descheduled.append(min(late, (self._run_queue_wait_ns() - self._wait_mark) / 1e9))
+        if self._schedstat is None:
+            return
+        waited = self._run_queue_wait_ns()
+        marks = self._marks
+        while len(marks) > 1 and marks[1][0] <= due:
+            marks.popleft()
+        since = marks[0][1] if marks else waited
+        self.descheduled.append(min(late, (waited - since) / 1e9))
+        marks.append((now, waited))
 
     async def stop(self) -> None:
         self.cpu_s = time.process_time() - self._cpu0
