@@ -74,6 +74,10 @@ def test_the_search_by_rate_lands_on_the_models_rate(sim: simruns.SimProcess, tm
     )  # fmt: skip
     cap = d["capacity"]
     print(json.dumps({k: cap[k] for k in ("capacity", "bracket", "stop_reason")}), f"{known:.1f}")
+    for p, lv in zip(cap["probes"], d["levels"], strict=False):  # shown when an assertion below fails
+        c = lv["client"]
+        print(p["load"], p["passed"], p["values"], c["send_lateness_ms"], c["send_lateness_own_ms"])
+        print("   ", c["loop_lag_ms"], c["cpu_utilization"], lv["summary"].get("server"))
     assert cap["by"] == "rate" and cap["resolution"] == 0.10
     assert cap["probes"][0]["load"] == 1 and len(cap["probes"]) <= 8
     assert cap["converged"] and cap["stop_reason"].startswith("converged")
