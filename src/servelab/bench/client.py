@@ -63,6 +63,9 @@ class StreamResult:
     first_token_t: float | None = None
     end_t: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    # the token times are the server's (`servelab sim`'s `servelab_t`: each token's time on its step
+    # clock since the request arrived), laid from the moment the request was written
+    server_timed: bool = False
     chunks: int = 0
     text_parts: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
@@ -130,6 +133,7 @@ class _Conn(asyncio.Protocol):
         "_last_t",
         "_mode",
         "_res",
+        "_sent_t",
         "_stream",
         "_timer",
         "closed",
@@ -154,6 +158,7 @@ class _Conn(asyncio.Protocol):
     _body_parts: list[bytes]
     _last_t: float
     _last_rx: float
+    _sent_t: float  # when the request was written: where a server-timed stream's token times start
     _idle_s: float | None
 
     def __init__(self) -> None:
@@ -368,6 +373,12 @@ class _Conn(asyncio.Protocol):
             return
         res = self._res
         assert res is not None
+        stamp = obj.get("servelab_t")
+        if stamp is not None and type(stamp) in (float, int):
+            # `servelab sim`: the token's time on the simulator's step clock since the request arrived.
+            # A stall of this process or the simulator's delays only when the bytes are read.
+            t = self._sent_t + stamp
+            res.server_timed = True
         # Like `vllm bench serve`, a chunk with a choice is a token event even when its text is empty
         # (a special token, or text the detokenizer holds back); only a closing chunk that carries
         # nothing but a finish_reason is not.
@@ -456,7 +467,8 @@ class _Conn(asyncio.Protocol):
         self._done = True
         res = self._res
         assert res is not None
-        res.end_t = _perf()
+        # a server-timed stream ends with its last token (the simulator sends the end with it)
+        res.end_t = self._last_t if res.server_timed and kind is None else _perf()
         res.ok = kind is None
         res.error_kind = kind
         res.error_message = message
@@ -526,7 +538,7 @@ class _Conn(asyncio.Protocol):
         self._stream = mode == "stream"
         self._body_parts = []
         self._last_t = 0.0
-        self._last_rx = _perf()
+        self._last_rx = self._sent_t = _perf()
         self._idle_s = idle_timeout_s
         if timeout_s:
             self._timer = loop.call_later(timeout_s, self._on_timeout)
@@ -534,6 +546,7 @@ class _Conn(asyncio.Protocol):
         try:
             if self.transport.is_closing():
                 raise ConnectionResetError("the transport was closed")
+            self._sent_t = _perf()
             self.transport.write(request)
         except (OSError, RuntimeError) as exc:
             # The peer (or an ssh forward) went away before connection_lost reached us: uvloop raises

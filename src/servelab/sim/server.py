@@ -79,18 +79,27 @@ def allreduce_collapse(cfg: SimConfig) -> bool:
     return cfg.engine.allreduce_fusion and s.layout.tp > 1 and s.host.interconnect.is_pcie
 
 
+_CLOSE = b"}\n\n"  # how every SSE template event ends: the chunk object's brace, the blank line
+
+
 class StreamSink:
     """Writes SSE chunks for one streaming request straight into its transport.
 
     A token normally leaves when its step completes. Two leave off the step grid, at model time
     `t_end + req.lag`: the first (due at its TTFT law, between steps) and the last, which keeps the
     first one's lag so that (last − first) spans whole steps (TPOT unbiased, as on a real engine).
-    Such a token waits in `pending`, with the end of the stream when it is the last."""
+    Such a token waits in `pending`, with the end of the stream when it is the last.
+
+    Each token event also carries `servelab_t`: its due time on the step clock less the request's
+    arrival, in wall seconds (÷ speed). `servelab bench` times tokens by it, so a stall of either
+    process (a busy box, a collection) never enters a simulated latency ×speed; engines ignore
+    unknown fields, and so does every other client."""
 
     __slots__ = (
         "closing",
         "done",
         "drop_at",
+        "first",
         "garbage",
         "include_usage",
         "malformed_at",
@@ -118,7 +127,9 @@ class StreamSink:
         self.proto = proto
         self.words = words  # the request's reference tokens (sim/text.py), computed once
         self.tpl = SseTemplates(rid, chat, srv.model_json)
-        self.pre, self.post = self.tpl.pre, self.tpl.post  # the per-token hot path, inlined below
+        # the per-token hot path, inlined below: each event's closing brace goes after its stamp
+        self.pre, self.post = self.tpl.pre, self.tpl.post[: -len(_CLOSE)]
+        self.first = self.tpl.first[: -len(_CLOSE)] if self.tpl.first else b""
         self.done: asyncio.Future[None] = srv.loop.create_future()
         self.include_usage = include_usage
         self.pending: bytes | None = None
@@ -136,17 +147,22 @@ class StreamSink:
         if i == self.drop_at:
             self.proto.abort()
             return
-        ev = self.pre + (_GARBAGE if self.garbage else self.words[i]) + self.post
+        srv = self.srv
+        if i == 0:
+            due = req.first_token_time if req.first_token_time is not None else srv.sched.t_end
+        else:
+            due = srv.sched.t_end + (req.lag if req.generated >= req.max_out else 0.0)
+        stamp = b',"servelab_t":%.6f}\n\n' % ((due - req.arrival) / srv.cfg.speed)
+        ev = self.pre + (_GARBAGE if self.garbage else self.words[i]) + self.post + stamp
         data = b"%x\r\n%s\r\n" % (len(ev), ev)  # = chunk(self.tpl.token(word)), without two calls
-        if i == 0 and self.tpl.first:
-            data = chunk(self.tpl.first) + data
+        if i == 0 and self.first:
+            data = chunk(self.first + stamp) + data
         if i == self.malformed_at:
             data = chunk(MALFORMED_EVENT) + data
         if self.pending is not None:
             self.flush()
         if req.lag > 0 and (i == 0 or req.generated >= req.max_out):
             self.pending = data  # leaves at its due time, between steps
-            srv = self.srv
             srv.loop.call_at(srv.wall(srv.sched.t_end + req.lag) - EARLY, self.flush)
             return
         self.proto.write(data)
