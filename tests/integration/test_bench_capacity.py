@@ -63,14 +63,17 @@ def test_the_search_by_rate_lands_on_the_models_rate(sim: simruns.SimProcess, tm
     under p99 TPOT ≤ 100 ms is 19 streams, which serve 2.33 requests/s of the GPU's time (19 ÷ the
     predicted end-to-end latency), 46.5/s on the client's clock at speed 20. Constant arrivals keep the
     streams in flight at that (Little's law); Poisson ones burst above it and their p99 TPOT lands
-    some 15 % lower. 1.5 s probes: at least 60 requests each near the answer."""
+    some 15 % lower. 1.5 s probes: at least 60 requests each near the answer. Tokens are timed by the
+    simulator's step clock (`--token-clock server`): on the client's, one ~50 ms stall of either process
+    as a stream ends adds 20 × 50 / 63 ms to that request's TPOT and tips the probe 2.6 % under the
+    model's rate (p99 84.6 ms), as it did once in a clean-clone run."""
     cap_ = capacity(make_setup(MODEL, "rtx-pro-6000", 8, tp=8, engine="sglang"), ISL, OSL, tpot_ms=100)
     assert cap_.rate is not None
     known = cap_.rate * SPEED
     slo = "p99_tpot_ms<=100"
     d = simruns.bench(
         tmp_path, sim.url, MODEL, *LENGTHS, "--find-capacity", "--by", "rate", "--slo", slo,
-        "--arrival", "constant", "--duration", "1.5",
+        "--arrival", "constant", "--duration", "1.5", "--token-clock", "server",
     )  # fmt: skip
     cap = d["capacity"]
     print(json.dumps({k: cap[k] for k in ("capacity", "bracket", "stop_reason")}), f"{known:.1f}")

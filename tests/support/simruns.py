@@ -176,9 +176,9 @@ def assert_gpu_time(shown: dict, clock: SimClock, pred: dict) -> None:
     configuration, read off the simulator's clock.
 
     The simulator is timed by the model: its own clock holds `predict` within the simulator's 5 %. The
-    client's token times are the simulator's (`servelab_t`), laid from its own send times: never below
-    the server's, and far from ×speed or ÷speed off (a figure left in wall time, or rescaled twice),
-    however busy the box."""
+    client's numbers are the server's plus the client's own wall time (× the speed): never below the
+    server's, and far from ×speed or ÷speed off (a figure left in wall time, or rescaled twice), however
+    busy the box; how much above is the client's fidelity, measured elsewhere against a reference."""
     assert clock.tpot_ms == pytest.approx(pred["tpot_ms"], rel=0.05), (clock, pred)
     assert clock.ttft_ms == pytest.approx(pred["ttft_ms"], rel=0.05), (clock, pred)
     assert clock.output_throughput == pytest.approx(pred["output_throughput"], rel=0.05), (clock, pred)

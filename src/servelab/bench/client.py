@@ -134,6 +134,7 @@ class _Conn(asyncio.Protocol):
         "_mode",
         "_res",
         "_sent_t",
+        "_server_times",
         "_stream",
         "_timer",
         "closed",
@@ -159,6 +160,7 @@ class _Conn(asyncio.Protocol):
     _last_t: float
     _last_rx: float
     _sent_t: float  # when the request was written: where a server-timed stream's token times start
+    _server_times: bool  # time tokens by the server's own stamps where it sends them
     _idle_s: float | None
 
     def __init__(self) -> None:
@@ -373,12 +375,13 @@ class _Conn(asyncio.Protocol):
             return
         res = self._res
         assert res is not None
-        stamp = obj.get("servelab_t")
-        if stamp is not None and type(stamp) in (float, int):
-            # `servelab sim`: the token's time on the simulator's step clock since the request arrived.
-            # A stall of this process or the simulator's delays only when the bytes are read.
-            t = self._sent_t + stamp
-            res.server_timed = True
+        if self._server_times:
+            stamp = obj.get("servelab_t")
+            if stamp is not None and type(stamp) in (float, int):
+                # `servelab sim`: the token's time on the simulator's step clock since the request
+                # arrived. A stall of this process or the simulator's delays only when bytes are read.
+                t = self._sent_t + stamp
+                res.server_timed = True
         # Like `vllm bench serve`, a chunk with a choice is a token event even when its text is empty
         # (a special token, or text the detokenizer holds back); only a closing chunk that carries
         # nothing but a finish_reason is not.
@@ -515,11 +518,13 @@ class _Conn(asyncio.Protocol):
         timeout_s: float | None,
         keep_text: bool = True,
         idle_timeout_s: float | None = None,
+        server_times: bool = False,
     ) -> asyncio.Future[None]:
         """Send `request`; `mode` is "stream" (SSE), "json" (one JSON body) or "raw" (keep the bytes).
 
         `timeout_s` bounds the whole response; `idle_timeout_s` bounds the silence after the first
-        token, so a stalled stream gives its slot back long before the whole-request timeout."""
+        token, so a stalled stream gives its slot back long before the whole-request timeout;
+        `server_times`: token times from the server's stamps (`servelab_t`) where it sends them."""
         loop = asyncio.get_running_loop()
         self._fut = loop.create_future()
         self._res = StreamResult()
@@ -535,6 +540,7 @@ class _Conn(asyncio.Protocol):
         self._got_bytes = False
         self._mode = mode
         self.keep_text = keep_text
+        self._server_times = server_times
         self._stream = mode == "stream"
         self._body_parts = []
         self._last_t = 0.0
@@ -576,8 +582,12 @@ class Client:
         connect_timeout_s: float = 30.0,
         keep_text: bool = True,
         idle_timeout_s: float | None = None,
+        server_token_times: bool = False,
     ) -> None:
         self.keep_text = keep_text  # the streamed text is only needed to count tokens with a tokenizer
+        # time tokens by the server's own stamps where it sends them (`servelab sim`'s step clock)
+        self.server_token_times = server_token_times
+        self.server_timed = 0  # responses whose token times were the server's
         self.endpoint = Endpoint.parse(url)
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -631,7 +641,9 @@ class Client:
                     return res
                 reused = False
             try:
-                await conn.start(request, mode, timeout, self.keep_text, self.idle_timeout_s)
+                await conn.start(
+                    request, mode, timeout, self.keep_text, self.idle_timeout_s, self.server_token_times
+                )
             except asyncio.CancelledError:
                 conn.close()  # a level stopped early: the half-read stream must not go back to the pool
                 raise
@@ -643,6 +655,7 @@ class Client:
                 res.error_kind = "disconnected"
             if not conn.closed:
                 self._idle.append(conn)
+            self.server_timed += res.server_timed
             return res
         raise AssertionError("unreachable")
 

@@ -59,6 +59,9 @@ class BenchConfig(SessionOptions):
     warmup: int = Field(default=-1, ge=-1)  # -1: one per concurrent stream, up to 16
     timeout_s: float = Field(default=600.0, gt=0)
     idle_timeout_s: float = Field(default=IDLE_TIMEOUT_S, gt=0)
+    # Whose clock times tokens: the client's as the bytes come in, or the server's own stamps where it
+    # sends them (`servelab sim`: its step clock, which no stall of either process moves).
+    token_clock: Literal["client", "server"] = "client"
     exact_output_len: bool = True
     api_key: str | None = None
     scrape_interval_s: float = Field(default=1.0, ge=0)

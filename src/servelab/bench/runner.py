@@ -83,6 +83,7 @@ class BenchSession:
                 timeout_s=cfg.timeout_s,
                 keep_text=self.counter is not None or cfg.workload == "sessions",  # a session resends replies
                 idle_timeout_s=cfg.idle_timeout_s,
+                server_token_times=cfg.token_clock == "server",
             )
         except ValueError as exc:
             raise ConfigError(
@@ -252,6 +253,11 @@ class BenchSession:
                 f"for {disagree} of {checked} requests the tokenizer's count of the streamed text "
                 "disagrees with the server's usage by more than one token: the server streams text "
                 "that is not the generated tokens, or --tokenizer is not the server's tokenizer"
+            )
+        if self.cfg.token_clock == "server" and not self.client.server_timed:
+            warnings.append(
+                "--token-clock server: the server stamped no token times of its own (only `servelab sim` "
+                "does), so the client's clock timed every token"
             )
         repo.set_run_info(run_id, warnings=warnings)
         repo.finish_run(run_id, self.status, [lv.wall for lv in levels_out])

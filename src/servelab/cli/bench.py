@@ -448,6 +448,14 @@ def _run(
     show_default=True,
     help="Seconds of silence after the first token before a stream counts as `stalled`.",
 )
+@click.option(
+    "--token-clock",
+    type=click.Choice(["client", "server"]),
+    default="client",
+    show_default=True,
+    help="Whose clock times tokens: the client's as they arrive, or the server's own stamps where it "
+    "sends them (`servelab sim`: its step clock, which a stall of either process does not move).",
+)
 @click.option("--no-exact-length", is_flag=True, help="Do not send ignore_eos/min_tokens.")
 @click.option("--temperature", type=float, help="Sampling temperature to send (default: the server's).")
 @click.option(
@@ -590,6 +598,7 @@ def bench(**opts: Any) -> None:
             warmup=-1 if opts["warmup"] is None else opts["warmup"],
             timeout_s=opts["timeout_s"],
             idle_timeout_s=opts["idle_timeout_s"],
+            token_clock=opts["token_clock"],
             exact_output_len=not opts["no_exact_length"],
             api_key=opts["api_key"] or os.environ.get("OPENAI_API_KEY"),
             temperature=opts["temperature"],
