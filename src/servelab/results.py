@@ -475,6 +475,9 @@ class Saturation(_Model):
     queue_slope: float | None = None  # requests_waiting per second, from the /metrics samples
     queue_last: float | None = None
     send_lateness_p99_ms: float | None = None
+    # the client's own part of it (less its thread's run-queue wait), what `client_saturated` judges;
+    # the whole where the kernel has no schedstat, None in rows stored before it
+    send_lateness_own_p99_ms: float | None = None
     stopped_early: str | None = None  # why the level stopped sending before its end (over-saturated)
 
     @property

@@ -62,8 +62,9 @@ def test_each_format_replays_at_its_timestamps(
     sat = level["saturation"]
     assert sat is not None and not sat["server_saturated"], sat
     assert sat["send_lateness_p99_ms"] == pytest.approx(late["p99"], abs=0.05)
-    # the lateness limit is max(10 ms, a quarter of the trace's mean gap: 5 ms at 50/s)
-    assert sat["client_saturated"] == (sat["send_lateness_p99_ms"] > 10.0) == bool(sat["reasons"]), sat
+    assert sat["send_lateness_own_p99_ms"] == pytest.approx(own["p99"], abs=0.05)
+    # the lateness limit is max(10 ms, a quarter of the trace's mean gap: 5 ms at 50/s), on the own part
+    assert sat["client_saturated"] == (sat["send_lateness_own_p99_ms"] > 10.0) == bool(sat["reasons"]), sat
     # the lengths the trace says: the server's usage (the simulator counts a word a token)
     assert [r.input_tokens for r in records] == [q.input_len for q in trace.requests]
     assert [r.output_tokens for r in records] == [q.output_len for q in trace.requests]

@@ -129,6 +129,7 @@ async def run_one_level(
             cfg.scrape_interval_s,
             monitor.lateness if monitor else (),
             monitor.stopped_early if monitor else None,
+            monitor.descheduled if monitor else (),
         )
         repo.set_saturation(level_id, saturation)
     level = Level(

@@ -130,20 +130,30 @@ def detect(
     interval_s: float = 1.0,
     lateness_s: Sequence[float] = (),
     stopped_early: str | None = None,
+    descheduled_s: Sequence[float] = (),
 ) -> Saturation:
     """The stored verdict of one open-loop level at `rate` requests/s (client clock; a trace's mean rate,
-    `asked_rate`): `rate` sets only the client's lateness limit, a quarter of the mean gap."""
+    `asked_rate`): `rate` sets only the client's lateness limit, a quarter of the mean gap.
+
+    `descheduled_s`, beside `lateness_s` send by send: the part of each send's lateness the kernel
+    explains (its thread waited on a run queue: `ClientMonitor.descheduled`). The client could not keep
+    up when its own part is over the limit; sends held back by the box's other jobs are not the
+    client's verdict (the client block's warnings still say the sends were late)."""
     b, t, ttft_why = _ttft_rise(records)
     arrival, completion, done_why = _completions(records)
     qb, qlast, queue_why = _queue(samples, interval_s)
     server = [w for w in (done_why, ttft_why, queue_why) if w]
-    late_p99 = float(np.percentile(np.asarray(lateness_s) * 1000, 99)) if len(lateness_s) else None
+    late = np.asarray(lateness_s, dtype=float) * 1000
+    late_p99 = float(np.percentile(late, 99)) if len(late) else None
+    own_p99 = late_p99
+    if len(late) and len(descheduled_s) == len(late):
+        own_p99 = float(np.percentile(late - np.asarray(descheduled_s, dtype=float) * 1000, 99))
     limit = max(10.0, 250.0 / rate) if rate > 0 else 10.0
     client = []
-    if late_p99 is not None and late_p99 > limit:
+    if own_p99 is not None and late_p99 is not None and own_p99 > limit:
         client.append(
-            f"the client sent late (p99 {late_p99:.1f} ms behind schedule, limit {limit:.1f} ms): "
-            "it could not keep the requested rate"
+            f"the client sent late (p99 {own_p99:.1f} ms behind schedule of its own, {late_p99:.1f} ms "
+            f"in all; limit {limit:.1f} ms): it could not keep the requested rate"
         )
     if stopped_early:
         server.insert(0, f"stopped early: {stopped_early}")
@@ -158,6 +168,7 @@ def detect(
         queue_slope=qb,
         queue_last=qlast,
         send_lateness_p99_ms=late_p99,
+        send_lateness_own_p99_ms=own_p99,
         stopped_early=stopped_early,
     )
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from servelab.bench.load import ClientMonitor, arrival_offsets, frozen_heap
+from servelab.bench.saturation import detect
 from servelab.jsontypes import JsonObject
 
 
@@ -55,6 +56,10 @@ def test_frozen_heap_hides_older_objects_from_the_collector_only_while_a_level_r
 
 
 async def _sends(hold_up: Callable[[], None], gaps_s: tuple[float, ...] = (0.002,)) -> JsonObject:
+    return (await _monitored(hold_up, gaps_s)).summary(1, None)
+
+
+async def _monitored(hold_up: Callable[[], None], gaps_s: tuple[float, ...] = (0.002,)) -> ClientMonitor:
     """Sends through a real ClientMonitor, each due `gap` after the one before (the first 2 ms from
     now), the sender's loop as in a level: `hold_up` runs on the loop's thread between the first wait's
     start and its send, as a late timer's cause would be."""
@@ -71,7 +76,7 @@ async def _sends(hold_up: Callable[[], None], gaps_s: tuple[float, ...] = (0.002
             monitor.sent(due)
     finally:
         await monitor.stop()
-    return monitor.summary(1, None)
+    return monitor
 
 
 def test_a_send_late_by_the_clients_own_loop_is_the_clients_lateness() -> None:
@@ -85,6 +90,10 @@ def test_a_send_late_by_the_clients_own_loop_is_the_clients_lateness() -> None:
 
 
 def _with_the_core_taken(gaps_s: tuple[float, ...]) -> JsonObject:
+    return _core_taken(gaps_s).summary(1, None)
+
+
+def _core_taken(gaps_s: tuple[float, ...]) -> ClientMonitor:
     """`_sends` while a real-time process on the loop thread's own core takes it for 30 ms from the first
     send's wait. The last core, not core 0 where the shared vLLM runs; the affinity is put back."""
     cores = os.sched_getaffinity(0)
@@ -106,13 +115,13 @@ def _with_the_core_taken(gaps_s: tuple[float, ...]) -> JsonObject:
             stdin=go_r,
         )
         os.sched_setscheduler(hog.pid, os.SCHED_FIFO, os.sched_param(1))
-        client = asyncio.run(_sends(take_the_core, gaps_s))
+        monitor = asyncio.run(_monitored(take_the_core, gaps_s))
         assert hog.wait(10) == 0
     finally:
         os.sched_setaffinity(0, cores)
         os.close(go_r)
         os.close(go_w)
-    return client
+    return monitor
 
 
 def test_a_send_late_because_the_kernel_ran_another_process_is_not_the_clients() -> None:
@@ -137,3 +146,18 @@ def test_a_send_that_fell_due_during_an_earlier_sends_wait_is_not_the_clients_ei
     assert isinstance(late["p50"], float) and isinstance(own["max"], float)
     assert late["p50"] >= 12.0, late  # both sends late: the second one too (the p50 of two is their mean)
     assert own["max"] <= 0.25 * late["p50"], (late, own)
+
+
+def test_the_client_verdict_of_saturation_judges_the_clients_own_lateness() -> None:
+    """An open level's "the client could not keep up" (bench.saturation.detect, fed the monitor's lists
+    as a level feeds them): a loop blocked 30 ms is the client's; the same lateness from a core taken
+    30 ms by another process is not, and the stored figures say both."""
+    limit_rate = 250.0  # the limit: max(10 ms, a quarter of the mean gap) = 10 ms
+    blocked = asyncio.run(_monitored(lambda: time.sleep(0.030)))
+    verdict = detect([], limit_rate, lateness_s=blocked.lateness, descheduled_s=blocked.descheduled)
+    assert verdict.client_saturated and verdict.reasons[0].startswith("the client sent late"), verdict
+    assert verdict.send_lateness_own_p99_ms is not None and verdict.send_lateness_own_p99_ms >= 25.0
+    taken = _core_taken((0.002,))
+    verdict = detect([], limit_rate, lateness_s=taken.lateness, descheduled_s=taken.descheduled)
+    assert verdict.send_lateness_p99_ms is not None and verdict.send_lateness_p99_ms >= 20.0, verdict
+    assert not verdict.client_saturated and verdict.reasons == [], verdict
