@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hashlib
 import random
 import signal
@@ -619,11 +618,6 @@ class SimServer:
         if rc:
             self.close()
             return rc
-        # What start-up built (modules, the model's tables) lives as long as the process: hidden from
-        # the collector, a full collection walks only what serving made since. Unfrozen, one took
-        # ~15 ms mid-level on an idle box, and a pause of the sim reaches every client ×speed.
-        gc.collect()
-        gc.freeze()
         self.t0 = self.loop.time()  # model time 0 = ready
         self.util_samples.clear()
         self.util_samples.append((0.0, Work()))
