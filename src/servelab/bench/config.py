@@ -171,6 +171,11 @@ class BenchConfig(SessionOptions):
             for v in self.levels
         ]
 
+    @property
+    def server_token_times(self) -> bool:
+        """Whether tokens are timed by the server's own stamps (`--token-clock server`)."""
+        return self.token_clock == "server"
+
     def level_requests(self, value: float) -> int | None:
         """Requests of a level: the fixed count, or requests_per_stream × concurrency (at least 8)."""
         if self.workload == "sessions":

@@ -83,7 +83,7 @@ class BenchSession:
                 timeout_s=cfg.timeout_s,
                 keep_text=self.counter is not None or cfg.workload == "sessions",  # a session resends replies
                 idle_timeout_s=cfg.idle_timeout_s,
-                server_token_times=cfg.token_clock == "server",
+                server_token_times=cfg.server_token_times,
             )
         except ValueError as exc:
             raise ConfigError(
@@ -254,7 +254,7 @@ class BenchSession:
                 "disagrees with the server's usage by more than one token: the server streams text "
                 "that is not the generated tokens, or --tokenizer is not the server's tokenizer"
             )
-        if self.cfg.token_clock == "server" and not self.client.server_timed:
+        if self.cfg.server_token_times and not self.client.server_timed:
             warnings.append(
                 "--token-clock server: the server stamped no token times of its own (only `servelab sim` "
                 "does), so the client's clock timed every token"

@@ -90,9 +90,9 @@ class StreamSink:
     Such a token waits in `pending`, with the end of the stream when it is the last.
 
     Each token event also carries `servelab_t`: its due time on the step clock less the request's
-    arrival, in wall seconds (÷ speed). `servelab bench` times tokens by it, so a stall of either
-    process (a busy box, a collection) never enters a simulated latency ×speed; engines ignore
-    unknown fields, and so does every other client."""
+    arrival, in wall seconds (÷ speed). `bench --token-clock server` times tokens by it, so a stall
+    of either process (a busy box, a collection) never enters a simulated latency ×speed; other
+    clients ignore the unknown field."""
 
     __slots__ = (
         "closing",
