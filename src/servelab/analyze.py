@@ -262,7 +262,19 @@ def score(label: str, status: str, levels: Sequence[Digest], slo: SLOSpec, objec
     if objective_of(objective).searches_capacity:
         return _capacity_score(label, status, levels)
     direction = OBJECTIVES[objective]
-    ok = [(d, v) for d in levels if not slo_failures(d, slo) and (v := number(d, objective)) is not None]
+    meeting = [d for d in levels if not slo_failures(d, slo)]
+    ok = [(d, v) for d in meeting if (v := number(d, objective)) is not None]
+    if not ok and meeting:  # the SLOs were met: what is missing is the objective's own figure
+        levels_met = ", ".join(f"{level_of(d):g}" for d in meeting)
+        return Score(
+            label,
+            status,
+            None,
+            None,
+            None,
+            f"no {objective} figure at the levels meeting the SLOs ({levels_met})"
+            + (f": {missing}" if (missing := objective_of(objective).missing) else ""),
+        )
     if not ok:
         reasons = {f"{d['level']:g}": slo_failures(d, slo) for d in levels}
         return Score(label, status, None, None, None, f"no level meets the SLOs: {reasons}")

@@ -29,6 +29,8 @@ class Objective:
     counts_slo: ClassVar[bool] = False
     # ranking by it needs a price per GPU-hour (a study without one is refused before anything runs)
     needs_price: ClassVar[bool] = False
+    # why a measured level can lack its figure (a score without one says so; "": it never lacks one)
+    missing: ClassVar[str] = ""
 
     _registry: ClassVar[dict[str, type[Objective]]] = {}
 
@@ -118,6 +120,10 @@ class Energy(Objective):
 
     name = "energy"
     direction = "min"
+    missing = (
+        "no GPU power was sampled (bench reads it from the engine's telemetry route, or from NVML or "
+        "nvidia-smi when the server runs on this machine; --scrape-interval 0 samples nothing)"
+    )
     predicted_as = "gpu_s_per_m_output_tokens"  # at a fixed power, energy follows GPU-seconds per token
 
 

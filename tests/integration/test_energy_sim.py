@@ -95,6 +95,31 @@ def test_a_bench_run_stores_the_joules_its_samples_integrate_to(tmp_path: Path) 
     assert "catalog default (" in human and "a default: give --gpu-hour-usd" in human
 
 
+def test_a_server_without_metrics_still_has_its_energy_measured(tmp_path: Path) -> None:
+    """The GPU check (docs/gpu.md): `transformers serve` on an H200 has no /metrics, and bench took GPU
+    power only beside a /metrics sample, so no level had energy. A simulator that serves no /metrics
+    (`--fault no_metrics`, as transformers serve) still has its GPUs sampled and its joules stored."""
+    home = tmp_path / "home"
+    sim = simruns.start_sim(tmp_path / "logs", *simruns.SIM_ARGS, "--fault", "no_metrics")
+    try:
+        run = simruns.bench(
+            home,
+            sim.url,
+            simruns.MODEL,
+            *("--concurrency", "2", "--num-requests", "16", "--scrape-interval", "0.05"),
+        )
+    finally:
+        sim.stop()
+    [lv] = _show(home, run["run"], "--json")["levels"]
+    assert lv["server_metrics"] == {"available": False}  # the server really had no /metrics
+    pts = [p for p in lv["series"]["points"] if p["gpu_power_w"] is not None]
+    assert len(pts) >= 2 and all(p["requests_running"] is None for p in pts)
+    s, e = lv["summary"], lv["summary"]["energy"]
+    trace = [(p["t_s"], p["gpu_power_w"] * p["gpus"]) for p in pts]
+    assert e["energy_j"] == pytest.approx(integrate(trace, 0.0, e["window_s"]), rel=1e-9)
+    assert e["j_per_output_token"] == pytest.approx(e["energy_j"] / s["total_output_tokens"])
+
+
 STUDY = """\
 objective = "{objective}"
 

@@ -133,6 +133,11 @@ concurrency = [1, 2]
     assert cand["status"] == "measured", cand
     assert all(lv["completed"] == 4 for lv in cand["levels"])
     assert markers_alive(f"servelab-study:{out['study']}:") == []
+    # its start-up read from its own log: the weights' progress bar at 100 %, then uvicorn listening
+    ours = json.loads(servelab("runs", "study", out["study"], "--json", home=tmp_path / "home").stdout)
+    startup = ours["candidates"][0]["trials"][0]["startup"]
+    assert [p["name"] for p in startup["phases"]] == ["weights", "listening"], startup
+    assert 0 <= startup["phases"][0]["at_s"] <= startup["phases"][1]["at_s"] <= startup["total_s"]
 
     # The same measurements against an endpoint someone else runs: servelab never starts or stops it.
     with engines.transformers_server(tiny_dense) as server:

@@ -57,9 +57,11 @@ async def run_one_level(
     before = await _snapshot(metrics_client)
     scrape.available = before is not None
     scrape.before = before or {}
+    # GPU power is sampled on the same schedule whether or not the server has a /metrics (transformers
+    # serve has none; llama.cpp only with --metrics): the energy needs the power, not the engine's gauges
     sampler = (
         asyncio.get_running_loop().create_task(_sampler(metrics_client, scrape, cfg.scrape_interval_s, gpus))
-        if scrape.available and cfg.scrape_interval_s > 0
+        if (scrape.available or gpus is not None) and cfg.scrape_interval_s > 0
         else None
     )
     done: list[RequestRecord] = []
@@ -125,7 +127,7 @@ async def run_one_level(
         saturation = S.detect(
             records,
             S.asked_rate(spec.mode, spec.value, records),
-            scrape.samples[:regular],
+            scrape.samples[:regular] if scrape.available else [],
             cfg.scrape_interval_s,
             monitor.lateness if monitor else (),
             monitor.stopped_early if monitor else None,
@@ -223,15 +225,18 @@ async def _sampler(
 
 
 async def _sample(client: Client, scrape: LevelScrape, gpus: GpuSource | None = None) -> None:
-    """One `/metrics` sample and the GPU reading taken with it (a failed scrape is counted, not kept)."""
-    status, body = await fetch(client, "/metrics")
-    if status == 200:
+    """One `/metrics` sample and the GPU reading taken with it (a failed scrape is counted, not kept).
+    A server without /metrics (`scrape.available` False) still gets the GPU reading, with no gauges."""
+    status, body = await fetch(client, "/metrics") if scrape.available else (0, b"")
+    if status == 200 or not scrape.available:
         at, reading = time.perf_counter(), None
         if gpus is not None:
             with contextlib.suppress(Exception):  # telemetry is a side view: never stop a level
                 reading = await gpus.read()
         # appended together, after the last await: a sampler stopped mid-read leaves no half sample
-        scrape.samples.append(pick(parse_prometheus(body.decode("utf-8", "replace"))))
+        scrape.samples.append(
+            pick(parse_prometheus(body.decode("utf-8", "replace"))) if status == 200 else {}
+        )
         scrape.sample_at.append(at)
         scrape.gpu_samples.append(reading)
     else:

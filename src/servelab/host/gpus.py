@@ -520,7 +520,7 @@ def _nvml_report(nv: Any) -> GpuReport:
         h = get("nvmlDeviceGetHandleByIndex", i)
         if h is None:
             continue
-        mem = get("nvmlDeviceGetMemoryInfo", h)
+        mem = _nvml_memory(nv, h, get)
         util = get("nvmlDeviceGetUtilizationRates", h)
         power = get("nvmlDeviceGetPowerUsage", h)
         limit = get("nvmlDeviceGetEnforcedPowerLimit", h)
@@ -557,6 +557,16 @@ def _nvml_report(nv: Any) -> GpuReport:
         rep.gpus.append(g)
     rep.available = bool(rep.gpus)
     return rep
+
+
+def _nvml_memory(nv: Any, h: Any, get: Callable[..., Any]) -> Any:
+    """The GPU's memory, `used` without what the driver reserves for itself: NVML's version-2 query
+    (as nvidia-smi shows it). The version-1 query counts the reserved part as used: an idle H200 on
+    driver 580 read 615 MiB "used" with no process, which `status` took for memory a dead process had
+    left behind (docs/gpu.md). Drivers or bindings without version 2: version 1."""
+    version = getattr(nv, "nvmlMemory_v2", None)
+    mem = get("nvmlDeviceGetMemoryInfo", h, version) if version is not None else None
+    return mem if mem is not None else get("nvmlDeviceGetMemoryInfo", h)
 
 
 def _nvml_bool(v: Any) -> bool | None:

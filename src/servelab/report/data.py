@@ -385,6 +385,8 @@ def _readable_score(c: CandidateReport, slo: Any) -> CandidateReport:
     reason spells it as a Python dict)."""
     if (c.score and c.score.value is not None) or slo is None or not c.measured:
         return c
+    if c.score and not (c.score.why or "").startswith("no level meets the SLOs"):
+        return c  # another reason (the objective's figure missing at the levels that met them)
     misses = [(lv["level"], analyze.slo_failures(lv, slo)) for lv in c.levels if lv.get("level") is not None]
     if not any(reasons for _, reasons in misses):
         return c

@@ -26,6 +26,11 @@ FAULTS: dict[str, tuple[str, float | None, str]] = {
     "slow_start": ("startup", 600.0, "CUDA-graph capture takes N more (model) seconds"),
     "orphan": ("startup", None, "leave a child process behind when the parent is killed"),
     "hang": ("serve", None, "accept connections, never answer"),
+    "no_metrics": (
+        "serve",
+        None,
+        "serve no /metrics (404), as transformers serve does and llama.cpp without --metrics",
+    ),
     "die_after_ready": (
         "serve",
         5.0,

@@ -144,6 +144,9 @@ def _health(srv: SimState, proto: HttpProtocol, req: Request) -> None:
 
 
 def _metrics(srv: SimState, proto: HttpProtocol, req: Request) -> None:
+    if "no_metrics" in srv.cfg.faults:
+        proto.send(404, b'{"detail":"Not Found"}', keep_alive=req.keep_alive)
+        return
     body = render_metrics(srv.persona, srv.served, srv.metric_values())
     proto.send(200, body, keep_alive=req.keep_alive, content_type=METRICS_TYPE)
 

@@ -122,8 +122,17 @@ def test_the_cache_directory_at_launch(tmp_path: Path) -> None:
     assert with_launch(logged, None) == logged
 
 
+def test_real_transformers_serve_log_on_a_gpu() -> None:
+    """Its weights line is a progress bar redrawn with carriage returns; the phase ends at 100 %."""
+    got = parse("transformers", _read("transformers_serve_h200.log"))
+    assert [p.name for p in got.phases] == ["weights", "listening"]
+    assert "146/146" in got.phase("weights").line  # type: ignore[union-attr]
+    assert "Uvicorn running on http://127.0.0.1:27542" in got.phase("listening").line  # type: ignore[union-attr]
+    assert cache_at_launch("transformers", {}) == ("unknown", "")
+
+
 def test_every_engine_with_a_readiness_rule_has_phases() -> None:
-    for engine in ("vllm", "sglang", "llamacpp", "sim"):
+    for engine in ("vllm", "sglang", "llamacpp", "sim", "transformers"):
         rules = rules_for(engine)
         assert rules is not None and {n for n, _ in rules.phases} >= {"weights", "listening"}
     assert rules_for("external") is None

@@ -225,6 +225,43 @@ def test_nvml_mapping_with_a_stand_in_binding() -> None:
     assert [(p.pid, p.used_mib) for p in g.processes] == [(77, 512)]
 
 
+def test_nvml_memory_in_use_leaves_out_what_the_driver_reserves() -> None:
+    """An idle H200 (driver 580, the GPU check of docs/gpu.md): NVML's version-1 memory query said 615 MiB
+    used with no process, and `status` reported memory a dead process left behind. The version-2 query
+    (nvidia-smi's: 0 MiB) is read first; a driver without it falls back to version 1."""
+    from types import SimpleNamespace
+
+    class NotSupported(Exception):
+        pass
+
+    MIB = 2**20
+
+    def memory_info(h: object, version: int | None = None) -> SimpleNamespace:
+        if version is None:  # version 1: the reserved memory counted as used
+            return SimpleNamespace(used=615 * MIB, total=143771 * MIB)
+        if version != 0x02000028:
+            raise NotSupported
+        return SimpleNamespace(used=0, reserved=615 * MIB, total=143771 * MIB)
+
+    def nv(with_v2: bool) -> SimpleNamespace:
+        ns = SimpleNamespace(
+            nvmlDeviceGetCount=lambda: 1,
+            nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+            nvmlDeviceGetName=lambda h: "NVIDIA H200",
+            nvmlDeviceGetMemoryInfo=memory_info,
+            nvmlDeviceGetComputeRunningProcesses=lambda h: [],
+        )
+        if with_v2:
+            ns.nvmlMemory_v2 = 0x02000028
+        return ns
+
+    (g,) = gpus._nvml_report(nv(with_v2=True)).gpus
+    assert (g.memory_used_mib, g.memory_total_mib) == (0, 143771)
+    assert g.idle and not g.orphaned_memory
+    (old,) = gpus._nvml_report(nv(with_v2=False)).gpus  # a binding without version 2
+    assert old.memory_used_mib == 615 and old.orphaned_memory
+
+
 def test_unreadable_index_falls_back_to_the_row_position() -> None:
     gs = gpus.parse_query_gpu("index, name, uuid\n[N/A], NVIDIA H100, GPU-a\n3, NVIDIA H100, GPU-b\n")
     assert [g.index for g in gs] == [0, 3]

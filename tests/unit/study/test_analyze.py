@@ -56,6 +56,22 @@ def test_anomalies_against_the_baseline() -> None:
     assert analyze.anomalies([_lv(64, 1800, gpu_power_w=410.0)], base, AnomalySpec()) == []
 
 
+def test_a_score_without_the_objectives_figure_says_so_not_that_the_slos_failed() -> None:
+    """The GPU check (docs/gpu.md): a study ranked by energy against a server whose power was not sampled
+    read "no level meets the SLOs: {'1': [], '8': []}" with no SLO missed. Now it names the missing
+    figure, and why energy can be missing; an SLO missed everywhere still reads as before."""
+    slo = SLOSpec(tpot_ms={"p50": 50})
+    unsampled = analyze.score("a", "measured", [_lv(1, 80), _lv(8, 140, tpot=60)], slo, "energy")
+    assert unsampled.value is None
+    assert unsampled.why.startswith("no energy figure at the levels meeting the SLOs (1): no GPU power")
+    missed = analyze.score("b", "measured", [_lv(8, 140, tpot=60)], slo, "energy")
+    assert missed.why == "no level meets the SLOs: {'8': ['tpot_ms p50 60.0 > 50']}"
+    measured = analyze.score(
+        "c", "measured", [_lv(1, 80, energy=2.5), _lv(8, 140, tpot=60, energy=1.5)], slo, "energy"
+    )
+    assert (measured.value, measured.level) == (2.5, 1.0)  # level 8 has the lower J/token, not the SLO
+
+
 def test_rank_picks_best_meeting_slo_and_judges_noise() -> None:
     slo = SLOSpec(tpot_ms={"p50": 50})
     a = analyze.score(
